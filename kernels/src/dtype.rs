@@ -1,0 +1,177 @@
+//! Element types of stored keys and values, and exact conversions between them and `f32`.
+
+/// Element type of a stored key or value tensor. The discriminants are the on-memory codes
+/// (docs/FORMAT.md) and must never change.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// IEEE 754 binary16.
+    F16 = 1,
+    /// bfloat16: the upper half of an IEEE binary32.
+    Bf16 = 2,
+    /// IEEE 754 binary32.
+    F32 = 3,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub const fn size(self) -> usize {
+        match self {
+            DType::F16 | DType::Bf16 => 2,
+            DType::F32 => 4,
+        }
+    }
+
+    /// The dtype with on-memory code `code`, if there is one.
+    pub const fn from_code(code: u8) -> Option<DType> {
+        match code {
+            1 => Some(DType::F16),
+            2 => Some(DType::Bf16),
+            3 => Some(DType::F32),
+            _ => None,
+        }
+    }
+
+    /// Short lowercase name (`f16`, `bf16`, `f32`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F16 => "f16",
+            DType::Bf16 => "bf16",
+            DType::F32 => "f32",
+        }
+    }
+
+    /// Decodes element `i` of `bytes` (little-endian) to f32. Panics if out of range.
+    #[inline]
+    pub fn load(self, bytes: &[u8], i: usize) -> f32 {
+        match self {
+            DType::F16 => f16_to_f32(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])),
+            DType::Bf16 => bf16_to_f32(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])),
+            DType::F32 => f32::from_le_bytes([
+                bytes[4 * i],
+                bytes[4 * i + 1],
+                bytes[4 * i + 2],
+                bytes[4 * i + 3],
+            ]),
+        }
+    }
+}
+
+impl std::str::FromStr for DType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f16" | "float16" => Ok(DType::F16),
+            "bf16" | "bfloat16" => Ok(DType::Bf16),
+            "f32" | "float32" => Ok(DType::F32),
+            other => Err(format!("unknown dtype {other:?} (expected f16, bf16 or f32)")),
+        }
+    }
+}
+
+/// Exact conversion of an IEEE binary16 bit pattern to f32 (subnormals, infinities and NaN
+/// included). This is the scalar reference the SIMD paths (`vcvtph2ps`) must match.
+#[inline]
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h as u32) & 0x8000) << 16;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let man = (h & 0x3ff) as u32;
+    let bits = match (exp, man) {
+        (0, 0) => sign,
+        (0, m) => {
+            // Subnormal: value = m * 2^-24, exactly representable in f32.
+            let v = m as f32 * f32::from_bits(0x3380_0000); // 2^-24
+            return if sign != 0 { -v } else { v };
+        }
+        (0x1f, 0) => sign | 0x7f80_0000,
+        (0x1f, m) => sign | 0x7fc0_0000 | (m << 13),
+        (e, m) => sign | ((e + 112) << 23) | (m << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// bfloat16 bit pattern to f32 (exact: a shift).
+#[inline]
+pub fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
+/// f32 to bfloat16, rounding to nearest even (NaN stays NaN).
+#[inline]
+pub fn f32_to_bf16(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        return ((b >> 16) as u16) | 0x40;
+    }
+    let round = 0x7fff + ((b >> 16) & 1);
+    (b.wrapping_add(round) >> 16) as u16
+}
+
+/// f32 to IEEE binary16, rounding to nearest even, overflow to infinity.
+pub fn f32_to_f16(x: f32) -> u16 {
+    let b = x.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exp = ((b >> 23) & 0xff) as i32;
+    let man = b & 0x7f_ffff;
+    if exp == 0xff {
+        return sign | 0x7c00 | if man != 0 { 0x200 } else { 0 };
+    }
+    let e = exp - 127 + 15;
+    if e >= 0x1f {
+        return sign | 0x7c00;
+    }
+    if e <= 0 {
+        if e < -10 {
+            return sign;
+        }
+        let m = man | 0x80_0000;
+        let shift = (14 - e) as u32;
+        let half = 1u32 << (shift - 1);
+        let rem = m & ((1 << shift) - 1);
+        let mut r = m >> shift;
+        if rem > half || (rem == half && (r & 1) == 1) {
+            r += 1;
+        }
+        return sign | r as u16;
+    }
+    let mut r = ((e as u32) << 10) | (man >> 13);
+    let rem = man & 0x1fff;
+    if rem > 0x1000 || (rem == 0x1000 && (r & 1) == 1) {
+        r += 1;
+    }
+    sign | r as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_roundtrips_every_finite_pattern() {
+        for h in 0u16..=u16::MAX {
+            let x = f16_to_f32(h);
+            if x.is_nan() {
+                assert!(f32_to_f16(x) & 0x7c00 == 0x7c00 && f32_to_f16(x) & 0x3ff != 0);
+                continue;
+            }
+            assert_eq!(f32_to_f16(x), h, "pattern {h:#06x} -> {x}");
+        }
+    }
+
+    #[test]
+    fn known_f16_values() {
+        assert_eq!(f16_to_f32(0x3c00), 1.0);
+        assert_eq!(f16_to_f32(0xc000), -2.0);
+        assert_eq!(f16_to_f32(0x7bff), 65504.0);
+        assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));
+        assert_eq!(f16_to_f32(0x7c00), f32::INFINITY);
+    }
+
+    #[test]
+    fn bf16_rounds_to_nearest_even() {
+        assert_eq!(f32_to_bf16(1.0), 0x3f80);
+        assert_eq!(bf16_to_f32(f32_to_bf16(3.140625)), 3.140625);
+        // 1 + 2^-8 is exactly halfway between two bf16 values: ties to even (down).
+        assert_eq!(f32_to_bf16(1.0 + 2f32.powi(-8)), 0x3f80);
+    }
+}

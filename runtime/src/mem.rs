@@ -1,0 +1,196 @@
+//! Access to memory that other processes, hosts or a device may write.
+//!
+//! [`SharedMemory`] is the only way the pool touches shared bytes. Every access names an offset and
+//! a length that are checked against the memory's size before any pointer arithmetic; nothing hands
+//! out a Rust reference into shared memory. Words that another party reads concurrently are accessed
+//! as atomics with explicit orderings (alignment checked); bulk data moves by copies into or out of
+//! private buffers and is validated by the protocol (seqlock versions and CRCs), never trusted.
+//!
+//! Coherence is part of the interface: [`SharedMemory::publish`] after writing a range that others
+//! read, [`SharedMemory::acquire`] before reading a range others wrote. On hardware-coherent memory
+//! both are ordering fences only; docs/COHERENCE.md describes the protocol.
+
+use std::sync::atomic::Ordering;
+use thiserror::Error;
+
+/// Errors of shared-memory access.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum MemError {
+    /// The range `[offset, offset + len)` does not lie inside memory of `size` bytes.
+    #[error("access of {len} bytes at offset {offset} is outside memory of {size} bytes")]
+    OutOfBounds {
+        /// Start of the access.
+        offset: u64,
+        /// Length of the access.
+        len: u64,
+        /// Size of the memory.
+        size: u64,
+    },
+    /// An atomic access at an offset that is not a multiple of its width.
+    #[error("atomic access at offset {offset} is not {align}-byte aligned")]
+    Misaligned {
+        /// Offset of the access.
+        offset: u64,
+        /// Required alignment.
+        align: u64,
+    },
+}
+
+/// Result alias of this module.
+pub type Result<T> = std::result::Result<T, MemError>;
+
+/// Checks that `[offset, offset + len)` lies within `size` bytes; returns the start as `usize`.
+#[inline]
+pub fn check_range(offset: u64, len: u64, size: u64) -> Result<usize> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(offset as usize),
+        _ => Err(MemError::OutOfBounds { offset, len, size }),
+    }
+}
+
+#[inline]
+fn check_atomic(offset: u64, width: u64, size: u64) -> Result<usize> {
+    if offset % width != 0 {
+        return Err(MemError::Misaligned { offset, align: width });
+    }
+    check_range(offset, width, size)
+}
+
+/// Bounds-checked access to shared memory. Implemented by [`crate::region::Region`] (real memory)
+/// and by test views (the non-coherence simulator, bounds-tracking views).
+///
+/// Offsets are `u64` because they come from on-memory structures another party wrote; an
+/// implementation must reject every out-of-range or misaligned access with an error and must not
+/// touch memory outside itself.
+pub trait SharedMemory: Send + Sync {
+    /// Size in bytes.
+    fn size(&self) -> u64;
+    /// Copies `dst.len()` bytes at `offset` into `dst`.
+    fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()>;
+    /// Copies `src` to `offset`.
+    fn write(&self, offset: u64, src: &[u8]) -> Result<()>;
+    /// Sets `len` bytes at `offset` to `byte`.
+    fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<()>;
+    /// Atomic 64-bit load (offset 8-byte aligned).
+    fn load_u64(&self, offset: u64, order: Ordering) -> Result<u64>;
+    /// Atomic 64-bit store (offset 8-byte aligned).
+    fn store_u64(&self, offset: u64, value: u64, order: Ordering) -> Result<()>;
+    /// Atomic 64-bit compare-and-swap; `Ok(Ok(previous))` on success, `Ok(Err(actual))` on
+    /// failure. Only meaningful among parties that share hardware coherence (one host).
+    fn compare_exchange_u64(
+        &self,
+        offset: u64,
+        current: u64,
+        new: u64,
+    ) -> Result<std::result::Result<u64, u64>>;
+    /// Makes this party's writes to the range visible to others (write-back on non-coherent
+    /// memory) and orders them before later stores.
+    fn publish(&self, offset: u64, len: u64);
+    /// Makes others' published writes to the range visible to this party's following reads
+    /// (invalidate on non-coherent memory).
+    fn acquire(&self, offset: u64, len: u64);
+    /// Raw address of `[offset, offset + len)` for zero-copy users (pins, reserve/commit, the C
+    /// ABI, DMA registration), or `None` for memory that has no stable address (simulators).
+    fn raw_range(&self, offset: u64, len: u64) -> Result<Option<*mut u8>>;
+}
+
+/// Shared memory at a fixed address: the raw-pointer operations behind [`SharedMemory`] for
+/// mapped regions. Every method checks bounds first; the `unsafe` is confined to this type.
+#[derive(Debug)]
+pub(crate) struct RawMemory {
+    base: *mut u8,
+    size: u64,
+}
+
+// SAFETY: RawMemory is a pointer and a length; all accesses go through bounds-checked methods that
+// use atomics or copies, so sharing it between threads is as safe as sharing the mapping itself.
+unsafe impl Send for RawMemory {}
+// SAFETY: see Send above; no method hands out references into the memory.
+unsafe impl Sync for RawMemory {}
+
+impl RawMemory {
+    /// # Safety
+    /// `base` must be valid for reads and writes of `size` bytes for the life of this value and
+    /// page-aligned (so that every 8-byte-aligned offset is 8-byte aligned in address space).
+    pub(crate) unsafe fn new(base: *mut u8, size: u64) -> Self {
+        RawMemory { base, size }
+    }
+
+    #[inline]
+    pub(crate) fn size(&self) -> u64 {
+        self.size
+    }
+
+    #[inline]
+    pub(crate) fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        let at = check_range(offset, dst.len() as u64, self.size)?;
+        // SAFETY: [at, at + len) is inside the mapping (checked above); dst is private memory, so
+        // the ranges cannot overlap. Concurrent writers may tear the copy; callers validate it.
+        unsafe { std::ptr::copy_nonoverlapping(self.base.add(at), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    #[inline]
+    pub(crate) fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
+        let at = check_range(offset, src.len() as u64, self.size)?;
+        // SAFETY: destination range checked above; src is private memory (no overlap).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.base.add(at), src.len()) };
+        Ok(())
+    }
+
+    pub(crate) fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<()> {
+        let at = check_range(offset, len, self.size)?;
+        // SAFETY: range checked above.
+        unsafe { std::ptr::write_bytes(self.base.add(at), byte, len as usize) };
+        Ok(())
+    }
+
+    #[inline]
+    fn atomic(&self, offset: u64) -> Result<&std::sync::atomic::AtomicU64> {
+        let at = check_atomic(offset, 8, self.size)?;
+        // SAFETY: in bounds and 8-byte aligned (base is page-aligned, offset checked); AtomicU64
+        // has the layout of u64, and every access to this word by any party is atomic, so the
+        // reference is to an atomic cell, never to plain data another party writes.
+        Ok(unsafe { &*(self.base.add(at) as *const std::sync::atomic::AtomicU64) })
+    }
+
+    #[inline]
+    pub(crate) fn load_u64(&self, offset: u64, order: Ordering) -> Result<u64> {
+        Ok(self.atomic(offset)?.load(order))
+    }
+
+    #[inline]
+    pub(crate) fn store_u64(&self, offset: u64, value: u64, order: Ordering) -> Result<()> {
+        self.atomic(offset)?.store(value, order);
+        Ok(())
+    }
+
+    #[inline]
+    pub(crate) fn compare_exchange_u64(
+        &self,
+        offset: u64,
+        current: u64,
+        new: u64,
+    ) -> Result<std::result::Result<u64, u64>> {
+        Ok(self.atomic(offset)?.compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire))
+    }
+
+    pub(crate) fn raw_range(&self, offset: u64, len: u64) -> Result<*mut u8> {
+        let at = check_range(offset, len, self.size)?;
+        // SAFETY: in bounds (checked above); only an address is computed, nothing is dereferenced.
+        Ok(unsafe { self.base.add(at) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn range_checks_catch_overflow() {
+        assert_eq!(check_range(0, 8, 8), Ok(0));
+        assert!(check_range(1, 8, 8).is_err());
+        assert!(check_range(u64::MAX, 2, 8).is_err());
+        assert!(check_atomic(4, 8, 64).is_err());
+    }
+}

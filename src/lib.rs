@@ -1,0 +1,9 @@
+//! # cxlkv
+//!
+//! CXL memory as a first-class tier for LLM inference: a shared KV-cache pool on CXL (or emulated
+//! CXL) memory, and a near-data device that scores attention keys where they live.
+//! This facade re-exports the member crates; the `cxlkv` binary is the command line.
+
+pub use cxlkv_kernels as kernels;
+pub use cxlkv_ndp as ndp;
+pub use cxlkv_runtime as runtime;
