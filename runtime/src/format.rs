@@ -1,0 +1,458 @@
+//! Pool format v1: the on-memory structures (docs/FORMAT.md is their prose twin).
+//!
+//! Every struct here is `#[repr(C)]`, little-endian, free of padding, and valid for every bit
+//! pattern, which the [`Plain`] marker states and the layout tests check. Structures are moved in
+//! and out of shared memory only by copies ([`read_plain`], [`write_plain`]); words that another
+//! party reads while their owner writes them are accessed as atomics by offset (the `*_OFF`
+//! constants), never through these structs.
+//!
+//! Layout of a pool (all offsets from the start of the memory):
+//!
+//! ```text
+//! 0                         superblock (4 KiB, immutable after create)
+//! 4 KiB                     participant table: `participants` slots of 4 KiB
+//! device_area_off           device area (NDP registers and queue pairs), `device_area_size` bytes
+//! partition_off + i*stride  partition i: header (4 KiB) | index slots | block headers | payloads
+//! ```
+
+use crate::mem::{self, SharedMemory};
+
+/// Magic bytes at offset 0 of every pool.
+pub const MAGIC: [u8; 8] = *b"CXLKVPL\0";
+/// Major version: a reader refuses any other major.
+pub const VERSION_MAJOR: u16 = 1;
+/// Minor version: additions that v1 readers may ignore.
+pub const VERSION_MINOR: u16 = 0;
+/// Cache line size the format is laid out for.
+pub const LINE: u64 = 64;
+/// Page size the format aligns to.
+pub const PAGE: u64 = 4096;
+/// Bytes reserved for the superblock.
+pub const SUPERBLOCK_SIZE: u64 = PAGE;
+/// Bytes of one participant slot.
+pub const PARTICIPANT_SLOT_SIZE: u64 = PAGE;
+/// Bytes of the device area (NDP registers and queue pairs, sized for the NDP device).
+pub const DEVICE_AREA_SIZE: u64 = 1 << 20;
+/// Bytes of a partition header.
+pub const PARTITION_HEADER_SIZE: u64 = PAGE;
+/// Bytes of one index slot.
+pub const INDEX_SLOT_SIZE: u64 = 32;
+/// Bytes of one block header.
+pub const BLOCK_HEADER_SIZE: u64 = 64;
+/// Pins one participant can hold at once.
+pub const PINS_PER_PARTICIPANT: u64 = 64;
+/// Bytes of one pin entry.
+pub const PIN_SIZE: u64 = 32;
+
+/// Coherence mode of a pool, recorded in the superblock.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoherenceMode {
+    /// All parties share hardware coherence (processes on one host): fences order accesses.
+    Hardware = 0,
+    /// Parties do not share coherence: writers write back, readers invalidate (docs/COHERENCE.md).
+    Software = 1,
+}
+
+impl CoherenceMode {
+    /// Decodes the superblock field.
+    pub fn from_code(code: u32) -> Option<Self> {
+        match code {
+            0 => Some(Self::Hardware),
+            1 => Some(Self::Software),
+            _ => None,
+        }
+    }
+}
+
+/// Payload encodings of a block (`BlockHeader::codec`).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codec {
+    /// Opaque bytes (an engine's blob).
+    Raw = 0,
+    /// A typed KV block: [`KvLayout`] then K, V and key bounds (docs/FORMAT.md).
+    KvV1 = 1,
+}
+
+impl Codec {
+    /// Decodes the header field.
+    pub fn from_code(code: u32) -> Option<Self> {
+        match code {
+            0 => Some(Self::Raw),
+            1 => Some(Self::KvV1),
+            _ => None,
+        }
+    }
+}
+
+/// Plain data that can be copied to and from shared memory byte for byte.
+///
+/// # Safety
+/// Implementors must be `#[repr(C)]`, contain no padding, no pointers or references, and be valid
+/// for every bit pattern.
+pub unsafe trait Plain: Copy + Default + 'static {}
+
+/// The bytes of a plain value.
+pub fn as_bytes<T: Plain>(v: &T) -> &[u8] {
+    // SAFETY: T: Plain has no padding, so all size_of::<T>() bytes are initialized.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
+}
+
+/// A plain value from the first `size_of::<T>()` bytes of `bytes` (which must be that long).
+pub fn from_bytes<T: Plain>(bytes: &[u8]) -> T {
+    assert!(bytes.len() >= std::mem::size_of::<T>(), "short buffer for plain value");
+    // SAFETY: length checked above; T: Plain is valid for every bit pattern; read_unaligned copes
+    // with any alignment of the byte buffer.
+    unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) }
+}
+
+/// Copies a plain value out of shared memory.
+pub fn read_plain<T: Plain>(mem: &dyn SharedMemory, offset: u64) -> mem::Result<T> {
+    let mut v = T::default();
+    // SAFETY: T: Plain is valid for every bit pattern, so overwriting its bytes keeps it valid; the
+    // slice covers exactly the value and is dropped before `v` is used again.
+    let bytes = unsafe {
+        std::slice::from_raw_parts_mut((&mut v as *mut T).cast::<u8>(), std::mem::size_of::<T>())
+    };
+    mem.read(offset, bytes)?;
+    Ok(v)
+}
+
+/// Copies a plain value into shared memory.
+pub fn write_plain<T: Plain>(mem: &dyn SharedMemory, offset: u64, v: &T) -> mem::Result<()> {
+    mem.write(offset, as_bytes(v))
+}
+
+/// CRC-32C (Castagnoli), the checksum of every header and payload.
+pub fn crc32c(bytes: &[u8]) -> u32 {
+    crc32c::crc32c(bytes)
+}
+
+/// The superblock: identity and geometry of a pool. Written once at create, immutable after.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Superblock {
+    /// [`MAGIC`].
+    pub magic: [u8; 8],
+    /// [`VERSION_MAJOR`].
+    pub version_major: u16,
+    /// [`VERSION_MINOR`].
+    pub version_minor: u16,
+    /// [`CoherenceMode`] code.
+    pub coherence: u32,
+    /// Random identity of this pool.
+    pub uuid: [u8; 16],
+    /// Bytes of the pool (≤ the size of the memory it lives in).
+    pub pool_size: u64,
+    /// Payload capacity of one block (a multiple of [`PAGE`]).
+    pub block_size: u64,
+    /// Number of participant slots.
+    pub participants: u32,
+    /// Number of data partitions.
+    pub partitions: u32,
+    /// Blocks in each partition.
+    pub blocks_per_partition: u32,
+    /// Index slots in each partition (a power of two ≥ 2 × blocks).
+    pub index_slots: u32,
+    /// Offset of the participant table.
+    pub participant_table_off: u64,
+    /// Offset of the device area.
+    pub device_area_off: u64,
+    /// Bytes of the device area.
+    pub device_area_size: u64,
+    /// Offset of partition 0.
+    pub partition_off: u64,
+    /// Bytes from one partition to the next.
+    pub partition_stride: u64,
+    /// Offset of the index inside a partition.
+    pub index_off: u64,
+    /// Offset of the block-header array inside a partition.
+    pub block_headers_off: u64,
+    /// Offset of the payload array inside a partition (page-aligned).
+    pub payloads_off: u64,
+    /// Lease of a participant in nanoseconds: a heartbeat older than this means it is dead.
+    pub lease_ns: u64,
+    /// Creation time, nanoseconds since the Unix epoch.
+    pub created_ns: u64,
+    /// Zero; room for minor versions.
+    pub reserved: [u64; 13],
+    /// CRC-32C of every byte before this field.
+    pub crc: u32,
+    /// Zero.
+    pub reserved2: u32,
+}
+// SAFETY: repr(C), fields laid out without padding (checked by the layout test), integers and
+// byte arrays only, so every bit pattern is valid.
+unsafe impl Plain for Superblock {}
+
+impl Superblock {
+    /// Offset of the `crc` field; the CRC covers `[0, CRC_OFF)`.
+    pub const CRC_OFF: usize = std::mem::offset_of!(Superblock, crc);
+
+    /// The CRC this superblock should carry.
+    pub fn compute_crc(&self) -> u32 {
+        crc32c(&as_bytes(self)[..Self::CRC_OFF])
+    }
+}
+
+/// Word offsets inside a participant slot. Only the slot's holder writes it, except the `token`
+/// word, which is claimed with a compare-and-swap.
+pub mod slot {
+    /// Claim token: 0 = free, else the holder's token.
+    pub const TOKEN: u64 = 0;
+    /// Generation: bumped on every claim.
+    pub const GENERATION: u64 = 8;
+    /// Holder's process id.
+    pub const PID: u64 = 16;
+    /// Last heartbeat, nanoseconds since the Unix epoch.
+    pub const HEARTBEAT: u64 = 24;
+    /// Partition the holder owns, plus one (0 = none).
+    pub const PARTITION: u64 = 32;
+    /// Published counters start here (line 1): see [`super::counters`].
+    pub const COUNTERS: u64 = 64;
+    /// Pin entries start here (line 2 onward).
+    pub const PINS: u64 = 128;
+    /// Published hotlist (reserved for hotness tracking), after the pins.
+    pub const HOTLIST: u64 = PINS + super::PINS_PER_PARTICIPANT * super::PIN_SIZE;
+}
+
+/// Indices of the counters a participant publishes in its slot (u64 each, from `slot::COUNTERS`).
+pub mod counters {
+    /// Successful puts.
+    pub const PUTS: u64 = 0;
+    /// Gets that found the key.
+    pub const HITS: u64 = 1;
+    /// Gets that did not.
+    pub const MISSES: u64 = 2;
+    /// Optimistic reads retried.
+    pub const RETRIES: u64 = 3;
+    /// Blocks evicted to make room.
+    pub const EVICTIONS: u64 = 4;
+    /// Blocks deleted.
+    pub const DELETES: u64 = 5;
+    /// Pins taken.
+    pub const PINS: u64 = 6;
+    /// Number of counters.
+    pub const COUNT: u64 = 7;
+    /// Names, in index order.
+    pub const NAMES: [&str; COUNT as usize] =
+        ["puts", "hits", "misses", "retries", "evictions", "deletes", "pins"];
+}
+
+/// Word offsets of one pin entry (32 bytes). `seq` is written last (Release) and cleared first.
+pub mod pin {
+    /// Block sequence number of the pinned block; 0 = entry empty.
+    pub const SEQ: u64 = 0;
+    /// `partition << 32 | block`.
+    pub const WHERE: u64 = 8;
+}
+
+/// Word offsets inside a partition header. Only the owner writes it, except `OWNER`, claimed by
+/// compare-and-swap.
+pub mod partition {
+    /// `generation << 32 | (participant + 1)`; participant part 0 = unowned.
+    pub const OWNER: u64 = 0;
+    /// Next block sequence number to hand out (monotonic across owners).
+    pub const NEXT_SEQ: u64 = 8;
+}
+
+/// Index slot (32 bytes): a seqlock-protected mapping key → block. Accessed word by word as
+/// atomics; this struct documents the layout and serves the checker's copies.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IndexSlot {
+    /// Seqlock version: odd while the owner rewrites the slot.
+    pub version: u64,
+    /// Low 64 bits of the key.
+    pub key_lo: u64,
+    /// High 64 bits of the key.
+    pub key_hi: u64,
+    /// [`ENTRY_EMPTY`], [`ENTRY_TOMBSTONE`], or `seq << 24 | block`.
+    pub entry: u64,
+}
+// SAFETY: repr(C), four u64, no padding, every bit pattern valid.
+unsafe impl Plain for IndexSlot {}
+
+/// Index entry of a slot never used.
+pub const ENTRY_EMPTY: u64 = 0;
+/// Index entry of a slot whose key was removed (probing continues past it).
+pub const ENTRY_TOMBSTONE: u64 = u64::MAX;
+/// Bits of an index entry that hold the block number.
+pub const ENTRY_BLOCK_BITS: u32 = 24;
+/// Largest number of blocks a partition may have.
+pub const MAX_BLOCKS_PER_PARTITION: u64 = (1 << ENTRY_BLOCK_BITS) - 1;
+
+/// A live index entry's (block, seq), or `None` for empty and tombstone entries.
+pub fn decode_entry(entry: u64) -> Option<(u32, u64)> {
+    if entry == ENTRY_EMPTY || entry == ENTRY_TOMBSTONE {
+        None
+    } else {
+        Some(((entry & MAX_BLOCKS_PER_PARTITION) as u32, entry >> ENTRY_BLOCK_BITS))
+    }
+}
+
+/// Encodes a live index entry.
+pub fn encode_entry(block: u32, seq: u64) -> u64 {
+    debug_assert!(u64::from(block) <= MAX_BLOCKS_PER_PARTITION && seq > 0);
+    (seq << ENTRY_BLOCK_BITS) | u64::from(block)
+}
+
+/// Block header (64 bytes), one per block in the partition's header array.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlockHeader {
+    /// Low 64 bits of the key.
+    pub key_lo: u64,
+    /// High 64 bits of the key.
+    pub key_hi: u64,
+    /// Sequence number the block was written under (matches the index entry).
+    pub seq: u64,
+    /// Payload length in bytes.
+    pub len: u64,
+    /// [`Codec`] code.
+    pub codec: u32,
+    /// CRC-32C of the payload's `len` bytes.
+    pub payload_crc: u32,
+    /// Generation of the partition owner that wrote the block.
+    pub owner_generation: u64,
+    /// Zero.
+    pub reserved: [u32; 3],
+    /// CRC-32C of the 60 bytes before this field.
+    pub header_crc: u32,
+}
+// SAFETY: repr(C), fields without padding (layout test), integers only.
+unsafe impl Plain for BlockHeader {}
+
+impl BlockHeader {
+    /// Offset of `header_crc`.
+    pub const CRC_OFF: usize = std::mem::offset_of!(BlockHeader, header_crc);
+
+    /// The header CRC this header should carry.
+    pub fn compute_crc(&self) -> u32 {
+        crc32c(&as_bytes(self)[..Self::CRC_OFF])
+    }
+}
+
+/// Layout descriptor at the start of a typed KV payload ([`Codec::KvV1`]), 64 bytes. K and V follow
+/// head-major (`[kv_heads][tokens][head_dim]`), then per-head key bounds as f32
+/// (`[kv_heads][2][head_dim]`: element-wise min, then max, over the block's tokens).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvLayout {
+    /// `cxlkv_kernels::DType` code of K and V.
+    pub dtype: u32,
+    /// Model layer.
+    pub layer: u32,
+    /// KV heads in the block.
+    pub kv_heads: u32,
+    /// Elements per head vector.
+    pub head_dim: u32,
+    /// Tokens in the block.
+    pub tokens: u32,
+    /// Zero.
+    pub reserved0: u32,
+    /// Sequence the block belongs to (engine-chosen id).
+    pub sequence: u64,
+    /// Position of the block's first token in its sequence.
+    pub token_offset: u64,
+    /// Payload offset of K (from the payload start).
+    pub k_off: u32,
+    /// Payload offset of V.
+    pub v_off: u32,
+    /// Payload offset of the bounds.
+    pub bounds_off: u32,
+    /// Zero.
+    pub reserved1: [u32; 3],
+}
+// SAFETY: repr(C), fields without padding (layout test), integers only.
+unsafe impl Plain for KvLayout {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn superblock_layout() {
+        assert_eq!(size_of::<Superblock>(), 256);
+        assert_eq!(offset_of!(Superblock, magic), 0);
+        assert_eq!(offset_of!(Superblock, version_major), 8);
+        assert_eq!(offset_of!(Superblock, version_minor), 10);
+        assert_eq!(offset_of!(Superblock, coherence), 12);
+        assert_eq!(offset_of!(Superblock, uuid), 16);
+        assert_eq!(offset_of!(Superblock, pool_size), 32);
+        assert_eq!(offset_of!(Superblock, block_size), 40);
+        assert_eq!(offset_of!(Superblock, participants), 48);
+        assert_eq!(offset_of!(Superblock, partitions), 52);
+        assert_eq!(offset_of!(Superblock, blocks_per_partition), 56);
+        assert_eq!(offset_of!(Superblock, index_slots), 60);
+        assert_eq!(offset_of!(Superblock, participant_table_off), 64);
+        assert_eq!(offset_of!(Superblock, device_area_off), 72);
+        assert_eq!(offset_of!(Superblock, device_area_size), 80);
+        assert_eq!(offset_of!(Superblock, partition_off), 88);
+        assert_eq!(offset_of!(Superblock, partition_stride), 96);
+        assert_eq!(offset_of!(Superblock, index_off), 104);
+        assert_eq!(offset_of!(Superblock, block_headers_off), 112);
+        assert_eq!(offset_of!(Superblock, payloads_off), 120);
+        assert_eq!(offset_of!(Superblock, lease_ns), 128);
+        assert_eq!(offset_of!(Superblock, created_ns), 136);
+        assert_eq!(offset_of!(Superblock, reserved), 144);
+        assert_eq!(offset_of!(Superblock, crc), 248);
+        assert_eq!(offset_of!(Superblock, reserved2), 252);
+    }
+
+    #[test]
+    fn index_slot_layout() {
+        assert_eq!(size_of::<IndexSlot>(), INDEX_SLOT_SIZE as usize);
+        assert_eq!(offset_of!(IndexSlot, version), 0);
+        assert_eq!(offset_of!(IndexSlot, key_lo), 8);
+        assert_eq!(offset_of!(IndexSlot, key_hi), 16);
+        assert_eq!(offset_of!(IndexSlot, entry), 24);
+    }
+
+    #[test]
+    fn block_header_layout() {
+        assert_eq!(size_of::<BlockHeader>(), BLOCK_HEADER_SIZE as usize);
+        assert_eq!(offset_of!(BlockHeader, key_lo), 0);
+        assert_eq!(offset_of!(BlockHeader, key_hi), 8);
+        assert_eq!(offset_of!(BlockHeader, seq), 16);
+        assert_eq!(offset_of!(BlockHeader, len), 24);
+        assert_eq!(offset_of!(BlockHeader, codec), 32);
+        assert_eq!(offset_of!(BlockHeader, payload_crc), 36);
+        assert_eq!(offset_of!(BlockHeader, owner_generation), 40);
+        assert_eq!(offset_of!(BlockHeader, reserved), 48);
+        assert_eq!(offset_of!(BlockHeader, header_crc), 60);
+    }
+
+    #[test]
+    fn kv_layout_layout() {
+        assert_eq!(size_of::<KvLayout>(), 64);
+        assert_eq!(offset_of!(KvLayout, dtype), 0);
+        assert_eq!(offset_of!(KvLayout, layer), 4);
+        assert_eq!(offset_of!(KvLayout, kv_heads), 8);
+        assert_eq!(offset_of!(KvLayout, head_dim), 12);
+        assert_eq!(offset_of!(KvLayout, tokens), 16);
+        assert_eq!(offset_of!(KvLayout, reserved0), 20);
+        assert_eq!(offset_of!(KvLayout, sequence), 24);
+        assert_eq!(offset_of!(KvLayout, token_offset), 32);
+        assert_eq!(offset_of!(KvLayout, k_off), 40);
+        assert_eq!(offset_of!(KvLayout, v_off), 44);
+        assert_eq!(offset_of!(KvLayout, bounds_off), 48);
+        assert_eq!(offset_of!(KvLayout, reserved1), 52);
+    }
+
+    #[test]
+    fn participant_slot_fits() {
+        assert!(slot::HOTLIST < PARTICIPANT_SLOT_SIZE);
+        assert_eq!(slot::PINS % LINE, 0);
+        assert!(slot::COUNTERS + counters::COUNT * 8 <= slot::PINS);
+    }
+
+    #[test]
+    fn entries_round_trip() {
+        assert_eq!(decode_entry(encode_entry(5, 77)), Some((5, 77)));
+        assert_eq!(decode_entry(ENTRY_EMPTY), None);
+        assert_eq!(decode_entry(ENTRY_TOMBSTONE), None);
+    }
+}

@@ -1,0 +1,930 @@
+//! Participants: the processes (or hosts) attached to a pool.
+//!
+//! Attaching claims a slot in the participant table (its "host id") and, when one is free or its
+//! owner is dead, a data partition. The participant alone writes its slot (heartbeat, counters,
+//! pins) and its partition (allocator, index, blocks): there is one writer per cache line, and no
+//! cross-host atomic is needed on the data path. The owner's allocator and eviction order live in
+//! private memory and are rebuilt from the index when a partition changes hands.
+//!
+//! Crash model: a participant may die at any instruction. Its heartbeat then goes stale; after the
+//! lease, the next participant that attaches takes its partition over by bumping the partition's
+//! generation, repairs any index slot left mid-update, and keeps every committed block readable.
+
+use crate::format::{
+    self, counters, decode_entry, encode_entry, partition, pin, read_plain, slot, BlockHeader,
+    Codec, ENTRY_EMPTY, ENTRY_TOMBSTONE, INDEX_SLOT_SIZE, PINS_PER_PARTICIPANT, PIN_SIZE,
+};
+use crate::key::Key;
+use crate::policy::{EvictionPolicy, Lru};
+use crate::pool::{now_ns, BlockInfo, Location, Pool, PoolError, Probe, Result, SliceBuf};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Options of [`Participant::attach`].
+#[derive(Clone, Debug)]
+pub struct AttachOptions {
+    /// Run a heartbeat thread (disable only in tests that simulate a hung participant).
+    pub heartbeat: bool,
+    /// Try to own a partition (false: a read-only participant that can get and pin).
+    pub own_partition: bool,
+}
+
+impl Default for AttachOptions {
+    fn default() -> Self {
+        AttachOptions { heartbeat: true, own_partition: true }
+    }
+}
+
+/// Counters of one participant, as published in its slot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ParticipantStats {
+    /// Successful puts.
+    pub puts: u64,
+    /// Gets that found the key.
+    pub hits: u64,
+    /// Gets that did not.
+    pub misses: u64,
+    /// Optimistic reads retried.
+    pub retries: u64,
+    /// Blocks evicted to make room.
+    pub evictions: u64,
+    /// Blocks deleted.
+    pub deletes: u64,
+    /// Pins taken.
+    pub pins: u64,
+}
+
+impl ParticipantStats {
+    pub(crate) fn from_array(a: [u64; counters::COUNT as usize]) -> Self {
+        ParticipantStats {
+            puts: a[0],
+            hits: a[1],
+            misses: a[2],
+            retries: a[3],
+            evictions: a[4],
+            deletes: a[5],
+            pins: a[6],
+        }
+    }
+}
+
+/// Owner-private state of a partition: free blocks, eviction order, block → index slot.
+struct OwnerState {
+    partition: u32,
+    free: Vec<u32>,
+    /// Blocks removed from the index but still pinned by a reader: reused once unpinned.
+    deferred: Vec<(u32, u64)>,
+    /// For each block: (index slot, seq) while indexed.
+    indexed: Vec<Option<(u32, u64)>>,
+    policy: Box<dyn EvictionPolicy>,
+    next_seq: u64,
+}
+
+/// A participant attached to a pool. Detaches (releasing its slot and partition, keeping every
+/// block) when dropped.
+pub struct Participant {
+    pool: Pool,
+    id: u32,
+    token: u64,
+    generation: u64,
+    owner_word: u64,
+    owner: Option<Mutex<OwnerState>>,
+    counters: [AtomicU64; counters::COUNT as usize],
+    pin_used: Mutex<u64>,
+    fenced: Arc<AtomicBool>,
+    heartbeat: Option<(mpsc::Sender<()>, std::thread::JoinHandle<()>)>,
+    /// What attaching found and did (takeover, repaired slots), for reports.
+    pub recovery: Recovery,
+}
+
+/// What attaching did to take a partition into ownership.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Partition owned, if any.
+    pub partition: Option<u32>,
+    /// The participant whose partition was taken over because it was dead.
+    pub took_over_from: Option<u32>,
+    /// Live blocks found in the partition.
+    pub blocks: u64,
+    /// Index slots left mid-update by a crashed owner and repaired.
+    pub repaired_slots: u64,
+    /// Index entries dropped because their block did not validate.
+    pub dropped_entries: u64,
+}
+
+fn new_token(id: u32) -> u64 {
+    let k = Key::from_bytes(
+        &[now_ns().to_le_bytes(), u64::from(std::process::id()).to_le_bytes(), u64::from(id).to_le_bytes()]
+            .concat(),
+    );
+    k.lo() | 1
+}
+
+impl Participant {
+    /// Attaches to `pool`: claims a participant slot (a free one, or one whose holder is dead) and,
+    /// unless asked not to, a partition (a free one, or one whose owner is dead).
+    pub fn attach(pool: &Pool, opts: AttachOptions) -> Result<Participant> {
+        let sb = *pool.superblock();
+        let mem = pool.mem();
+        let mut claimed = None;
+        for i in 0..sb.participants {
+            let off = pool.slot_off(i) + slot::TOKEN;
+            mem.acquire(pool.slot_off(i), 64);
+            let cur = mem.load_u64(off, Ordering::Acquire)?;
+            if cur != 0 && !participant_dead(pool, i)? {
+                continue;
+            }
+            let token = new_token(i);
+            if mem.compare_exchange_u64(off, cur, token)?.is_ok() {
+                claimed = Some((i, token));
+                break;
+            }
+        }
+        let (id, token) = claimed.ok_or(PoolError::NoFreeParticipant(sb.participants))?;
+        let base = pool.slot_off(id);
+        let generation = mem.load_u64(base + slot::GENERATION, Ordering::Relaxed)? + 1;
+        mem.store_u64(base + slot::GENERATION, generation, Ordering::Relaxed)?;
+        mem.store_u64(base + slot::PID, u64::from(std::process::id()), Ordering::Relaxed)?;
+        mem.store_u64(base + slot::PARTITION, 0, Ordering::Relaxed)?;
+        for c in 0..counters::COUNT {
+            mem.store_u64(base + slot::COUNTERS + 8 * c, 0, Ordering::Relaxed)?;
+        }
+        for p in 0..PINS_PER_PARTICIPANT {
+            mem.store_u64(base + slot::PINS + p * PIN_SIZE + pin::SEQ, 0, Ordering::Relaxed)?;
+        }
+        // Heartbeat last, Release: a reader that sees it fresh sees the slot initialized.
+        mem.store_u64(base + slot::HEARTBEAT, now_ns(), Ordering::Release)?;
+        mem.publish(base, format::PARTICIPANT_SLOT_SIZE);
+
+        let mut me = Participant {
+            pool: pool.clone(),
+            id,
+            token,
+            generation,
+            owner_word: 0,
+            owner: None,
+            counters: Default::default(),
+            pin_used: Mutex::new(0),
+            fenced: Arc::new(AtomicBool::new(false)),
+            heartbeat: None,
+            recovery: Recovery::default(),
+        };
+        if opts.own_partition {
+            if let Some((p, word, prev_owner)) = me.claim_partition()? {
+                me.owner_word = word;
+                let (state, mut rec) = recover_partition(pool, p, word)?;
+                rec.took_over_from = prev_owner;
+                me.recovery = rec;
+                me.owner = Some(Mutex::new(state));
+            }
+        }
+        if opts.heartbeat {
+            me.heartbeat = Some(spawn_heartbeat(&me));
+        }
+        Ok(me)
+    }
+
+    /// Claims a free or orphaned partition. Returns (partition, new owner word, previous live owner
+    /// that was found dead).
+    fn claim_partition(&self) -> Result<Option<(u32, u64, Option<u32>)>> {
+        let pool = &self.pool;
+        let mem = pool.mem();
+        let sb = pool.superblock();
+        let my_slot = pool.slot_off(self.id);
+        for p in 0..sb.partitions {
+            let off = pool.partition_off(p) + partition::OWNER;
+            mem.acquire(off, 8);
+            let word = mem.load_u64(off, Ordering::Acquire)?;
+            let holder = (word & 0xffff_ffff) as u32;
+            let mut prev = None;
+            if holder != 0 {
+                let q = holder - 1;
+                if q >= sb.participants {
+                    // Corrupt owner word: the partition is orphaned.
+                } else if q != self.id && !orphaned(pool, q, p)? {
+                    // (A partition naming our own slot belonged to the dead holder we replaced.)
+                    continue;
+                } else {
+                    prev = Some(q);
+                }
+            }
+            // Announce the intent first so that nobody judges the partition orphaned between our
+            // claim and our slot saying so. Pairs with the load in `orphaned`.
+            mem.store_u64(my_slot + slot::PARTITION, u64::from(p) + 1, Ordering::SeqCst)?;
+            mem.publish(my_slot + slot::PARTITION, 8);
+            let gen = (word >> 32).wrapping_add(1) & 0xffff_ffff;
+            let new = (gen << 32) | u64::from(self.id + 1);
+            if mem.compare_exchange_u64(off, word, new)?.is_ok() {
+                mem.publish(off, 8);
+                return Ok(Some((p, new, prev)));
+            }
+        }
+        mem.store_u64(my_slot + slot::PARTITION, 0, Ordering::SeqCst)?;
+        Ok(None)
+    }
+
+    /// This participant's slot number (its host id).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Generation of this participant's slot (bumped on every claim).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The partition this participant owns, if any.
+    pub fn partition(&self) -> Option<u32> {
+        self.recovery.partition
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    fn count(&self, c: u64, n: u64) {
+        let v = self.counters[c as usize].fetch_add(n, Ordering::Relaxed) + n;
+        let off = self.pool.slot_off(self.id) + slot::COUNTERS + 8 * c;
+        // Published for `cxlkv pool stat`; only this participant writes the word.
+        let _ = self.pool.mem().store_u64(off, v, Ordering::Relaxed);
+    }
+
+    /// This participant's counters.
+    pub fn stats(&self) -> ParticipantStats {
+        ParticipantStats::from_array(std::array::from_fn(|i| self.counters[i].load(Ordering::Relaxed)))
+    }
+
+    fn owner(&self) -> Result<MutexGuard<'_, OwnerState>> {
+        let m = self.owner.as_ref().ok_or(PoolError::NoPartition { participant: self.id })?;
+        let st = m.lock().unwrap_or_else(|e| e.into_inner());
+        self.check_fence(st.partition)?;
+        Ok(st)
+    }
+
+    fn check_fence(&self, p: u32) -> Result<()> {
+        let off = self.pool.partition_off(p) + partition::OWNER;
+        self.pool.mem().acquire(off, 8);
+        let word = self.pool.mem().load_u64(off, Ordering::Acquire)?;
+        if word != self.owner_word || self.fenced.load(Ordering::Relaxed) {
+            self.fenced.store(true, Ordering::Relaxed);
+            return Err(PoolError::Fenced { partition: p, generation: (word >> 32) as u32 });
+        }
+        Ok(())
+    }
+
+    /// Stores `payload` under `key` in this participant's partition (replacing an older block of
+    /// the same key there), evicting least recently used unpinned blocks when the partition is full.
+    pub fn put(&self, key: Key, payload: &[u8]) -> Result<Location> {
+        self.put_with_codec(key, Codec::Raw, payload)
+    }
+
+    pub(crate) fn put_with_codec(&self, key: Key, codec: Codec, payload: &[u8]) -> Result<Location> {
+        let cap = self.pool.block_size();
+        if payload.len() as u64 > cap {
+            return Err(PoolError::PayloadTooLarge { len: payload.len() as u64, capacity: cap });
+        }
+        let mut st = self.owner()?;
+        let block = self.allocate(&mut st)?;
+        let p = st.partition;
+        let off = self.pool.payload_off(p, block);
+        if let Err(e) = self.pool.mem().write(off, payload) {
+            st.free.push(block);
+            return Err(e.into());
+        }
+        let crc = format::crc32c(payload);
+        self.finish_commit(&mut st, key, block, codec, payload.len() as u64, crc)
+    }
+
+    /// Reserves a block for `len` bytes under `key`: the caller writes the payload in place (zero
+    /// copy) and then commits. Dropping the reservation without committing frees the block.
+    pub fn reserve(&self, key: Key, len: u64, codec: Codec) -> Result<Reservation<'_>> {
+        let cap = self.pool.block_size();
+        if len > cap {
+            return Err(PoolError::PayloadTooLarge { len, capacity: cap });
+        }
+        let mut st = self.owner()?;
+        let block = self.allocate(&mut st)?;
+        Ok(Reservation { participant: self, partition: st.partition, block, key, len, codec, done: false })
+    }
+
+    /// Takes a free block, reusing deferred ones whose pins are gone, else evicting.
+    fn allocate(&self, st: &mut OwnerState) -> Result<u32> {
+        if let Some(b) = st.free.pop() {
+            return Ok(b);
+        }
+        if !st.deferred.is_empty() {
+            let pins = self.live_pins(st.partition)?;
+            if let Some(i) = st.deferred.iter().position(|(b, s)| !pins.contains(&(*b, *s))) {
+                return Ok(st.deferred.swap_remove(i).0);
+            }
+        }
+        let pins = self.live_pins(st.partition)?;
+        let mut skipped = Vec::new();
+        let result = loop {
+            let Some(victim) = st.policy.victim() else {
+                break Err(PoolError::PartitionFull(st.partition));
+            };
+            let (slot, seq) = st.indexed[victim as usize].expect("policy tracks indexed blocks");
+            if pins.contains(&(victim, seq)) {
+                skipped.push(victim);
+                continue;
+            }
+            self.unindex(st, victim, slot)?;
+            // The Dekker pair with `pin`: we removed the entry, then look for pins; a reader
+            // stores its pin, then re-checks the entry. SeqCst on both sides means at least one of
+            // us sees the other.
+            fence(Ordering::SeqCst);
+            self.count(counters::EVICTIONS, 1);
+            if self.pinned_now(st.partition, victim, seq)? {
+                st.deferred.push((victim, seq));
+                continue;
+            }
+            break Ok(victim);
+        };
+        for b in skipped {
+            st.policy.insert(b);
+        }
+        result
+    }
+
+    /// Writes header and index entry for a filled block; the last step of put and commit.
+    fn finish_commit(&self, st: &mut OwnerState, key: Key, block: u32, codec: Codec, len: u64, crc: u32) -> Result<Location> {
+        let pool = &self.pool;
+        let mem = pool.mem();
+        let p = st.partition;
+        if let Err(e) = self.check_fence(p) {
+            st.free.push(block);
+            return Err(e);
+        }
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        mem.store_u64(pool.partition_off(p) + partition::NEXT_SEQ, st.next_seq, Ordering::Relaxed)?;
+        let mut h = BlockHeader {
+            key_lo: key.lo(),
+            key_hi: key.hi(),
+            seq,
+            len,
+            codec: codec as u32,
+            payload_crc: crc,
+            owner_generation: self.owner_word >> 32,
+            ..Default::default()
+        };
+        h.header_crc = h.compute_crc();
+        let hoff = pool.header_off(p, block);
+        format::write_plain(mem, hoff, &h)?;
+        // Payload and header reach memory before the index entry that points at them. Pairs with
+        // the acquires in `Pool::checked_header` and the payload read.
+        mem.publish(pool.payload_off(p, block), len);
+        mem.publish(hoff, format::BLOCK_HEADER_SIZE);
+
+        // Replace an existing entry for the key, else insert at the first free slot on its path.
+        let n = pool.superblock().index_slots;
+        let mask = n - 1;
+        let home = pool.home_slot(key);
+        let mut target = None;
+        let mut old = None;
+        for i in 0..n {
+            let s = (home + i) & mask;
+            let (_, k, entry) = self.own_slot(p, s)?;
+            if entry == ENTRY_EMPTY {
+                target.get_or_insert(s);
+                break;
+            }
+            if entry == ENTRY_TOMBSTONE {
+                target.get_or_insert(s);
+                continue;
+            }
+            if k == key {
+                target = Some(s);
+                old = decode_entry(entry);
+                break;
+            }
+        }
+        let Some(s) = target else {
+            st.free.push(block);
+            return Err(PoolError::PartitionFull(p));
+        };
+        write_slot(pool, p, s, key, encode_entry(block, seq))?;
+        st.indexed[block as usize] = Some((s, seq));
+        st.policy.insert(block);
+        if let Some((old_block, old_seq)) = old {
+            if (old_block as usize) < st.indexed.len() && old_block != block {
+                st.indexed[old_block as usize] = None;
+                st.policy.remove(old_block);
+                fence(Ordering::SeqCst); // Dekker pair with `pin`, as in `allocate`.
+                if self.pinned_now(p, old_block, old_seq)? {
+                    st.deferred.push((old_block, old_seq));
+                } else {
+                    st.free.push(old_block);
+                }
+            }
+        }
+        self.count(counters::PUTS, 1);
+        Ok(Location { partition: p, slot: s, version: 0, block, seq })
+    }
+
+    /// The owner's view of one of its slots (no concurrent writer, so no seqlock loop).
+    fn own_slot(&self, p: u32, s: u32) -> Result<(u64, Key, u64)> {
+        let off = self.pool.index_slot_off(p, s);
+        let m = self.pool.mem();
+        Ok((
+            m.load_u64(off, Ordering::Relaxed)?,
+            Key::from_parts(m.load_u64(off + 8, Ordering::Relaxed)?, m.load_u64(off + 16, Ordering::Relaxed)?),
+            m.load_u64(off + 24, Ordering::Relaxed)?,
+        ))
+    }
+
+    /// Removes `block`'s index entry at `slot`.
+    fn unindex(&self, st: &mut OwnerState, block: u32, slot: u32) -> Result<()> {
+        let p = st.partition;
+        let n = self.pool.superblock().index_slots;
+        let next = (slot + 1) & (n - 1);
+        // A slot whose successor is empty ends every probe path through it, so it can become empty
+        // instead of a tombstone; then so can tombstones right before it.
+        let (_, _, next_entry) = self.own_slot(p, next)?;
+        if next_entry == ENTRY_EMPTY {
+            write_slot(&self.pool, p, slot, Key(0), ENTRY_EMPTY)?;
+            let mut s = slot;
+            loop {
+                s = s.wrapping_sub(1) & (n - 1);
+                let (_, _, e) = self.own_slot(p, s)?;
+                if e != ENTRY_TOMBSTONE || s == slot {
+                    break;
+                }
+                write_slot(&self.pool, p, s, Key(0), ENTRY_EMPTY)?;
+            }
+        } else {
+            write_slot(&self.pool, p, slot, Key(0), ENTRY_TOMBSTONE)?;
+        }
+        st.indexed[block as usize] = None;
+        st.policy.remove(block);
+        Ok(())
+    }
+
+    /// Deletes `key` from this participant's partition. `Ok(false)` if it is nowhere;
+    /// [`PoolError::NotOwner`] if it lives in another participant's partition.
+    pub fn delete(&self, key: Key) -> Result<bool> {
+        let mut st = self.owner()?;
+        let p = st.partition;
+        match self.pool.probe(p, key)? {
+            Probe::Found(loc) => {
+                self.unindex(&mut st, loc.block, loc.slot)?;
+                fence(Ordering::SeqCst); // Dekker pair with `pin`, as in `allocate`.
+                if self.pinned_now(p, loc.block, loc.seq)? {
+                    st.deferred.push((loc.block, loc.seq));
+                } else {
+                    st.free.push(loc.block);
+                }
+                self.count(counters::DELETES, 1);
+                Ok(true)
+            }
+            Probe::Absent | Probe::Busy => match self.pool.locate(key)? {
+                Some(loc) => Err(PoolError::NotOwner { key, partition: loc.partition }),
+                None => Ok(false),
+            },
+        }
+    }
+
+    /// Copies the block under `key` into a new vector (any partition); `None` on a miss.
+    pub fn get(&self, key: Key) -> Result<Option<(Vec<u8>, BlockInfo)>> {
+        let mut v = Vec::new();
+        let mut retries = 0;
+        let r = self.pool.read_validated(key, &mut v, &mut retries);
+        self.after_get(&r, retries);
+        Ok(r?.map(|i| (v, i)))
+    }
+
+    /// Copies the block under `key` into `buf`; `None` on a miss; [`PoolError::BufferTooSmall`]
+    /// with the needed size if `buf` is too small.
+    pub fn get_into(&self, key: Key, buf: &mut [u8]) -> Result<Option<BlockInfo>> {
+        let mut retries = 0;
+        let r = self.pool.read_validated(key, &mut SliceBuf(buf), &mut retries);
+        self.after_get(&r, retries);
+        r
+    }
+
+    fn after_get(&self, r: &Result<Option<BlockInfo>>, retries: u64) {
+        if retries > 0 {
+            self.count(counters::RETRIES, retries);
+        }
+        match r {
+            Ok(Some(info)) => {
+                self.count(counters::HITS, 1);
+                if let (Some(m), true) = (&self.owner, Some(info.location.partition) == self.partition()) {
+                    let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
+                    if st.indexed[info.location.block as usize].map(|(_, s)| s) == Some(info.location.seq) {
+                        st.policy.touch(info.location.block);
+                    }
+                }
+            }
+            Ok(None) => self.count(counters::MISSES, 1),
+            Err(_) => {}
+        }
+    }
+
+    /// How many leading keys of `chain` are present.
+    pub fn lookup_prefix(&self, chain: &[Key]) -> Result<usize> {
+        self.pool.lookup_prefix(chain)
+    }
+
+    /// Pins the block under `key`: while the pin is held (and this participant is alive) its
+    /// owner will not reuse the block, so the returned view stays valid for zero-copy reads.
+    pub fn pin(&self, key: Key) -> Result<Option<PinnedBlock<'_>>> {
+        let entry = {
+            let mut used = self.pin_used.lock().unwrap_or_else(|e| e.into_inner());
+            let free = (!*used).trailing_zeros() as u64;
+            if free >= PINS_PER_PARTICIPANT {
+                return Err(PoolError::PinTableFull(PINS_PER_PARTICIPANT));
+            }
+            *used |= 1 << free;
+            free
+        };
+        match self.pin_in(entry, key) {
+            Ok(Some(pinned)) => {
+                self.count(counters::PINS, 1);
+                Ok(Some(pinned))
+            }
+            other => {
+                self.unpin(entry);
+                if matches!(other, Ok(None)) {
+                    self.count(counters::MISSES, 1);
+                }
+                other
+            }
+        }
+    }
+
+    /// Pins `key` using pin entry `entry` of our slot; the caller frees the entry on `None`/error.
+    fn pin_in(&self, entry: u64, key: Key) -> Result<Option<PinnedBlock<'_>>> {
+        let pool = &self.pool;
+        let mem = pool.mem();
+        let eoff = pool.slot_off(self.id) + slot::PINS + entry * PIN_SIZE;
+        for _ in 0..crate::pool::READ_RETRIES {
+            let Some(loc) = pool.locate(key)? else { return Ok(None) };
+            let where_ = (u64::from(loc.partition) << 32) | u64::from(loc.block);
+            mem.store_u64(eoff + pin::WHERE, where_, Ordering::Relaxed)?;
+            mem.store_u64(eoff + pin::SEQ, loc.seq, Ordering::Release)?;
+            mem.publish(eoff, PIN_SIZE);
+            // Dekker pair with the owner's fence between unindexing a block and reading pins.
+            fence(Ordering::SeqCst);
+            let Some(h) = pool.checked_header(key, &loc)? else { continue };
+            // Validate the payload once; after this, the pin keeps it in place.
+            let poff = pool.payload_off(loc.partition, loc.block);
+            mem.acquire(poff, h.len);
+            if crc_of(mem, poff, h.len)? != h.payload_crc || pool.slot_version(loc.partition, loc.slot)? != loc.version {
+                continue;
+            }
+            let codec = Codec::from_code(h.codec).expect("checked header");
+            return Ok(Some(PinnedBlock {
+                participant: self,
+                entry,
+                info: BlockInfo { len: h.len, codec, location: loc },
+                payload_off: poff,
+            }));
+        }
+        Ok(None)
+    }
+
+    fn unpin(&self, entry: u64) {
+        let off = self.pool.slot_off(self.id) + slot::PINS + entry * PIN_SIZE + pin::SEQ;
+        // Release: our reads of the block happen before the owner may reuse it.
+        let _ = self.pool.mem().store_u64(off, 0, Ordering::Release);
+        self.pool.mem().publish(off, 8);
+        *self.pin_used.lock().unwrap_or_else(|e| e.into_inner()) &= !(1 << entry);
+    }
+
+    /// (block, seq) pairs of partition `p` pinned by live participants.
+    fn live_pins(&self, p: u32) -> Result<std::collections::HashSet<(u32, u64)>> {
+        let pool = &self.pool;
+        let mem = pool.mem();
+        let mut set = std::collections::HashSet::new();
+        for q in 0..pool.superblock().participants {
+            let base = pool.slot_off(q);
+            mem.acquire(base, format::PARTICIPANT_SLOT_SIZE);
+            if mem.load_u64(base + slot::TOKEN, Ordering::Acquire)? == 0 || participant_dead(pool, q)? {
+                continue;
+            }
+            for e in 0..PINS_PER_PARTICIPANT {
+                let eoff = base + slot::PINS + e * PIN_SIZE;
+                let seq = mem.load_u64(eoff + pin::SEQ, Ordering::Acquire)?;
+                if seq == 0 {
+                    continue;
+                }
+                let w = mem.load_u64(eoff + pin::WHERE, Ordering::Relaxed)?;
+                if (w >> 32) as u32 == p {
+                    set.insert((w as u32, seq));
+                }
+            }
+        }
+        Ok(set)
+    }
+
+    fn pinned_now(&self, p: u32, block: u32, seq: u64) -> Result<bool> {
+        Ok(self.live_pins(p)?.contains(&(block, seq)))
+    }
+
+    /// Writes a fresh heartbeat now (the heartbeat thread does this every quarter lease).
+    pub fn beat(&self) -> Result<()> {
+        let off = self.pool.slot_off(self.id) + slot::HEARTBEAT;
+        self.pool.mem().store_u64(off, now_ns(), Ordering::Release)?;
+        self.pool.mem().publish(off, 8);
+        Ok(())
+    }
+
+    /// Number of blocks indexed in this participant's partition.
+    pub fn live_blocks(&self) -> usize {
+        self.owner.as_ref().map_or(0, |m| {
+            m.lock().unwrap_or_else(|e| e.into_inner()).indexed.iter().filter(|e| e.is_some()).count()
+        })
+    }
+
+    fn detach_shared(&mut self) {
+        if let Some((tx, h)) = self.heartbeat.take() {
+            drop(tx);
+            let _ = h.join();
+        }
+        let pool = &self.pool;
+        let mem = pool.mem();
+        let base = pool.slot_off(self.id);
+        if let Some(p) = self.partition() {
+            // Hand the partition back (generation kept): its blocks stay readable and the next
+            // participant to attach adopts them.
+            let off = pool.partition_off(p) + partition::OWNER;
+            let released = self.owner_word & !0xffff_ffff;
+            let _ = mem.compare_exchange_u64(off, self.owner_word, released);
+            mem.publish(off, 8);
+        }
+        for e in 0..PINS_PER_PARTICIPANT {
+            let _ = mem.store_u64(base + slot::PINS + e * PIN_SIZE + pin::SEQ, 0, Ordering::Relaxed);
+        }
+        let _ = mem.store_u64(base + slot::PARTITION, 0, Ordering::Relaxed);
+        let _ = mem.compare_exchange_u64(base + slot::TOKEN, self.token, 0);
+        mem.publish(base, format::PARTICIPANT_SLOT_SIZE);
+    }
+}
+
+impl Drop for Participant {
+    fn drop(&mut self) {
+        self.detach_shared();
+    }
+}
+
+fn crc_of(mem: &dyn crate::mem::SharedMemory, off: u64, len: u64) -> Result<u32> {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut crc = 0u32;
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(buf.len() as u64) as usize;
+        mem.read(off + done, &mut buf[..n])?;
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        done += n as u64;
+    }
+    Ok(crc)
+}
+
+/// True when participant `q`'s heartbeat is older than the pool's lease (or it holds no slot).
+pub(crate) fn participant_dead(pool: &Pool, q: u32) -> Result<bool> {
+    let base = pool.slot_off(q);
+    let mem = pool.mem();
+    mem.acquire(base, 64);
+    if mem.load_u64(base + slot::TOKEN, Ordering::Acquire)? == 0 {
+        return Ok(true);
+    }
+    let hb = mem.load_u64(base + slot::HEARTBEAT, Ordering::Acquire)?;
+    Ok(now_ns().saturating_sub(hb) > pool.superblock().lease_ns)
+}
+
+/// True when partition `p`, owned by participant `q`, has no live owner: `q` is dead, or its slot
+/// has been reclaimed by someone who does not hold `p`.
+fn orphaned(pool: &Pool, q: u32, p: u32) -> Result<bool> {
+    if participant_dead(pool, q)? {
+        return Ok(true);
+    }
+    let off = pool.slot_off(q) + slot::PARTITION;
+    Ok(pool.mem().load_u64(off, Ordering::SeqCst)? != u64::from(p) + 1)
+}
+
+/// Seqlock write of one index slot (owner only).
+pub(crate) fn write_slot(pool: &Pool, p: u32, s: u32, key: Key, entry: u64) -> Result<()> {
+    let off = pool.index_slot_off(p, s);
+    let mem = pool.mem();
+    let v = mem.load_u64(off, Ordering::Relaxed)?;
+    let odd = (v | 1).wrapping_add(if v & 1 == 1 { 2 } else { 0 });
+    mem.store_u64(off, odd, Ordering::Relaxed)?;
+    mem.publish(off, 8);
+    // Orders the odd version before the field stores; pairs with the Acquire fence before a
+    // reader's version re-check in `Pool::read_slot` / `Pool::slot_version`.
+    fence(Ordering::Release);
+    mem.store_u64(off + 8, key.lo(), Ordering::Relaxed)?;
+    mem.store_u64(off + 16, key.hi(), Ordering::Relaxed)?;
+    mem.store_u64(off + 24, entry, Ordering::Relaxed)?;
+    // Release: fields (and the block they point to) before the even version. Pairs with the
+    // Acquire load of the version in `Pool::read_slot`.
+    mem.store_u64(off, odd.wrapping_add(1), Ordering::Release)?;
+    mem.publish(off, INDEX_SLOT_SIZE);
+    Ok(())
+}
+
+/// Rebuilds owner state for partition `p` from shared memory: repairs slots left mid-update,
+/// drops entries whose block does not validate, and frees every unreferenced block.
+fn recover_partition(pool: &Pool, p: u32, word: u64) -> Result<(OwnerState, Recovery)> {
+    let sb = pool.superblock();
+    let mem = pool.mem();
+    let nblocks = sb.blocks_per_partition as usize;
+    let mut indexed: Vec<Option<(u32, u64)>> = vec![None; nblocks];
+    let mut rec = Recovery { partition: Some(p), ..Default::default() };
+    mem.acquire(pool.partition_off(p), sb.payloads_off);
+    let mut max_seq = mem.load_u64(pool.partition_off(p) + partition::NEXT_SEQ, Ordering::Acquire)?;
+    for s in 0..sb.index_slots {
+        let off = pool.index_slot_off(p, s);
+        let v = mem.load_u64(off, Ordering::Acquire)?;
+        let slot: format::IndexSlot = read_plain(mem, off)?;
+        let key = Key::from_parts(slot.key_lo, slot.key_hi);
+        let mid_update = v & 1 == 1;
+        let keep = match decode_entry(slot.entry) {
+            Some((b, seq)) if (b as usize) < nblocks && indexed[b as usize].is_none() => {
+                let loc = Location { partition: p, slot: s, version: v, block: b, seq };
+                match pool.checked_header(key, &loc)? {
+                    Some(h) if crc_of(mem, pool.payload_off(p, b), h.len)? == h.payload_crc => {
+                        indexed[b as usize] = Some((s, seq));
+                        max_seq = max_seq.max(seq + 1);
+                        true
+                    }
+                    _ => false,
+                }
+            }
+            _ => false,
+        };
+        let live = decode_entry(slot.entry).is_some();
+        if mid_update || (live && !keep) {
+            // Either finish the interrupted update as the entry now reads, or drop a bad entry.
+            let entry = if keep {
+                slot.entry
+            } else if slot.entry == ENTRY_EMPTY {
+                ENTRY_EMPTY
+            } else {
+                ENTRY_TOMBSTONE
+            };
+            if mid_update {
+                rec.repaired_slots += 1;
+                // Make the version even first so write_slot's odd/even dance stays consistent.
+                mem.store_u64(off, v.wrapping_add(1), Ordering::Relaxed)?;
+            }
+            if live && !keep {
+                rec.dropped_entries += 1;
+            }
+            write_slot(pool, p, s, if keep { key } else { Key(0) }, entry)?;
+        }
+    }
+    // An entry made empty above may have broken no chain: empties are only created when a slot
+    // was empty before the crash (entry unchanged) — tombstones keep chains intact otherwise.
+    let mut by_seq: Vec<(u64, u32)> =
+        indexed.iter().enumerate().filter_map(|(b, e)| e.map(|(_, seq)| (seq, b as u32))).collect();
+    by_seq.sort_unstable();
+    let mut policy: Box<dyn EvictionPolicy> = Box::new(Lru::new(nblocks));
+    for &(_, b) in &by_seq {
+        policy.insert(b);
+    }
+    rec.blocks = by_seq.len() as u64;
+    let free = (0..nblocks as u32).rev().filter(|b| indexed[*b as usize].is_none()).collect();
+    let next_seq = max_seq.max(1);
+    mem.store_u64(pool.partition_off(p) + partition::NEXT_SEQ, next_seq, Ordering::Relaxed)?;
+    let _ = word;
+    Ok((OwnerState { partition: p, free, deferred: Vec::new(), indexed, policy, next_seq }, rec))
+}
+
+fn spawn_heartbeat(me: &Participant) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel::<()>();
+    let pool = me.pool.clone();
+    let id = me.id;
+    let token = me.token;
+    let fenced = me.fenced.clone();
+    let watch = me.partition().map(|p| (p, me.owner_word));
+    let period = Duration::from_nanos((pool.superblock().lease_ns / 4).max(1_000_000));
+    let h = std::thread::Builder::new()
+        .name(format!("cxlkv-heartbeat-{id}"))
+        .spawn(move || loop {
+            match rx.recv_timeout(period) {
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                _ => return,
+            }
+            let mem = pool.mem();
+            let base = pool.slot_off(id);
+            // Stop beating if our slot was reclaimed (we were presumed dead).
+            if mem.load_u64(base + slot::TOKEN, Ordering::Acquire).ok() != Some(token) {
+                fenced.store(true, Ordering::Relaxed);
+                return;
+            }
+            let _ = mem.store_u64(base + slot::HEARTBEAT, now_ns(), Ordering::Release);
+            mem.publish(base + slot::HEARTBEAT, 8);
+            if let Some((p, word)) = watch {
+                if mem.load_u64(pool.partition_off(p) + partition::OWNER, Ordering::Acquire).ok() != Some(word) {
+                    fenced.store(true, Ordering::Relaxed);
+                }
+            }
+        })
+        .expect("spawn heartbeat thread");
+    (tx, h)
+}
+
+/// A block reserved for an in-place write; see [`Participant::reserve`].
+pub struct Reservation<'a> {
+    participant: &'a Participant,
+    partition: u32,
+    block: u32,
+    key: Key,
+    len: u64,
+    codec: Codec,
+    done: bool,
+}
+
+impl Reservation<'_> {
+    /// Payload length reserved.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True for a zero-length reservation.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Writes `bytes` at `offset` within the reserved payload.
+    pub fn write(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
+        crate::mem::check_range(offset, bytes.len() as u64, self.len)?;
+        let pool = &self.participant.pool;
+        pool.mem().write(pool.payload_off(self.partition, self.block) + offset, bytes)?;
+        Ok(())
+    }
+
+    /// Address of the reserved payload for in-place writes (`None` on memory without stable
+    /// addresses). Valid until commit or drop; only the reserver may write through it.
+    pub fn as_mut_ptr(&self) -> Result<Option<*mut u8>> {
+        let pool = &self.participant.pool;
+        Ok(pool.mem().raw_range(pool.payload_off(self.partition, self.block), self.len)?)
+    }
+
+    /// Checksums the payload in place and publishes the block under its key.
+    pub fn commit(mut self) -> Result<Location> {
+        self.done = true;
+        let p = self.participant;
+        let crc = crc_of(p.pool.mem(), p.pool.payload_off(self.partition, self.block), self.len)?;
+        let mut st = p.owner()?;
+        p.finish_commit(&mut st, self.key, self.block, self.codec, self.len, crc)
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            if let Some(m) = &self.participant.owner {
+                m.lock().unwrap_or_else(|e| e.into_inner()).free.push(self.block);
+            }
+        }
+    }
+}
+
+/// A pinned block: its payload stays in place until this is dropped.
+pub struct PinnedBlock<'a> {
+    participant: &'a Participant,
+    entry: u64,
+    info: BlockInfo,
+    payload_off: u64,
+}
+
+impl PinnedBlock<'_> {
+    /// Length, codec and location of the block.
+    pub fn info(&self) -> BlockInfo {
+        self.info
+    }
+
+    /// Payload length.
+    pub fn len(&self) -> u64 {
+        self.info.len
+    }
+
+    /// True for an empty payload.
+    pub fn is_empty(&self) -> bool {
+        self.info.len == 0
+    }
+
+    /// Copies payload bytes at `offset` into `dst`.
+    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        crate::mem::check_range(offset, dst.len() as u64, self.info.len)?;
+        Ok(self.participant.pool.mem().read(self.payload_off + offset, dst)?)
+    }
+
+    /// Address of the payload for zero-copy readers and DMA registration (`None` on memory without
+    /// stable addresses). Valid until the pin is dropped; the memory must only be read.
+    pub fn as_ptr(&self) -> Result<Option<*const u8>> {
+        Ok(self.participant.pool.mem().raw_range(self.payload_off, self.info.len)?.map(|p| p as *const u8))
+    }
+}
+
+impl Drop for PinnedBlock<'_> {
+    fn drop(&mut self) {
+        self.participant.unpin(self.entry);
+    }
+}

@@ -1,0 +1,687 @@
+//! The shared KV block pool: geometry, create/open with validation, and the optimistic read path.
+//!
+//! A [`Pool`] is a handle on pool memory that anyone may read. Writing needs a
+//! [`Participant`](crate::participant::Participant) (see [`Pool::attach`]): a slot in the
+//! participant table and, usually, one data partition that it alone writes.
+//!
+//! Reads are optimistic and write nothing shared: find the key's index slot (seqlock version
+//! `v`), copy the block header and payload, check key, sequence number and CRCs, re-read the slot
+//! and accept only if its version is still `v`. Anything else is retried a bounded number of times
+//! and then reported as a miss, so a torn, stale or foreign copy is never returned.
+
+use crate::format::{
+    self, decode_entry, read_plain, BlockHeader, Codec, CoherenceMode, Superblock, BLOCK_HEADER_SIZE,
+    DEVICE_AREA_SIZE, ENTRY_EMPTY, ENTRY_TOMBSTONE, INDEX_SLOT_SIZE, MAGIC,
+    MAX_BLOCKS_PER_PARTITION, PAGE, PARTICIPANT_SLOT_SIZE, PARTITION_HEADER_SIZE, SUPERBLOCK_SIZE,
+    VERSION_MAJOR, VERSION_MINOR,
+};
+use crate::key::Key;
+use crate::mem::{MemError, SharedMemory};
+use crate::region::{Backend, Region, RegionError, RegionOptions};
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+
+/// Errors of pool operations.
+#[derive(Debug, Error)]
+pub enum PoolError {
+    /// Mapping the pool's memory failed.
+    #[error(transparent)]
+    Region(#[from] RegionError),
+    /// A shared-memory access was out of range (a corrupt structure pointed outside the pool).
+    #[error(transparent)]
+    Mem(#[from] MemError),
+    /// The memory is smaller than the pool it claims to hold, or than a superblock.
+    #[error("pool truncated: memory has {size} bytes, the pool needs {needed}")]
+    Truncated {
+        /// Bytes available.
+        size: u64,
+        /// Bytes required.
+        needed: u64,
+    },
+    /// Not a cxlkv pool.
+    #[error("not a cxlkv pool: magic {found:02x?}, expected {MAGIC:02x?}")]
+    BadMagic {
+        /// The bytes found at offset 0.
+        found: [u8; 8],
+    },
+    /// A pool of a format version this build cannot read.
+    #[error("unsupported pool format {major}.{minor}; this build reads {VERSION_MAJOR}.x")]
+    UnsupportedVersion {
+        /// Major version found.
+        major: u16,
+        /// Minor version found.
+        minor: u16,
+    },
+    /// The superblock's CRC does not match its bytes.
+    #[error("superblock corrupt: stored CRC {stored:#010x}, computed {computed:#010x}")]
+    SuperblockCrc {
+        /// CRC in the superblock.
+        stored: u32,
+        /// CRC of its bytes.
+        computed: u32,
+    },
+    /// The superblock's geometry is inconsistent.
+    #[error("superblock geometry invalid: {0}")]
+    Geometry(String),
+    /// A coherence mode this build does not implement.
+    #[error("pool coherence mode {0} is not supported by this build")]
+    UnsupportedCoherence(u32),
+    /// Parameters of `create` that cannot make a pool.
+    #[error("bad pool configuration: {0}")]
+    BadConfig(String),
+    /// A payload larger than a block.
+    #[error("payload of {len} bytes exceeds the block size of {capacity} bytes")]
+    PayloadTooLarge {
+        /// Payload length.
+        len: u64,
+        /// Block capacity.
+        capacity: u64,
+    },
+    /// The caller's buffer cannot hold the block.
+    #[error("buffer of {capacity} bytes is too small for a block of {needed} bytes")]
+    BufferTooSmall {
+        /// Bytes the block needs.
+        needed: u64,
+        /// Bytes the buffer has.
+        capacity: u64,
+    },
+    /// `lookup_prefix` of an empty chain.
+    #[error("empty key chain")]
+    EmptyKeyChain,
+    /// Every participant slot is held by a live participant.
+    #[error("all {0} participant slots are in use")]
+    NoFreeParticipant(u32),
+    /// This participant owns no partition (all are held by live participants), so it cannot write.
+    #[error("participant {participant} owns no partition: all are held by live participants")]
+    NoPartition {
+        /// The participant.
+        participant: u32,
+    },
+    /// The participant's partition was taken over by another (this one was presumed dead).
+    #[error("partition {partition} was taken over (generation now {generation}); this participant is fenced")]
+    Fenced {
+        /// The partition.
+        partition: u32,
+        /// Its current owner generation.
+        generation: u32,
+    },
+    /// The key lives in a partition this participant does not own.
+    #[error("key {key} lives in partition {partition}, which this participant does not own")]
+    NotOwner {
+        /// The key.
+        key: Key,
+        /// Its partition.
+        partition: u32,
+    },
+    /// The participant holds the maximum number of pins.
+    #[error("pin table full ({0} pins held)")]
+    PinTableFull(u64),
+    /// No block can be freed: every block of the partition is pinned.
+    #[error("partition {0} is full and every block is pinned")]
+    PartitionFull(u32),
+    /// A typed KV block whose layout does not fit its payload.
+    #[error("bad KV block: {0}")]
+    BadKvBlock(String),
+}
+
+/// Result alias of this module.
+pub type Result<T> = std::result::Result<T, PoolError>;
+
+/// Parameters of a new pool.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// Payload capacity of a block; a multiple of 4 KiB.
+    pub block_size: u64,
+    /// Participant slots.
+    pub participants: u32,
+    /// Data partitions (default: one per participant).
+    pub partitions: Option<u32>,
+    /// A participant whose heartbeat is older than this is dead and may be taken over.
+    pub lease: Duration,
+    /// Coherence mode recorded in the superblock.
+    pub coherence: CoherenceMode,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            block_size: 256 << 10,
+            participants: 8,
+            partitions: None,
+            lease: Duration::from_secs(2),
+            coherence: CoherenceMode::Hardware,
+        }
+    }
+}
+
+const MIN_POOL_FOR_SB: u64 = SUPERBLOCK_SIZE;
+const PARTITION_ALIGN: u64 = 64 << 10;
+/// Optimistic-read attempts before a get reports a miss.
+pub const READ_RETRIES: u32 = 16;
+const SEQLOCK_SPINS: u32 = 1000;
+
+fn round_up(x: u64, a: u64) -> Option<u64> {
+    x.checked_add(a - 1).map(|v| v / a * a)
+}
+
+/// Byte layout of a partition holding `blocks` blocks: (index_off, headers_off, payloads_off, size).
+fn partition_layout(blocks: u64, block_size: u64) -> Option<(u64, u64, u64, u64, u64)> {
+    let slots = (blocks.checked_mul(2)?).max(2).checked_next_power_of_two()?;
+    let index_off = PARTITION_HEADER_SIZE;
+    let headers_off = round_up(index_off.checked_add(slots.checked_mul(INDEX_SLOT_SIZE)?)?, PAGE)?;
+    let payloads_off = round_up(headers_off.checked_add(blocks.checked_mul(BLOCK_HEADER_SIZE)?)?, PAGE)?;
+    let size = round_up(payloads_off.checked_add(blocks.checked_mul(block_size)?)?, PAGE)?;
+    Some((slots, index_off, headers_off, payloads_off, size))
+}
+
+/// Plans the superblock of a pool of `size` bytes.
+pub fn plan(size: u64, cfg: &PoolConfig) -> Result<Superblock> {
+    let bad = |m: String| Err(PoolError::BadConfig(m));
+    if cfg.block_size == 0 || cfg.block_size % PAGE != 0 {
+        return bad(format!("block size {} is not a positive multiple of 4096", cfg.block_size));
+    }
+    if cfg.participants == 0 || cfg.participants > 4096 {
+        return bad(format!("participants must be 1..=4096, got {}", cfg.participants));
+    }
+    let partitions = cfg.partitions.unwrap_or(cfg.participants);
+    if partitions == 0 || partitions > 4096 {
+        return bad(format!("partitions must be 1..=4096, got {partitions}"));
+    }
+    let lease_ns = u64::try_from(cfg.lease.as_nanos()).unwrap_or(u64::MAX);
+    if lease_ns < 1_000_000 {
+        return bad("lease must be at least 1 ms".into());
+    }
+    let table_off = SUPERBLOCK_SIZE;
+    let device_area_off = table_off + u64::from(cfg.participants) * PARTICIPANT_SLOT_SIZE;
+    let partition_off = round_up(device_area_off + DEVICE_AREA_SIZE, PARTITION_ALIGN).unwrap();
+    let per_partition = size.saturating_sub(partition_off) / u64::from(partitions) / PAGE * PAGE;
+    let fits = |b: u64| partition_layout(b, cfg.block_size).is_some_and(|l| l.4 <= per_partition);
+    // Largest block count that fits: binary search over [0, per_partition / block_size].
+    let (mut lo, mut hi) = (0u64, (per_partition / cfg.block_size).min(MAX_BLOCKS_PER_PARTITION));
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(mid) {
+            lo = mid
+        } else {
+            hi = mid - 1
+        }
+    }
+    if lo == 0 {
+        let need = partition_off
+            + u64::from(partitions) * partition_layout(1, cfg.block_size).map_or(0, |l| l.4);
+        return bad(format!(
+            "{size} bytes cannot hold {partitions} partitions of at least one {}-byte block (need about {need})",
+            cfg.block_size
+        ));
+    }
+    let (slots, index_off, headers_off, payloads_off, stride) =
+        partition_layout(lo, cfg.block_size).expect("fits");
+    let mut sb = Superblock {
+        magic: MAGIC,
+        version_major: VERSION_MAJOR,
+        version_minor: VERSION_MINOR,
+        coherence: cfg.coherence as u32,
+        uuid: random_uuid(),
+        pool_size: partition_off + u64::from(partitions) * stride,
+        block_size: cfg.block_size,
+        participants: cfg.participants,
+        partitions,
+        blocks_per_partition: lo as u32,
+        index_slots: slots as u32,
+        participant_table_off: table_off,
+        device_area_off,
+        device_area_size: DEVICE_AREA_SIZE,
+        partition_off,
+        partition_stride: stride,
+        index_off,
+        block_headers_off: headers_off,
+        payloads_off,
+        lease_ns,
+        created_ns: now_ns(),
+        ..Default::default()
+    };
+    sb.crc = sb.compute_crc();
+    Ok(sb)
+}
+
+/// Nanoseconds since the Unix epoch (the clock of heartbeats; hosts sharing a pool must keep
+/// their clocks synchronized within a small fraction of the lease).
+pub fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+fn random_uuid() -> [u8; 16] {
+    let mut u = [0u8; 16];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        if f.read_exact(&mut u).is_ok() {
+            return u;
+        }
+    }
+    let k = Key::from_bytes(&[now_ns().to_le_bytes(), u64::from(std::process::id()).to_le_bytes()].concat());
+    k.0.to_le_bytes()
+}
+
+/// Validates a superblock against the memory it was read from.
+pub fn validate_superblock(sb: &Superblock, mem_size: u64) -> Result<()> {
+    if sb.magic != MAGIC {
+        return Err(PoolError::BadMagic { found: sb.magic });
+    }
+    if sb.version_major != VERSION_MAJOR {
+        return Err(PoolError::UnsupportedVersion { major: sb.version_major, minor: sb.version_minor });
+    }
+    let computed = sb.compute_crc();
+    if computed != sb.crc {
+        return Err(PoolError::SuperblockCrc { stored: sb.crc, computed });
+    }
+    let coherence = CoherenceMode::from_code(sb.coherence).ok_or(PoolError::UnsupportedCoherence(sb.coherence))?;
+    if coherence != CoherenceMode::Hardware {
+        return Err(PoolError::UnsupportedCoherence(sb.coherence));
+    }
+    // Recompute the geometry from the counts and require the stored offsets to match exactly: a
+    // superblock that passes is one `plan` could have written, so every derived offset is sane.
+    let geo = |m: &str| PoolError::Geometry(m.to_string());
+    if sb.block_size == 0 || sb.block_size % PAGE != 0 {
+        return Err(geo("block size is not a positive multiple of 4096"));
+    }
+    if sb.participants == 0 || sb.participants > 4096 || sb.partitions == 0 || sb.partitions > 4096 {
+        return Err(geo("participant or partition count out of range"));
+    }
+    if sb.blocks_per_partition == 0 || u64::from(sb.blocks_per_partition) > MAX_BLOCKS_PER_PARTITION {
+        return Err(geo("blocks per partition out of range"));
+    }
+    let (slots, index_off, headers_off, payloads_off, stride) =
+        partition_layout(u64::from(sb.blocks_per_partition), sb.block_size)
+            .ok_or_else(|| geo("partition size overflows"))?;
+    let table_off = SUPERBLOCK_SIZE;
+    let device_area_off = table_off + u64::from(sb.participants) * PARTICIPANT_SLOT_SIZE;
+    let partition_off = round_up(device_area_off + DEVICE_AREA_SIZE, PARTITION_ALIGN).unwrap();
+    let expect = [
+        ("index_slots", u64::from(sb.index_slots), slots),
+        ("participant_table_off", sb.participant_table_off, table_off),
+        ("device_area_off", sb.device_area_off, device_area_off),
+        ("device_area_size", sb.device_area_size, DEVICE_AREA_SIZE),
+        ("partition_off", sb.partition_off, partition_off),
+        ("partition_stride", sb.partition_stride, stride),
+        ("index_off", sb.index_off, index_off),
+        ("block_headers_off", sb.block_headers_off, headers_off),
+        ("payloads_off", sb.payloads_off, payloads_off),
+    ];
+    for (name, found, want) in expect {
+        if found != want {
+            return Err(PoolError::Geometry(format!("{name} is {found}, expected {want}")));
+        }
+    }
+    let pool_size = stride
+        .checked_mul(u64::from(sb.partitions))
+        .and_then(|v| v.checked_add(partition_off))
+        .ok_or_else(|| geo("pool size overflows"))?;
+    if sb.pool_size != pool_size {
+        return Err(PoolError::Geometry(format!("pool_size is {}, expected {pool_size}", sb.pool_size)));
+    }
+    if pool_size > mem_size {
+        return Err(PoolError::Truncated { size: mem_size, needed: pool_size });
+    }
+    if sb.lease_ns < 1_000_000 {
+        return Err(geo("lease shorter than 1 ms"));
+    }
+    Ok(())
+}
+
+/// Where a key was found: enough to read, pin or replace it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Location {
+    /// Partition.
+    pub partition: u32,
+    /// Index slot number within the partition.
+    pub slot: u32,
+    /// Seqlock version of the slot when it was read (even).
+    pub version: u64,
+    /// Block number within the partition.
+    pub block: u32,
+    /// Sequence number of the block.
+    pub seq: u64,
+}
+
+/// Result of probing one partition's index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Probe {
+    /// The key is there.
+    Found(Location),
+    /// The key is not in this partition.
+    Absent,
+    /// A slot on the probe path stayed mid-update (its writer may have died); retry or miss.
+    Busy,
+}
+
+/// What a successful read found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockInfo {
+    /// Payload bytes.
+    pub len: u64,
+    /// Payload codec.
+    pub codec: Codec,
+    /// Where the block lives.
+    pub location: Location,
+}
+
+/// Destination of an optimistic read: hands out a buffer of exactly the payload's length.
+pub(crate) trait ReadBuf {
+    /// A buffer of `len` bytes, or [`PoolError::BufferTooSmall`].
+    fn sized(&mut self, len: usize) -> Result<&mut [u8]>;
+}
+
+impl ReadBuf for Vec<u8> {
+    fn sized(&mut self, len: usize) -> Result<&mut [u8]> {
+        self.resize(len, 0);
+        Ok(&mut self[..])
+    }
+}
+
+/// A caller's fixed buffer as a read destination.
+pub(crate) struct SliceBuf<'a>(pub(crate) &'a mut [u8]);
+
+impl ReadBuf for SliceBuf<'_> {
+    fn sized(&mut self, len: usize) -> Result<&mut [u8]> {
+        let capacity = self.0.len() as u64;
+        self.0.get_mut(..len).ok_or(PoolError::BufferTooSmall { needed: len as u64, capacity })
+    }
+}
+
+/// A handle on a pool. Cheap to clone; all clones share one mapping.
+#[derive(Clone)]
+pub struct Pool {
+    pub(crate) inner: Arc<PoolInner>,
+}
+
+pub(crate) struct PoolInner {
+    pub(crate) mem: Arc<dyn SharedMemory>,
+    pub(crate) sb: Superblock,
+    pub(crate) backend: Option<Backend>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("backend", &self.inner.backend).field("superblock", &self.inner.sb).finish()
+    }
+}
+
+impl Pool {
+    /// Formats `mem` as a new pool. The whole participant table and every partition header and
+    /// index are cleared; the superblock is written last, so a crash mid-create leaves no pool.
+    pub fn create(mem: Arc<dyn SharedMemory>, cfg: &PoolConfig) -> Result<Pool> {
+        if cfg.coherence != CoherenceMode::Hardware {
+            return Err(PoolError::UnsupportedCoherence(cfg.coherence as u32));
+        }
+        let sb = plan(mem.size(), cfg)?;
+        mem.fill(0, SUPERBLOCK_SIZE, 0)?;
+        mem.fill(sb.participant_table_off, u64::from(sb.participants) * PARTICIPANT_SLOT_SIZE, 0)?;
+        mem.fill(sb.device_area_off, sb.device_area_size, 0)?;
+        for p in 0..sb.partitions {
+            let base = sb.partition_off + u64::from(p) * sb.partition_stride;
+            // Header, index and block headers; payloads need no clearing.
+            mem.fill(base, sb.payloads_off, 0)?;
+        }
+        mem.publish(0, sb.pool_size);
+        // The superblock goes last: readers that see its magic see a formatted pool. Pairs with
+        // the acquire in `open`.
+        format::write_plain(&*mem, 0, &sb)?;
+        mem.publish(0, SUPERBLOCK_SIZE);
+        Ok(Pool { inner: Arc::new(PoolInner { mem, sb, backend: None }) })
+    }
+
+    /// Opens an existing pool in `mem`, validating its superblock.
+    pub fn open(mem: Arc<dyn SharedMemory>) -> Result<Pool> {
+        if mem.size() < MIN_POOL_FOR_SB {
+            return Err(PoolError::Truncated { size: mem.size(), needed: MIN_POOL_FOR_SB });
+        }
+        // Pairs with the publish of the superblock in `create`.
+        mem.acquire(0, SUPERBLOCK_SIZE);
+        let sb: Superblock = read_plain(&*mem, 0)?;
+        validate_superblock(&sb, mem.size())?;
+        Ok(Pool { inner: Arc::new(PoolInner { mem, sb, backend: None }) })
+    }
+
+    /// Creates memory on `backend` of `size` bytes and formats a pool in it.
+    pub fn create_on(backend: &Backend, size: u64, cfg: &PoolConfig, opts: &RegionOptions) -> Result<Pool> {
+        // Plan first so a bad configuration creates no file.
+        plan(size, cfg)?;
+        let region = Region::create(backend, size, opts)?;
+        match Pool::create(Arc::new(region), cfg) {
+            Ok(mut pool) => {
+                Arc::get_mut(&mut pool.inner).expect("fresh pool").backend = Some(backend.clone());
+                Ok(pool)
+            }
+            Err(e) => {
+                let _ = Region::unlink(backend);
+                Err(e)
+            }
+        }
+    }
+
+    /// Maps the pool on `backend` and opens it.
+    pub fn open_on(backend: &Backend, opts: &RegionOptions) -> Result<Pool> {
+        let region = Region::open(backend, opts)?;
+        let mut pool = Pool::open(Arc::new(region))?;
+        Arc::get_mut(&mut pool.inner).expect("fresh pool").backend = Some(backend.clone());
+        Ok(pool)
+    }
+
+    /// The superblock (a private copy; it is immutable).
+    pub fn superblock(&self) -> &Superblock {
+        &self.inner.sb
+    }
+
+    /// The memory the pool lives in.
+    pub fn memory(&self) -> &Arc<dyn SharedMemory> {
+        &self.inner.mem
+    }
+
+    /// The backend the pool was created or opened on, if known.
+    pub fn backend(&self) -> Option<&Backend> {
+        self.inner.backend.as_ref()
+    }
+
+    /// Payload capacity of a block.
+    pub fn block_size(&self) -> u64 {
+        self.inner.sb.block_size
+    }
+
+    pub(crate) fn mem(&self) -> &dyn SharedMemory {
+        &*self.inner.mem
+    }
+
+    pub(crate) fn slot_off(&self, participant: u32) -> u64 {
+        self.inner.sb.participant_table_off + u64::from(participant) * PARTICIPANT_SLOT_SIZE
+    }
+
+    pub(crate) fn partition_off(&self, p: u32) -> u64 {
+        self.inner.sb.partition_off + u64::from(p) * self.inner.sb.partition_stride
+    }
+
+    pub(crate) fn index_slot_off(&self, p: u32, slot: u32) -> u64 {
+        self.partition_off(p) + self.inner.sb.index_off + u64::from(slot) * INDEX_SLOT_SIZE
+    }
+
+    pub(crate) fn header_off(&self, p: u32, block: u32) -> u64 {
+        self.partition_off(p) + self.inner.sb.block_headers_off + u64::from(block) * BLOCK_HEADER_SIZE
+    }
+
+    pub(crate) fn payload_off(&self, p: u32, block: u32) -> u64 {
+        self.partition_off(p) + self.inner.sb.payloads_off + u64::from(block) * self.inner.sb.block_size
+    }
+
+    pub(crate) fn home_slot(&self, key: Key) -> u32 {
+        (key.lo() & u64::from(self.inner.sb.index_slots - 1)) as u32
+    }
+
+    /// A consistent snapshot of an index slot: (version, key, entry), or `None` if it stayed
+    /// mid-update for the whole spin budget.
+    pub(crate) fn read_slot(&self, p: u32, slot: u32) -> Result<Option<(u64, Key, u64)>> {
+        let off = self.index_slot_off(p, slot);
+        let mem = self.mem();
+        for _ in 0..SEQLOCK_SPINS {
+            mem.acquire(off, INDEX_SLOT_SIZE);
+            // Acquire pairs with the Release store of the even version in `write_slot`.
+            let v1 = mem.load_u64(off, Ordering::Acquire)?;
+            if v1 & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let lo = mem.load_u64(off + 8, Ordering::Relaxed)?;
+            let hi = mem.load_u64(off + 16, Ordering::Relaxed)?;
+            let entry = mem.load_u64(off + 24, Ordering::Relaxed)?;
+            // Orders the field loads before the version re-check; pairs with the Release fence
+            // after the odd version store in `write_slot`.
+            fence(Ordering::Acquire);
+            let v2 = mem.load_u64(off, Ordering::Relaxed)?;
+            if v1 == v2 {
+                return Ok(Some((v1, Key::from_parts(lo, hi), entry)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Current version of a slot (for the final check of an optimistic read).
+    pub(crate) fn slot_version(&self, p: u32, slot: u32) -> Result<u64> {
+        let off = self.index_slot_off(p, slot);
+        // Orders the payload copy before this load; pairs with the writer's Release fence after it
+        // makes the slot odd (so a copy that saw new bytes sees the new version).
+        fence(Ordering::Acquire);
+        self.mem().acquire(off, 8);
+        Ok(self.mem().load_u64(off, Ordering::Relaxed)?)
+    }
+
+    /// Probes partition `p` for `key`.
+    pub(crate) fn probe(&self, p: u32, key: Key) -> Result<Probe> {
+        let n = self.inner.sb.index_slots;
+        let mask = n - 1;
+        let start = self.home_slot(key);
+        for i in 0..n {
+            let slot = (start + i) & mask;
+            let Some((version, k, entry)) = self.read_slot(p, slot)? else { return Ok(Probe::Busy) };
+            match entry {
+                ENTRY_EMPTY => return Ok(Probe::Absent),
+                ENTRY_TOMBSTONE => continue,
+                _ if k != key => continue,
+                _ => {
+                    let Some((block, seq)) = decode_entry(entry) else { continue };
+                    if block >= self.inner.sb.blocks_per_partition {
+                        // A corrupt entry: treat as absent rather than read outside the partition.
+                        return Ok(Probe::Absent);
+                    }
+                    return Ok(Probe::Found(Location { partition: p, slot, version, block, seq }));
+                }
+            }
+        }
+        Ok(Probe::Absent)
+    }
+
+    /// Finds `key` in any partition.
+    pub fn locate(&self, key: Key) -> Result<Option<Location>> {
+        for _ in 0..READ_RETRIES {
+            let mut busy = false;
+            for p in 0..self.inner.sb.partitions {
+                match self.probe(p, key)? {
+                    Probe::Found(loc) => return Ok(Some(loc)),
+                    Probe::Absent => {}
+                    Probe::Busy => busy = true,
+                }
+            }
+            if !busy {
+                return Ok(None);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Reads and validates a block header for `loc`; `None` if it does not match the index entry.
+    pub(crate) fn checked_header(&self, key: Key, loc: &Location) -> Result<Option<BlockHeader>> {
+        let off = self.header_off(loc.partition, loc.block);
+        // Pairs with the publish of the header in the owner's commit.
+        self.mem().acquire(off, BLOCK_HEADER_SIZE);
+        let h: BlockHeader = read_plain(self.mem(), off)?;
+        let ok = h.key_lo == key.lo()
+            && h.key_hi == key.hi()
+            && h.seq == loc.seq
+            && h.len <= self.inner.sb.block_size
+            && Codec::from_code(h.codec).is_some()
+            && h.header_crc == h.compute_crc();
+        Ok(ok.then_some(h))
+    }
+
+    /// The optimistic read loop: returns the block's info with its payload in `dst`, or `None` on
+    /// a miss, also after [`READ_RETRIES`] failed validations, each counted in `retries`.
+    pub(crate) fn read_validated(&self, key: Key, dst: &mut dyn ReadBuf, retries: &mut u64) -> Result<Option<BlockInfo>> {
+        for _ in 0..READ_RETRIES {
+            let Some(loc) = self.locate(key)? else { return Ok(None) };
+            let Some(h) = self.checked_header(key, &loc)? else {
+                *retries += 1;
+                continue;
+            };
+            let buf = match dst.sized(h.len as usize) {
+                Ok(b) => b,
+                Err(e) => {
+                    // Report a size only if the header we sized from was current.
+                    if self.slot_version(loc.partition, loc.slot)? != loc.version {
+                        *retries += 1;
+                        continue;
+                    }
+                    return Err(e);
+                }
+            };
+            let off = self.payload_off(loc.partition, loc.block);
+            self.mem().acquire(off, h.len);
+            self.mem().read(off, buf)?;
+            if format::crc32c(buf) != h.payload_crc
+                || self.slot_version(loc.partition, loc.slot)? != loc.version
+            {
+                *retries += 1;
+                continue;
+            }
+            let codec = Codec::from_code(h.codec).expect("checked in header");
+            return Ok(Some(BlockInfo { len: h.len, codec, location: loc }));
+        }
+        Ok(None)
+    }
+
+    /// Copies the block stored under `key` into a new vector; `None` on a miss.
+    pub fn get(&self, key: Key) -> Result<Option<(Vec<u8>, BlockInfo)>> {
+        let mut v = Vec::new();
+        let info = self.read_validated(key, &mut v, &mut 0)?;
+        Ok(info.map(|i| (v, i)))
+    }
+
+    /// Copies the block stored under `key` into `buf`; returns its info, `None` on a miss, or
+    /// [`PoolError::BufferTooSmall`] carrying the needed size.
+    pub fn get_into(&self, key: Key, buf: &mut [u8]) -> Result<Option<BlockInfo>> {
+        self.read_validated(key, &mut SliceBuf(buf), &mut 0)
+    }
+
+    /// How many leading keys of `chain` are present (the cached prefix an engine can reuse).
+    pub fn lookup_prefix(&self, chain: &[Key]) -> Result<usize> {
+        if chain.is_empty() {
+            return Err(PoolError::EmptyKeyChain);
+        }
+        for (i, &k) in chain.iter().enumerate() {
+            if self.locate(k)?.is_none() {
+                return Ok(i);
+            }
+        }
+        Ok(chain.len())
+    }
+
+    /// True when `key` is present (index only; no payload read).
+    pub fn contains(&self, key: Key) -> Result<bool> {
+        Ok(self.locate(key)?.is_some())
+    }
+
+    /// Attaches a new participant to this pool (see [`crate::participant`]).
+    pub fn attach(&self) -> Result<crate::participant::Participant> {
+        crate::participant::Participant::attach(self, crate::participant::AttachOptions::default())
+    }
+}

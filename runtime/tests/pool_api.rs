@@ -1,0 +1,192 @@
+//! The pool's safe API on anonymous memory: puts, gets, replacement, eviction, pins, deletes,
+//! prefix lookups, takeover of a dead participant, and typed errors for misuse.
+
+use cxlkv_runtime::{AttachOptions, Key, KeyChain, Participant, Pool, PoolConfig, PoolError, Region};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn pool(size: u64, block: u64, participants: u32, lease_ms: u64) -> Pool {
+    let cfg = PoolConfig {
+        block_size: block,
+        participants,
+        lease: Duration::from_millis(lease_ms),
+        ..Default::default()
+    };
+    Pool::create(Arc::new(Region::anonymous(size).unwrap()), &cfg).unwrap()
+}
+
+fn payload(key: Key, len: usize) -> Vec<u8> {
+    let mut x = key.lo() | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn put_get_replace_delete() {
+    let pool = pool(8 << 20, 4096, 2, 1000);
+    let a = pool.attach().unwrap();
+    let b = pool.attach().unwrap();
+    let k = Key::from_bytes(b"k1");
+    a.put(k, b"hello").unwrap();
+    assert_eq!(b.get(k).unwrap().unwrap().0, b"hello");
+    a.put(k, b"world!").unwrap();
+    let (v, info) = b.get(k).unwrap().unwrap();
+    assert_eq!(v, b"world!");
+    assert_eq!(info.len, 6);
+    assert!(matches!(b.delete(k), Err(PoolError::NotOwner { .. })));
+    assert!(a.delete(k).unwrap());
+    assert!(b.get(k).unwrap().is_none());
+    assert!(!a.delete(k).unwrap());
+    assert_eq!(a.live_blocks(), 0);
+}
+
+#[test]
+fn get_into_reports_needed_size() {
+    let pool = pool(8 << 20, 4096, 1, 1000);
+    let a = pool.attach().unwrap();
+    let k = Key::from_bytes(b"x");
+    a.put(k, &[7u8; 3000]).unwrap();
+    let mut small = [0u8; 100];
+    match a.get_into(k, &mut small) {
+        Err(PoolError::BufferTooSmall { needed, capacity }) => assert_eq!((needed, capacity), (3000, 100)),
+        other => panic!("expected BufferTooSmall, got {other:?}"),
+    }
+    let mut big = [0u8; 4096];
+    assert_eq!(a.get_into(k, &mut big).unwrap().unwrap().len, 3000);
+    assert!(big[..3000].iter().all(|&b| b == 7));
+}
+
+#[test]
+fn full_partition_evicts_lru_but_never_pinned() {
+    let pool = pool(4 << 20, 4096, 1, 1000);
+    let a = pool.attach().unwrap();
+    let cap = pool.superblock().blocks_per_partition as usize;
+    let keys: Vec<Key> = (0..cap as u64).map(|i| Key::from_bytes(&i.to_le_bytes())).collect();
+    for &k in &keys {
+        a.put(k, &payload(k, 100)).unwrap();
+    }
+    // Touch key 0 so key 1 is the LRU; pin key 1 so key 2 must go instead.
+    assert!(a.get(keys[0]).unwrap().is_some());
+    let pinned = a.pin(keys[1]).unwrap().unwrap();
+    let extra = Key::from_bytes(b"extra");
+    a.put(extra, &payload(extra, 100)).unwrap();
+    assert!(a.get(keys[0]).unwrap().is_some(), "recently used survives");
+    assert!(a.get(keys[1]).unwrap().is_some(), "pinned survives");
+    assert!(a.get(keys[2]).unwrap().is_none(), "LRU unpinned block evicted");
+    let mut buf = vec![0u8; 100];
+    pinned.read(0, &mut buf).unwrap();
+    assert_eq!(buf, payload(keys[1], 100));
+    assert_eq!(a.stats().evictions, 1);
+}
+
+#[test]
+fn pinned_block_survives_delete_until_unpinned() {
+    let pool = pool(4 << 20, 4096, 1, 1000);
+    let a = pool.attach().unwrap();
+    let k = Key::from_bytes(b"pinned");
+    a.put(k, &payload(k, 500)).unwrap();
+    let pin = a.pin(k).unwrap().unwrap();
+    assert!(a.delete(k).unwrap());
+    // Fill the partition: the pinned block must not be reused.
+    let cap = pool.superblock().blocks_per_partition as u64;
+    for i in 0..cap * 2 {
+        let key = Key::from_bytes(&i.to_le_bytes());
+        a.put(key, &payload(key, 500)).unwrap();
+    }
+    let mut buf = vec![0u8; 500];
+    pin.read(0, &mut buf).unwrap();
+    assert_eq!(buf, payload(k, 500), "pinned bytes unchanged");
+    drop(pin);
+}
+
+#[test]
+fn lookup_prefix_counts_leading_keys() {
+    let pool = pool(8 << 20, 4096, 2, 1000);
+    let a = pool.attach().unwrap();
+    let tokens: Vec<u32> = (0..64).collect();
+    let chain = KeyChain::new("ns", "model", 0, 29).keys(&tokens, 16);
+    for &k in &chain[..3] {
+        a.put(k, b"kv").unwrap();
+    }
+    assert_eq!(pool.lookup_prefix(&chain).unwrap(), 3);
+    assert_eq!(pool.lookup_prefix(&chain[..2]).unwrap(), 2);
+    assert!(matches!(pool.lookup_prefix(&[]), Err(PoolError::EmptyKeyChain)));
+}
+
+#[test]
+fn misuse_returns_typed_errors() {
+    let pool = pool(4 << 20, 4096, 1, 1000);
+    let a = pool.attach().unwrap();
+    let k = Key::from_bytes(b"big");
+    assert!(matches!(a.put(k, &vec![0u8; 4097]), Err(PoolError::PayloadTooLarge { len: 4097, capacity: 4096 })));
+    assert!(matches!(pool.attach(), Err(PoolError::NoFreeParticipant(1))));
+    let cfg = PoolConfig { block_size: 1000, ..Default::default() };
+    assert!(matches!(Pool::create(Arc::new(Region::anonymous(1 << 20).unwrap()), &cfg), Err(PoolError::BadConfig(_))));
+    let reader = pool.clone();
+    drop(a);
+    let r = Participant::attach(&reader, AttachOptions { own_partition: false, ..Default::default() }).unwrap();
+    assert!(matches!(r.put(k, b"x"), Err(PoolError::NoPartition { .. })));
+}
+
+#[test]
+fn reserve_commit_and_abandon() {
+    let pool = pool(4 << 20, 8192, 1, 1000);
+    let a = pool.attach().unwrap();
+    let k = Key::from_bytes(b"res");
+    let mut r = a.reserve(k, 6000, cxlkv_runtime::Codec::Raw).unwrap();
+    r.write(0, &[1u8; 3000]).unwrap();
+    r.write(3000, &[2u8; 3000]).unwrap();
+    assert!(r.write(5999, &[0u8; 2]).is_err(), "write past the reservation");
+    assert!(a.get(k).unwrap().is_none(), "not visible before commit");
+    r.commit().unwrap();
+    let (v, _) = a.get(k).unwrap().unwrap();
+    assert_eq!(&v[..3000], &[1u8; 3000][..]);
+    assert_eq!(&v[3000..], &[2u8; 3000][..]);
+    let before = a.live_blocks();
+    drop(a.reserve(Key::from_bytes(b"abandoned"), 10, cxlkv_runtime::Codec::Raw).unwrap());
+    assert_eq!(a.live_blocks(), before);
+}
+
+#[test]
+fn dead_participant_is_taken_over_and_its_blocks_stay() {
+    let pool = pool(8 << 20, 4096, 2, 20);
+    let no_hb = AttachOptions { heartbeat: false, ..Default::default() };
+    let a = Participant::attach(&pool, no_hb.clone()).unwrap();
+    let b = pool.attach().unwrap();
+    let keys: Vec<Key> = (0..10u64).map(|i| Key::from_bytes(&i.to_le_bytes())).collect();
+    for &k in &keys {
+        a.put(k, &payload(k, 1000)).unwrap();
+    }
+    let pa = a.partition().unwrap();
+    std::mem::forget(a); // dies without detaching
+    std::thread::sleep(Duration::from_millis(60));
+    let c = pool.attach().unwrap();
+    assert_eq!(c.partition(), Some(pa), "takes over the dead participant's partition");
+    assert_eq!(c.recovery.blocks, 10);
+    for &k in &keys {
+        assert_eq!(b.get(k).unwrap().unwrap().0, payload(k, 1000));
+    }
+    // The new owner can replace and delete them.
+    assert!(c.delete(keys[0]).unwrap());
+    c.put(keys[1], b"new").unwrap();
+    assert_eq!(b.get(keys[1]).unwrap().unwrap().0, b"new");
+}
+
+#[test]
+fn open_sees_what_create_wrote() {
+    let region = Arc::new(Region::anonymous(8 << 20).unwrap());
+    let pool = Pool::create(region.clone(), &PoolConfig { block_size: 4096, participants: 2, ..Default::default() }).unwrap();
+    let a = pool.attach().unwrap();
+    a.put(Key(5), b"persisted").unwrap();
+    drop(a);
+    let again = Pool::open(region).unwrap();
+    assert_eq!(again.get(Key(5)).unwrap().unwrap().0, b"persisted");
+    let b = again.attach().unwrap();
+    assert_eq!(b.recovery.blocks, 1, "a new owner adopts a released partition");
+}
