@@ -10,8 +10,24 @@
 //! Invariants: offsets, never addresses, in anything shared; every shared word that another party
 //! reads concurrently is an atomic with a named ordering; every `unsafe` block says why it holds.
 
+pub mod check;
+pub mod format;
+pub mod key;
+pub mod kv;
 pub mod mem;
+pub mod participant;
+pub mod policy;
+pub mod pool;
 pub mod region;
+pub mod stats;
+pub mod topo;
 
+pub use format::{Codec, CoherenceMode};
+pub use check::{check, CheckReport};
+pub use key::{Key, KeyChain};
+pub use kv::{KvBlock, KvShape};
 pub use mem::SharedMemory;
+pub use participant::{AttachOptions, Participant, ParticipantStats, PinnedBlock, Reservation};
+pub use pool::{BlockInfo, Location, Pool, PoolConfig, PoolError};
+pub use stats::{pool_stats, PoolStats};
 pub use region::{Backend, HugePages, Region, RegionOptions};

@@ -280,6 +280,13 @@ impl Participant {
         self.put_with_codec(key, Codec::Raw, payload)
     }
 
+    /// Stores a typed KV block (K and V `[kv_heads][tokens][head_dim]` of `shape.dtype`) under
+    /// `key`; the key bounds are computed here so scorers can prune the block.
+    pub fn put_kv(&self, key: Key, shape: &crate::kv::KvShape, k: &[u8], v: &[u8]) -> Result<Location> {
+        let payload = crate::kv::encode(shape, k, v)?;
+        self.put_with_codec(key, Codec::KvV1, &payload)
+    }
+
     pub(crate) fn put_with_codec(&self, key: Key, codec: Codec, payload: &[u8]) -> Result<Location> {
         let cap = self.pool.block_size();
         if payload.len() as u64 > cap {

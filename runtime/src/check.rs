@@ -1,0 +1,183 @@
+//! `cxlkv pool check`: validates every structure of a pool and reports what is wrong.
+//!
+//! The checker reads only (it is safe on a live pool, though a live writer can make it report
+//! transient states as notes). Errors are damage: a reader may miss data because of them (it never
+//! returns wrong bytes; see the read protocol). Notes are states the protocol repairs by itself,
+//! such as an index slot left mid-update by a crashed owner, which the next owner repairs.
+
+use crate::format::{
+    counters, decode_entry, partition, pin, read_plain, slot, BlockHeader, Codec, IndexSlot,
+    ENTRY_EMPTY, ENTRY_TOMBSTONE, PINS_PER_PARTICIPANT, PIN_SIZE,
+};
+use crate::key::Key;
+use crate::participant::participant_dead;
+use crate::pool::{Pool, Result};
+use std::sync::atomic::Ordering;
+
+/// One finding of the checker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    /// Where: "superblock", "participant 3", "partition 1 slot 77", ...
+    pub place: String,
+    /// What is wrong.
+    pub what: String,
+}
+
+/// What the checker found.
+#[derive(Clone, Debug, Default)]
+pub struct CheckReport {
+    /// Damage.
+    pub errors: Vec<Finding>,
+    /// States the protocol repairs by itself.
+    pub notes: Vec<Finding>,
+    /// Live participants.
+    pub live_participants: u32,
+    /// Live index entries checked (header and payload CRC).
+    pub blocks_checked: u64,
+    /// Payload bytes checksummed.
+    pub bytes_checked: u64,
+}
+
+impl CheckReport {
+    /// True when no damage was found.
+    pub fn ok(&self) -> bool {
+        self.errors.is_empty()
+    }
+}
+
+impl std::fmt::Display for CheckReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "checked {} blocks ({} payload bytes), {} live participants",
+            self.blocks_checked, self.bytes_checked, self.live_participants
+        )?;
+        for n in &self.notes {
+            writeln!(f, "note: {}: {}", n.place, n.what)?;
+        }
+        for e in &self.errors {
+            writeln!(f, "error: {}: {}", e.place, e.what)?;
+        }
+        if self.ok() {
+            write!(f, "pool OK")
+        } else {
+            write!(f, "pool DAMAGED: {} error(s)", self.errors.len())
+        }
+    }
+}
+
+/// Checks every structure of `pool`.
+pub fn check(pool: &Pool) -> Result<CheckReport> {
+    let sb = *pool.superblock();
+    let mem = pool.mem();
+    let mut r = CheckReport::default();
+    let err = |r: &mut CheckReport, place: String, what: String| r.errors.push(Finding { place, what });
+
+    // Participant table.
+    for q in 0..sb.participants {
+        let base = pool.slot_off(q);
+        mem.acquire(base, crate::format::PARTICIPANT_SLOT_SIZE);
+        if mem.load_u64(base + slot::TOKEN, Ordering::Acquire)? == 0 {
+            continue;
+        }
+        let place = format!("participant {q}");
+        if !participant_dead(pool, q)? {
+            r.live_participants += 1;
+        } else {
+            r.notes.push(Finding { place: place.clone(), what: "holder is dead (heartbeat older than the lease); the slot is reclaimed on the next attach".into() });
+        }
+        let part = mem.load_u64(base + slot::PARTITION, Ordering::Relaxed)?;
+        if part > u64::from(sb.partitions) {
+            err(&mut r, place.clone(), format!("owns partition {} of {}", part.wrapping_sub(1), sb.partitions));
+        }
+        for e in 0..PINS_PER_PARTICIPANT {
+            let eoff = base + slot::PINS + e * PIN_SIZE;
+            if mem.load_u64(eoff + pin::SEQ, Ordering::Acquire)? == 0 {
+                continue;
+            }
+            let w = mem.load_u64(eoff + pin::WHERE, Ordering::Relaxed)?;
+            if (w >> 32) >= u64::from(sb.partitions) || (w as u32) >= sb.blocks_per_partition {
+                err(&mut r, format!("{place} pin {e}"), format!("names partition {} block {}, outside the pool", w >> 32, w as u32));
+            }
+        }
+        let _ = counters::COUNT;
+    }
+
+    // Partitions.
+    let nblocks = sb.blocks_per_partition as usize;
+    for p in 0..sb.partitions {
+        let base = pool.partition_off(p);
+        mem.acquire(base, sb.payloads_off);
+        let owner = mem.load_u64(base + partition::OWNER, Ordering::Acquire)?;
+        let holder = (owner & 0xffff_ffff) as u32;
+        if holder > sb.participants {
+            err(&mut r, format!("partition {p}"), format!("owner word names participant {} of {}", holder - 1, sb.participants));
+        }
+        let next_seq = mem.load_u64(base + partition::NEXT_SEQ, Ordering::Relaxed)?;
+        let mut referenced = vec![u32::MAX; nblocks];
+        let mask = sb.index_slots - 1;
+        for s in 0..sb.index_slots {
+            let off = pool.index_slot_off(p, s);
+            let slotv: IndexSlot = read_plain(mem, off)?;
+            let place = format!("partition {p} slot {s}");
+            if slotv.version & 1 == 1 {
+                r.notes.push(Finding { place: place.clone(), what: "left mid-update (a writer is active or crashed); readers skip it, the next owner repairs it".into() });
+                continue;
+            }
+            if slotv.entry == ENTRY_EMPTY || slotv.entry == ENTRY_TOMBSTONE {
+                continue;
+            }
+            let Some((b, seq)) = decode_entry(slotv.entry) else { continue };
+            if b as usize >= nblocks {
+                err(&mut r, place, format!("entry points at block {b} of {nblocks}"));
+                continue;
+            }
+            if referenced[b as usize] != u32::MAX {
+                err(&mut r, place, format!("block {b} is also indexed by slot {}", referenced[b as usize]));
+                continue;
+            }
+            referenced[b as usize] = s;
+            if seq >= next_seq.max(1) {
+                err(&mut r, place.clone(), format!("sequence {seq} not below the partition's next sequence {next_seq}"));
+            }
+            let key = Key::from_parts(slotv.key_lo, slotv.key_hi);
+            // The key must be reachable: no empty slot between its home and here.
+            let home = pool.home_slot(key);
+            let mut i = home;
+            while i != s {
+                let e = mem.load_u64(pool.index_slot_off(p, i) + 24, Ordering::Relaxed)?;
+                if e == ENTRY_EMPTY {
+                    err(&mut r, place.clone(), format!("key {key} unreachable: empty slot {i} on its probe path from {home}"));
+                    break;
+                }
+                i = (i + 1) & mask;
+            }
+            let h: BlockHeader = read_plain(mem, pool.header_off(p, b))?;
+            let hplace = format!("partition {p} block {b}");
+            if h.header_crc != h.compute_crc() {
+                err(&mut r, hplace, "header CRC mismatch".into());
+                continue;
+            }
+            if Key::from_parts(h.key_lo, h.key_hi) != key || h.seq != seq {
+                err(&mut r, hplace, format!("header names key {} seq {}, index says key {key} seq {seq}", Key::from_parts(h.key_lo, h.key_hi), h.seq));
+                continue;
+            }
+            if h.len > sb.block_size || Codec::from_code(h.codec).is_none() {
+                err(&mut r, hplace, format!("length {} or codec {} invalid", h.len, h.codec));
+                continue;
+            }
+            let mut buf = vec![0u8; h.len as usize];
+            mem.read(pool.payload_off(p, b), &mut buf)?;
+            r.blocks_checked += 1;
+            r.bytes_checked += h.len;
+            if crate::format::crc32c(&buf) != h.payload_crc {
+                err(&mut r, hplace, "payload CRC mismatch".into());
+            } else if h.codec == Codec::KvV1 as u32 {
+                if let Err(e) = crate::kv::KvBlock::parse(&buf) {
+                    err(&mut r, hplace, format!("typed KV payload invalid: {e}"));
+                }
+            }
+        }
+    }
+    Ok(r)
+}

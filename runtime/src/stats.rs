@@ -1,0 +1,106 @@
+//! Pool-wide statistics read from shared memory (`cxlkv pool stat`).
+
+use crate::format::{counters, partition, slot, ENTRY_EMPTY, ENTRY_TOMBSTONE};
+use crate::participant::{participant_dead, ParticipantStats};
+use crate::pool::{now_ns, Pool, Result};
+use std::sync::atomic::Ordering;
+
+/// One participant slot as seen from outside.
+#[derive(Clone, Debug)]
+pub struct ParticipantInfo {
+    /// Slot number.
+    pub id: u32,
+    /// Whether its heartbeat is within the lease.
+    pub live: bool,
+    /// Holder's process id.
+    pub pid: u64,
+    /// Slot generation.
+    pub generation: u64,
+    /// Milliseconds since the last heartbeat.
+    pub heartbeat_age_ms: u64,
+    /// Partition owned, if any.
+    pub partition: Option<u32>,
+    /// Published counters.
+    pub counters: ParticipantStats,
+}
+
+/// One partition as seen from outside.
+#[derive(Clone, Debug)]
+pub struct PartitionInfo {
+    /// Partition number.
+    pub id: u32,
+    /// Owning participant, if any.
+    pub owner: Option<u32>,
+    /// Owner generation (bumped at every change of hands).
+    pub generation: u32,
+    /// Live index entries.
+    pub blocks: u64,
+    /// Blocks in the partition.
+    pub capacity: u64,
+    /// Tombstones in the index.
+    pub tombstones: u64,
+    /// Next block sequence number.
+    pub next_seq: u64,
+}
+
+/// Statistics of a whole pool.
+#[derive(Clone, Debug)]
+pub struct PoolStats {
+    /// Held participant slots.
+    pub participants: Vec<ParticipantInfo>,
+    /// All partitions.
+    pub partitions: Vec<PartitionInfo>,
+}
+
+/// Reads the statistics of `pool`.
+pub fn pool_stats(pool: &Pool) -> Result<PoolStats> {
+    let sb = pool.superblock();
+    let mem = pool.mem();
+    let mut participants = Vec::new();
+    for q in 0..sb.participants {
+        let base = pool.slot_off(q);
+        mem.acquire(base, crate::format::PARTICIPANT_SLOT_SIZE);
+        if mem.load_u64(base + slot::TOKEN, Ordering::Acquire)? == 0 {
+            continue;
+        }
+        let hb = mem.load_u64(base + slot::HEARTBEAT, Ordering::Acquire)?;
+        let part = mem.load_u64(base + slot::PARTITION, Ordering::Relaxed)?;
+        let mut c = [0u64; counters::COUNT as usize];
+        for (i, v) in c.iter_mut().enumerate() {
+            *v = mem.load_u64(base + slot::COUNTERS + 8 * i as u64, Ordering::Relaxed)?;
+        }
+        participants.push(ParticipantInfo {
+            id: q,
+            live: !participant_dead(pool, q)?,
+            pid: mem.load_u64(base + slot::PID, Ordering::Relaxed)?,
+            generation: mem.load_u64(base + slot::GENERATION, Ordering::Relaxed)?,
+            heartbeat_age_ms: now_ns().saturating_sub(hb) / 1_000_000,
+            partition: part.checked_sub(1).map(|p| p as u32),
+            counters: ParticipantStats::from_array(c),
+        });
+    }
+    let mut partitions = Vec::new();
+    for p in 0..sb.partitions {
+        let base = pool.partition_off(p);
+        mem.acquire(base, sb.payloads_off);
+        let owner = mem.load_u64(base + partition::OWNER, Ordering::Acquire)?;
+        let (mut blocks, mut tombstones) = (0, 0);
+        for s in 0..sb.index_slots {
+            match mem.load_u64(pool.index_slot_off(p, s) + 24, Ordering::Relaxed)? {
+                ENTRY_EMPTY => {}
+                ENTRY_TOMBSTONE => tombstones += 1,
+                _ => blocks += 1,
+            }
+        }
+        partitions.push(PartitionInfo {
+            id: p,
+            owner: ((owner & 0xffff_ffff) as u32).checked_sub(1),
+            generation: (owner >> 32) as u32,
+            blocks,
+            capacity: u64::from(sb.blocks_per_partition),
+            tombstones,
+            next_seq: mem.load_u64(base + partition::NEXT_SEQ, Ordering::Relaxed)?,
+        });
+    }
+    Ok(PoolStats { participants, partitions })
+}
