@@ -28,6 +28,6 @@ pub use key::{Key, KeyChain};
 pub use kv::{KvBlock, KvShape};
 pub use mem::SharedMemory;
 pub use participant::{AttachOptions, Participant, ParticipantStats, PinnedBlock, Reservation};
-pub use pool::{BlockInfo, Location, Pool, PoolConfig, PoolError};
+pub use pool::{BlockInfo, BlockRef, Location, Pool, PoolConfig, PoolError};
 pub use stats::{pool_stats, PoolStats};
 pub use region::{Backend, HugePages, Region, RegionOptions};

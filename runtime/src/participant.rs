@@ -678,7 +678,7 @@ impl Drop for Participant {
     }
 }
 
-fn crc_of(mem: &dyn crate::mem::SharedMemory, off: u64, len: u64) -> Result<u32> {
+pub(crate) fn crc_of(mem: &dyn crate::mem::SharedMemory, off: u64, len: u64) -> Result<u32> {
     let mut buf = vec![0u8; 64 << 10];
     let mut crc = 0u32;
     let mut done = 0;

@@ -369,6 +369,19 @@ pub struct BlockInfo {
     pub location: Location,
 }
 
+/// A located block with a validated header, for in-place readers. See [`Pool::block_ref`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockRef {
+    /// The key.
+    pub key: Key,
+    /// Where the block lives and the slot version it was found under.
+    pub location: Location,
+    /// Its header (a private copy).
+    pub header: BlockHeader,
+    /// Pool offset of its payload.
+    pub payload_off: u64,
+}
+
 /// Destination of an optimistic read: hands out a buffer of exactly the payload's length.
 pub(crate) trait ReadBuf {
     /// A buffer of `len` bytes, or [`PoolError::BufferTooSmall`].
@@ -660,6 +673,37 @@ impl Pool {
     /// [`PoolError::BufferTooSmall`] carrying the needed size.
     pub fn get_into(&self, key: Key, buf: &mut [u8]) -> Result<Option<BlockInfo>> {
         self.read_validated(key, &mut SliceBuf(buf), &mut 0)
+    }
+
+    /// Finds `key` and validates its block header, for in-place readers (the NDP device, a
+    /// host-side scan). The payload is not checksummed; a reader that scans it in place must call
+    /// [`Pool::still_valid`] afterwards (or hold a pin) before trusting what it computed.
+    pub fn block_ref(&self, key: Key) -> Result<Option<BlockRef>> {
+        for _ in 0..READ_RETRIES {
+            let Some(loc) = self.locate(key)? else { return Ok(None) };
+            if let Some(header) = self.checked_header(key, &loc)? {
+                let payload_off = self.payload_off(loc.partition, loc.block);
+                return Ok(Some(BlockRef { key, location: loc, header, payload_off }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// True while the index slot behind `r` is unchanged since `r` was taken, i.e. nothing the
+    /// reader copied or scanned from the block can have been overwritten.
+    pub fn still_valid(&self, r: &BlockRef) -> Result<bool> {
+        Ok(self.slot_version(r.location.partition, r.location.slot)? == r.location.version)
+    }
+
+    /// Verifies the payload CRC of `r` in place.
+    pub fn verify_payload(&self, r: &BlockRef) -> Result<bool> {
+        self.mem().acquire(r.payload_off, r.header.len);
+        Ok(crate::participant::crc_of(self.mem(), r.payload_off, r.header.len)? == r.header.payload_crc)
+    }
+
+    /// Offset of a partition's first byte (for tools and the device; see docs/FORMAT.md).
+    pub fn partition_offset(&self, partition: u32) -> Option<u64> {
+        (partition < self.inner.sb.partitions).then(|| self.partition_off(partition))
     }
 
     /// How many leading keys of `chain` are present (the cached prefix an engine can reuse).
