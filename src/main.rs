@@ -1,4 +1,119 @@
-//! The `cxlkv` command line.
-fn main() {
-    println!("cxlkv {}", env!("CARGO_PKG_VERSION"));
+//! The `cxlkv` command line: pools, topology, the demo and the benchmarks.
+
+use clap::{Args, Parser, Subcommand};
+use std::process::ExitCode;
+
+mod cli;
+
+#[derive(Parser)]
+#[command(name = "cxlkv", version, about = "CXL memory as a KV-cache tier: shared pool, near-data top-k", long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show NUMA nodes, CXL candidates (CPU-less nodes) and DAX devices.
+    Topo {
+        /// Print JSON instead of a report.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Create, inspect and check pools.
+    Pool {
+        #[command(subcommand)]
+        command: cli::pool::PoolCommand,
+    },
+    /// The main job: a shared-memory pool, several participant processes storing and sharing the
+    /// real SmolLM2 KV cache, then a check of the pool.
+    Demo(cli::demo::DemoArgs),
+    /// Benchmarks with their limits measured in the same run.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+    /// Internal: one participant process of `cxlkv demo`.
+    #[command(hide = true)]
+    DemoWorker(cli::demo::WorkerArgs),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Q·K scoring + top-k on cold keys against a plain streaming read of the same bytes.
+    Qk(QkArgs),
+}
+
+#[derive(Args)]
+struct QkArgs {
+    /// Keys (tokens) to score.
+    #[arg(long, default_value_t = 1 << 20)]
+    tokens: usize,
+    /// Head dimension (a multiple of 16, at most 256).
+    #[arg(long, default_value_t = 128)]
+    dim: usize,
+    /// Key element type: f16, bf16 or f32.
+    #[arg(long, default_value = "f16")]
+    dtype: String,
+    /// Queries per GQA group.
+    #[arg(long, default_value_t = 1)]
+    group: usize,
+    /// Results per query.
+    #[arg(long, default_value_t = 256)]
+    k: usize,
+    /// Threads.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Timed repetitions (the best is reported).
+    #[arg(long, default_value_t = 5)]
+    repeats: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Topo { json } => cli::topo(json),
+        Command::Pool { command } => cli::pool::run(command),
+        Command::Demo(a) => cli::demo::run(&a),
+        Command::DemoWorker(a) => cli::demo::worker(&a),
+        Command::Bench { command: BenchCommand::Qk(a) } => bench_qk(&a),
+    };
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("cxlkv: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn bench_qk(a: &QkArgs) -> cli::Result<ExitCode> {
+    use cxlkv::kernels::bench::{run_qk_bench, QkBenchConfig};
+    let dtype = a.dtype.parse().map_err(cli::Error::Usage)?;
+    if a.dim == 0 || a.dim % 16 != 0 || a.dim > 256 {
+        return Err(cli::Error::Usage(format!("--dim {} must be a multiple of 16 up to 256", a.dim)));
+    }
+    if a.tokens == 0 || a.group == 0 || a.k == 0 || a.k > 4096 || a.threads == 0 || a.repeats == 0 {
+        return Err(cli::Error::Usage("--tokens, --group, --threads, --repeats must be positive and --k in 1..=4096".into()));
+    }
+    let cfg = QkBenchConfig {
+        tokens: a.tokens,
+        dim: a.dim,
+        dtype,
+        group: a.group,
+        k: a.k,
+        threads: a.threads,
+        repeats: a.repeats,
+        ..QkBenchConfig::default()
+    };
+    let report = run_qk_bench(&cfg);
+    if a.json {
+        println!("{}", report.to_json());
+    } else {
+        println!("{report}");
+    }
+    Ok(ExitCode::SUCCESS)
 }

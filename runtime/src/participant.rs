@@ -300,6 +300,7 @@ impl Participant {
             st.free.push(block);
             return Err(e.into());
         }
+        crash_point("put:payload");
         let crc = format::crc32c(payload);
         self.finish_commit(&mut st, key, block, codec, payload.len() as u64, crc)
     }
@@ -385,6 +386,7 @@ impl Participant {
         // the acquires in `Pool::checked_header` and the payload read.
         mem.publish(pool.payload_off(p, block), len);
         mem.publish(hoff, format::BLOCK_HEADER_SIZE);
+        crash_point("put:header");
 
         // Replace an existing entry for the key, else insert at the first free slot on its path.
         let n = pool.superblock().index_slots;
@@ -414,6 +416,7 @@ impl Participant {
             return Err(PoolError::PartitionFull(p));
         };
         write_slot(pool, p, s, key, encode_entry(block, seq))?;
+        crash_point("put:indexed");
         st.indexed[block as usize] = Some((s, seq));
         st.policy.insert(block);
         if let Some((old_block, old_seq)) = old {
@@ -713,6 +716,35 @@ fn orphaned(pool: &Pool, q: u32, p: u32) -> Result<bool> {
     Ok(pool.mem().load_u64(off, Ordering::SeqCst)? != u64::from(p) + 1)
 }
 
+/// Test-only crash injection: with the `crash-points` feature, `CXLKV_CRASH_AT=SITE:N` makes the
+/// process SIGKILL itself the N-th time it reaches `SITE`, so tests can kill a writer at every step
+/// of the write protocol. Without the feature this compiles to nothing.
+#[inline(always)]
+pub(crate) fn crash_point(site: &'static str) {
+    #[cfg(feature = "crash-points")]
+    {
+        use std::sync::OnceLock;
+        static SPEC: OnceLock<Option<(String, u64)>> = OnceLock::new();
+        static HITS: AtomicU64 = AtomicU64::new(0);
+        let spec = SPEC.get_or_init(|| {
+            let v = std::env::var("CXLKV_CRASH_AT").ok()?;
+            let (site, n) = v.rsplit_once(':')?;
+            Some((site.to_string(), n.parse().ok()?))
+        });
+        if let Some((s, n)) = spec {
+            if s == site && HITS.fetch_add(1, Ordering::Relaxed) + 1 == *n {
+                // SAFETY: kill(2) on our own pid with SIGKILL has no memory-safety preconditions.
+                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            }
+        }
+    }
+    #[cfg(not(feature = "crash-points"))]
+    let _ = site;
+}
+
+/// Names of the crash points (see [`crash_point`]), in the order a put reaches them.
+pub const CRASH_SITES: [&str; 5] = ["put:payload", "put:header", "slot:odd", "slot:fields", "put:indexed"];
+
 /// Seqlock write of one index slot (owner only).
 pub(crate) fn write_slot(pool: &Pool, p: u32, s: u32, key: Key, entry: u64) -> Result<()> {
     let off = pool.index_slot_off(p, s);
@@ -721,12 +753,14 @@ pub(crate) fn write_slot(pool: &Pool, p: u32, s: u32, key: Key, entry: u64) -> R
     let odd = (v | 1).wrapping_add(if v & 1 == 1 { 2 } else { 0 });
     mem.store_u64(off, odd, Ordering::Relaxed)?;
     mem.publish(off, 8);
+    crash_point("slot:odd");
     // Orders the odd version before the field stores; pairs with the Acquire fence before a
     // reader's version re-check in `Pool::read_slot` / `Pool::slot_version`.
     fence(Ordering::Release);
     mem.store_u64(off + 8, key.lo(), Ordering::Relaxed)?;
     mem.store_u64(off + 16, key.hi(), Ordering::Relaxed)?;
     mem.store_u64(off + 24, entry, Ordering::Relaxed)?;
+    crash_point("slot:fields");
     // Release: fields (and the block they point to) before the even version. Pairs with the
     // Acquire load of the version in `Pool::read_slot`.
     mem.store_u64(off, odd.wrapping_add(1), Ordering::Release)?;

@@ -1,0 +1,358 @@
+//! `cxlkv demo`: the main job on the embedded default.
+//!
+//! Creates a shared-memory pool and runs participants as separate processes (`cxlkv demo-worker`)
+//! that store and share the real SmolLM2-135M KV cache as typed blocks:
+//!
+//! 1. engine A serves request 1 (the first 1,536 tokens of the text) and parks its KV for layers 4
+//!    and 17 in the pool, one typed block per 128-token chunk and layer;
+//! 2. engine B serves request 2 (the whole 2,048 tokens, a continuation of request 1): it looks up
+//!    the longest cached prefix, fetches those chunks instead of recomputing them, checks every
+//!    byte against the model's tensors, and parks only the chunks that are new;
+//! 3. a reader pins every block of layer 17 and runs attention for the last token over the pinned
+//!    KV, and compares it with attention over the original tensors.
+//!
+//! Then it checks the pool and prints what each participant did.
+
+use super::{human, Error, Result};
+use clap::Args;
+use cxlkv::kernels::npy::read_npy;
+use cxlkv::kernels::DType;
+use cxlkv::runtime::region::{Backend, Region, RegionOptions};
+use cxlkv::runtime::{check, pool_stats, Key, KeyChain, KvBlock, KvShape, Participant, Pool, PoolConfig};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+const CHUNK: usize = 128;
+const LAYERS: [u32; 2] = [4, 17];
+const MODEL: &str = "SmolLM2-135M-Instruct";
+
+/// Arguments of `cxlkv demo`.
+#[derive(Args)]
+pub struct DemoArgs {
+    /// Folder in the format of data/kv/ (meta.json, tokens.npy, layerNN_{q,k,v}.npy).
+    #[arg(long)]
+    kv_dir: Option<PathBuf>,
+    /// Pool backend (default: a fresh /dev/shm pool removed at the end).
+    #[arg(long)]
+    pool: Option<String>,
+    /// Keep the pool afterwards (inspect it with `cxlkv pool stat|check`).
+    #[arg(long)]
+    keep: bool,
+}
+
+/// Arguments of the hidden `cxlkv demo-worker`.
+#[derive(Args)]
+pub struct WorkerArgs {
+    #[arg(long)]
+    pool: String,
+    #[arg(long)]
+    role: String,
+    #[arg(long)]
+    kv_dir: PathBuf,
+}
+
+fn default_kv_dir() -> PathBuf {
+    // The repository's copy, found from the binary (target/<profile>/cxlkv) or the working dir.
+    let rel = Path::new("data/kv/smollm2_devil_2048");
+    if let Ok(exe) = std::env::current_exe() {
+        for dir in exe.ancestors().skip(1) {
+            if dir.join(rel).join("meta.json").is_file() {
+                return dir.join(rel);
+            }
+        }
+    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+/// The model's tensors for the demo: tokens and per-layer K, V as f16 bytes `[heads][tokens][d]`.
+struct Tensors {
+    tokens: Vec<u32>,
+    heads: usize,
+    dim: usize,
+    k: Vec<Vec<u8>>,
+    v: Vec<Vec<u8>>,
+    q17: Vec<u16>,
+    q_heads: usize,
+}
+
+fn load(dir: &Path) -> Result<Tensors> {
+    let err = |what: &str, e: &dyn std::fmt::Display| Error::Other(format!("{}: {what}: {e}", dir.display()));
+    let tokens = read_npy(dir.join("tokens.npy")).map_err(|e| err("tokens.npy", &e))?;
+    let tokens: Vec<u32> = tokens.to_i32().map_err(|e| err("tokens.npy", &e))?.into_iter().map(|t| t as u32).collect();
+    let (mut k, mut v) = (Vec::new(), Vec::new());
+    let (mut heads, mut dim) = (0, 0);
+    for layer in LAYERS {
+        for (name, out) in [("k", &mut k), ("v", &mut v)] {
+            let f = format!("layer{layer:02}_{name}.npy");
+            let a = read_npy(dir.join(&f)).map_err(|e| err(&f, &e))?;
+            if a.shape.len() != 3 || a.shape[1] != tokens.len() {
+                return Err(Error::Other(format!("{f}: shape {:?}, expected [heads, {}, dim]", a.shape, tokens.len())));
+            }
+            (heads, dim) = (a.shape[0], a.shape[2]);
+            let bits = a.to_f16_bits().map_err(|e| err(&f, &e))?;
+            out.push(bits.iter().flat_map(|b| b.to_le_bytes()).collect());
+        }
+    }
+    let q = read_npy(dir.join("layer17_q.npy")).map_err(|e| err("layer17_q.npy", &e))?;
+    let q_heads = q.shape[0];
+    let q17 = q.to_f16_bits().map_err(|e| err("layer17_q.npy", &e))?;
+    Ok(Tensors { tokens, heads, dim, k, v, q17, q_heads })
+}
+
+impl Tensors {
+    /// K and V bytes of `layer_idx` for tokens `[t0, t1)`, head-major.
+    fn chunk(&self, layer_idx: usize, t0: usize, t1: usize) -> (Vec<u8>, Vec<u8>) {
+        let n = self.tokens.len();
+        let row = self.dim * 2;
+        let take = |src: &[u8]| {
+            let mut out = Vec::with_capacity(self.heads * (t1 - t0) * row);
+            for h in 0..self.heads {
+                out.extend_from_slice(&src[(h * n + t0) * row..(h * n + t1) * row]);
+            }
+            out
+        };
+        (take(&self.k[layer_idx]), take(&self.v[layer_idx]))
+    }
+
+    fn shape(&self, layer: u32, t0: usize, t1: usize) -> KvShape {
+        KvShape {
+            dtype: DType::F16,
+            layer,
+            kv_heads: self.heads as u32,
+            head_dim: self.dim as u32,
+            tokens: (t1 - t0) as u32,
+            sequence: 1,
+            token_offset: t0 as u64,
+        }
+    }
+
+    fn keys(&self, layer: u32, tokens: usize) -> Vec<Key> {
+        KeyChain::new("demo", MODEL, layer, layer).keys(&self.tokens[..tokens], CHUNK)
+    }
+}
+
+/// Runs `cxlkv demo`.
+pub fn run(a: &DemoArgs) -> Result<ExitCode> {
+    let kv_dir = a.kv_dir.clone().unwrap_or_else(default_kv_dir);
+    let spec = a.pool.clone().unwrap_or_else(|| format!("shm:cxlkv-demo-{}", std::process::id()));
+    let backend: Backend = spec.parse().map_err(|e: cxlkv::runtime::region::RegionError| Error::Usage(e.to_string()))?;
+    let t = load(&kv_dir)?;
+    println!("cxlkv demo: pool {backend}, KV of {MODEL} over {} tokens (layers 4 and 17, {} KV heads, d = {}) from {}", t.tokens.len(), t.heads, t.dim, kv_dir.display());
+
+    let block = ((2 * t.heads * CHUNK * t.dim * 2 + 64 + t.heads * t.dim * 8) as u64).next_multiple_of(4096);
+    let cfg = PoolConfig { block_size: block, participants: 4, lease: Duration::from_secs(2), ..Default::default() };
+    let pool = Pool::create_on(&backend, 64 << 20, &cfg, &RegionOptions::default())?;
+    let sb = *pool.superblock();
+    println!(
+        "created a {} pool: {} partitions x {} blocks of {}\n",
+        human(sb.pool_size), sb.partitions, sb.blocks_per_partition, human(sb.block_size)
+    );
+    let result = run_workers(&spec, &kv_dir, &pool);
+    if !a.keep {
+        let _ = Region::unlink(&backend);
+    } else {
+        println!("kept the pool: cxlkv pool stat {spec}");
+    }
+    result
+}
+
+fn run_workers(spec: &str, kv_dir: &Path, pool: &Pool) -> Result<ExitCode> {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Child, Stdio};
+    let exe = std::env::current_exe().map_err(|e| Error::Other(format!("cannot find own binary: {e}")))?;
+    // Engines stay attached (holding their partitions) until we close their stdin, so all three
+    // participants are live at once and each reads what the others wrote.
+    let mut held: Vec<Child> = Vec::new();
+    let roles = [
+        ("engine-a", "engine A (process) serves request 1: 1,536 tokens"),
+        ("engine-b", "engine B (process) serves request 2: 2,048 tokens continuing request 1"),
+        ("reader", "reader (process) pins layer 17 and runs attention over the pool's KV"),
+    ];
+    let mut failed = None;
+    for (role, what) in roles {
+        println!("== {what}");
+        let t0 = Instant::now();
+        let mut child = match Command::new(&exe)
+            .args(["demo-worker", "--pool", spec, "--role", role, "--kv-dir"])
+            .arg(kv_dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+        {
+            Ok(c) => c,
+            Err(e) => {
+                failed = Some(format!("spawn {role}: {e}"));
+                break;
+            }
+        };
+        let out = child.stdout.take().expect("piped");
+        let mut done = false;
+        for line in BufReader::new(out).lines().map_while(std::result::Result::ok) {
+            if line == HOLDING {
+                done = true;
+                break;
+            }
+            println!("{line}");
+        }
+        if done {
+            println!("   ({role} ready after {:.1} ms, stays attached)\n", t0.elapsed().as_secs_f64() * 1e3);
+            held.push(child);
+            continue;
+        }
+        let status = child.wait().map_err(|e| Error::Other(format!("wait {role}: {e}")))?;
+        if !status.success() {
+            failed = Some(format!("{role} failed ({status})"));
+            break;
+        }
+        println!("   ({role} took {:.1} ms)\n", t0.elapsed().as_secs_f64() * 1e3);
+    }
+    let st = pool_stats(pool)?;
+    println!("== pool while the engines are attached");
+    for p in &st.participants {
+        let c = p.counters;
+        println!(
+            "   participant {} (pid {}, partition {}): {} puts, {} hits, {} misses, {} pins",
+            p.id, p.pid, p.partition.map_or("-".into(), |x| x.to_string()), c.puts, c.hits, c.misses, c.pins
+        );
+    }
+    for p in &st.partitions {
+        if p.blocks > 0 {
+            println!("   partition {}: {} blocks", p.id, p.blocks);
+        }
+    }
+    for mut c in held {
+        drop(c.stdin.take()); // EOF: detach and exit
+        let _ = c.wait();
+    }
+    if let Some(f) = failed {
+        return Err(Error::Other(f));
+    }
+    let report = check(pool)?;
+    println!("   after they detached, check: {}", report.to_string().lines().last().unwrap_or(""));
+    Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// Line a holding worker prints when it is done and stays attached until stdin closes.
+const HOLDING: &str = "@@holding";
+
+/// Runs one demo participant process.
+pub fn worker(a: &WorkerArgs) -> Result<ExitCode> {
+    let backend: Backend = a.pool.parse().map_err(|e: cxlkv::runtime::region::RegionError| Error::Usage(e.to_string()))?;
+    let pool = Pool::open_on(&backend, &RegionOptions::default())?;
+    let t = load(&a.kv_dir)?;
+    let me = pool.attach()?;
+    let n = t.tokens.len();
+    match a.role.as_str() {
+        "engine-a" => store_chunks(&me, &t, 0, n * 3 / 4),
+        "engine-b" => {
+            let chain = t.keys(LAYERS[0], n);
+            let started = Instant::now();
+            let cached = me.lookup_prefix(&chain)?;
+            println!(
+                "   participant {}: lookup_prefix: {cached} of {} chunks ({} of {n} tokens) already in the pool ({:.1} µs)",
+                me.id(), chain.len(), (cached * CHUNK).min(n), started.elapsed().as_secs_f64() * 1e6
+            );
+            let started = Instant::now();
+            let mut bytes = 0u64;
+            for (li, &layer) in LAYERS.iter().enumerate() {
+                for (c, key) in t.keys(layer, n).into_iter().take(cached).enumerate() {
+                    let (payload, _) = me.get(key)?.ok_or_else(|| Error::Other(format!("chunk {c} of layer {layer} vanished")))?;
+                    let blk = KvBlock::parse(&payload)?;
+                    let (k, v) = t.chunk(li, c * CHUNK, (c + 1) * CHUNK);
+                    if blk.k != k || blk.v != v || blk.shape.token_offset != (c * CHUNK) as u64 {
+                        return Err(Error::Other(format!("chunk {c} of layer {layer}: bytes differ from the model's")));
+                    }
+                    bytes += payload.len() as u64;
+                }
+            }
+            let secs = started.elapsed().as_secs_f64();
+            println!(
+                "   fetched {} cached blocks ({}) in {:.2} ms ({:.2} GB/s), every byte equal to the model's K and V",
+                cached * LAYERS.len(), human(bytes), secs * 1e3, bytes as f64 / secs / 1e9
+            );
+            store_chunks(&me, &t, cached * CHUNK, n)
+        }
+        "reader" => reader(&me, &t),
+        other => Err(Error::Usage(format!("unknown demo role {other:?}"))),
+    }?;
+    if a.role.starts_with("engine") {
+        use std::io::{Read, Write};
+        println!("{HOLDING}");
+        std::io::stdout().flush().map_err(|e| Error::Other(e.to_string()))?;
+        let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn store_chunks(me: &Participant, t: &Tensors, from: usize, to: usize) -> Result<()> {
+    let started = Instant::now();
+    let mut bytes = 0u64;
+    let mut blocks = 0;
+    for (li, &layer) in LAYERS.iter().enumerate() {
+        let keys = t.keys(layer, to);
+        for c in from / CHUNK..to.div_ceil(CHUNK) {
+            let (t0, t1) = (c * CHUNK, ((c + 1) * CHUNK).min(to));
+            let (k, v) = t.chunk(li, t0, t1);
+            me.put_kv(keys[c], &t.shape(layer, t0, t1), &k, &v)?;
+            bytes += (k.len() + v.len()) as u64;
+            blocks += 1;
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "   participant {} (partition {}): parked {blocks} typed blocks (tokens {from}..{to}, {} of K and V) in {:.2} ms",
+        me.id(), me.partition().map_or("-".into(), |p| p.to_string()), human(bytes), secs * 1e3
+    );
+    Ok(())
+}
+
+fn reader(me: &Participant, t: &Tensors) -> Result<()> {
+    use cxlkv::kernels::f16_to_f32;
+    let n = t.tokens.len();
+    let keys = t.keys(LAYERS[1], n);
+    let pins: Vec<_> = keys.iter().map(|&k| me.pin(k)).collect::<std::result::Result<Vec<_>, _>>()?;
+    let pins: Vec<_> = pins.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| Error::Other("a layer-17 chunk is missing".into()))?;
+    println!("   participant {}: pinned {} blocks of layer 17 (owners will not reuse them while pinned)", me.id(), pins.len());
+    // Gather K and V rows of KV head 0 from the pinned blocks, in token order.
+    let (d, heads) = (t.dim, t.heads);
+    let (mut kp, mut vp) = (Vec::new(), Vec::new());
+    for p in &pins {
+        let mut buf = vec![0u8; p.len() as usize];
+        p.read(0, &mut buf)?;
+        let blk = KvBlock::parse(&buf)?;
+        let rows = blk.shape.tokens as usize;
+        kp.extend_from_slice(&blk.k[..rows * d * 2]);
+        vp.extend_from_slice(&blk.v[..rows * d * 2]);
+    }
+    let to_f32 = |b: &[u8]| -> Vec<f32> { b.chunks_exact(2).map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect() };
+    let (k_pool, v_pool) = (to_f32(&kp), to_f32(&vp));
+    let (k_ref, v_ref) = (to_f32(&t.k[1][..n * d * 2]), to_f32(&t.v[1][..n * d * 2]));
+    // Query head 0 at the last position attends to KV head 0 (GQA: head h uses KV head h / 3).
+    let q: Vec<f32> = t.q17[(n - 1) * d..n * d].iter().map(|&b| f16_to_f32(b)).collect();
+    let attend = |k: &[f32], v: &[f32]| -> Vec<f32> {
+        let scale = 1.0 / (d as f32).sqrt();
+        let s: Vec<f32> = k.chunks_exact(d).map(|row| row.iter().zip(&q).map(|(a, b)| a * b).sum::<f32>() * scale).collect();
+        let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let w: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
+        let z: f32 = w.iter().sum();
+        let mut o = vec![0f32; d];
+        for (wi, row) in w.iter().zip(v.chunks_exact(d)) {
+            for (oi, vi) in o.iter_mut().zip(row) {
+                *oi += wi / z * vi;
+            }
+        }
+        o
+    };
+    let (o_pool, o_ref) = (attend(&k_pool, &v_pool), attend(&k_ref, &v_ref));
+    let diff = o_pool.iter().zip(&o_ref).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    println!(
+        "   attention of query head 0 at token {} over {n} pooled tokens: max |pool - model| = {diff:e} ({} of {} KV heads read)",
+        n - 1, 1, heads
+    );
+    let _ = t.q_heads;
+    if diff != 0.0 {
+        return Err(Error::Other(format!("attention over pooled KV differs from the model's by {diff}")));
+    }
+    Ok(())
+}
