@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what cxlkv needs on a fresh Debian or Ubuntu machine (idempotent).
+#   - system libraries: libhwloc (topology), libclang (bindgen for the device ABI), a C toolchain,
+#     valgrind (C ABI tests), python3 (ctypes binding test);
+#   - a Rust toolchain (rustup when reachable, else the distribution's cargo).
+set -euo pipefail
+
+need_pkgs=(build-essential pkg-config libhwloc-dev libudev-dev libclang-dev clang valgrind python3 ca-certificates curl)
+missing=()
+for p in "${need_pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    if ! command -v apt-get >/dev/null; then
+        echo "setup: missing packages ${missing[*]} and no apt-get; install them by hand" >&2
+        exit 1
+    fi
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    echo "setup: installing ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null; then
+    [ -x "$HOME/.cargo/bin/cargo" ] || {
+        echo "setup: installing Rust with rustup"
+        curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component clippy,rustfmt
+    }
+fi
+export PATH="$HOME/.cargo/bin:$PATH"
+cargo --version

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, unit/integration/multi-process tests. README's second
+# command; .ci/run calls it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+export PATH="$HOME/.cargo/bin:$PATH"
+export CARGO_TERM_COLOR=never
+
+step() { echo; echo "=== $* ($(date +%T))"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (all targets, hwloc topology) -D warnings"
+cargo clippy --workspace --all-targets --features cxlkv-runtime/hwloc -- -D warnings
+
+step "cargo test (workspace, hwloc topology)"
+cargo test --workspace --features cxlkv-runtime/hwloc
+
+step "cxlkv topo"
+cargo run -q --features cxlkv-runtime/hwloc -- topo
+
+echo
+echo "all tests passed"
