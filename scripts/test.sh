@@ -15,6 +15,9 @@ cargo fmt --all -- --check
 step "cargo clippy (all targets, hwloc topology) -D warnings"
 cargo clippy --workspace --all-targets --features cxlkv-runtime/hwloc -- -D warnings
 
+step "cargo build (workspace: the cxlkv binaries and libcxlkv.so for the C tests)"
+cargo build --workspace --features cxlkv-runtime/hwloc
+
 step "cargo test (workspace, hwloc topology)"
 cargo test --workspace --features cxlkv-runtime/hwloc
 

@@ -28,7 +28,7 @@ pub use check::{check, CheckReport};
 pub use key::{Key, KeyChain};
 pub use kv::{KvBlock, KvShape};
 pub use mem::SharedMemory;
-pub use participant::{AttachOptions, CRASH_SITES, Participant, ParticipantStats, PinnedBlock, Reservation};
+pub use participant::{AttachOptions, RawPin, RawReservation, CRASH_SITES, Participant, ParticipantStats, PinnedBlock, Reservation};
 pub use pool::{BlockInfo, BlockRef, Location, Pool, PoolConfig, PoolError};
 pub use stats::{pool_stats, PoolStats};
 pub use region::{Backend, HugePages, Region, RegionOptions};

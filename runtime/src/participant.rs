@@ -143,7 +143,8 @@ impl Participant {
         }
         let (id, token) = claimed.ok_or(PoolError::NoFreeParticipant(sb.participants))?;
         let base = pool.slot_off(id);
-        let generation = mem.load_u64(base + slot::GENERATION, Ordering::Relaxed)? + 1;
+        // Wrapping: the word is shared memory and may hold anything (a corrupt u64::MAX panicked).
+        let generation = mem.load_u64(base + slot::GENERATION, Ordering::Relaxed)?.wrapping_add(1);
         mem.store_u64(base + slot::GENERATION, generation, Ordering::Relaxed)?;
         mem.store_u64(base + slot::PID, u64::from(std::process::id()), Ordering::Relaxed)?;
         mem.store_u64(base + slot::PARTITION, 0, Ordering::Relaxed)?;
@@ -666,6 +667,13 @@ impl Participant {
             let _ = mem.compare_exchange_u64(off, self.owner_word, released);
             mem.publish(off, 8);
         }
+        // A participant presumed dead may have lost its slot to a successor with the same id: then
+        // nothing in the slot is ours, and clearing its PARTITION word would make the successor's
+        // live partition look orphaned to the next attacher (fix: the slot was cleared blindly).
+        mem.acquire(base, 8);
+        if mem.load_u64(base + slot::TOKEN, Ordering::Acquire).ok() != Some(self.token) {
+            return;
+        }
         for e in 0..PINS_PER_PARTICIPANT {
             let _ = mem.store_u64(base + slot::PINS + e * PIN_SIZE + pin::SEQ, 0, Ordering::Relaxed);
         }
@@ -778,6 +786,11 @@ fn recover_partition(pool: &Pool, p: u32, word: u64) -> Result<(OwnerState, Reco
     let mut rec = Recovery { partition: Some(p), ..Default::default() };
     mem.acquire(pool.partition_off(p), sb.payloads_off);
     let mut max_seq = mem.load_u64(pool.partition_off(p) + partition::NEXT_SEQ, Ordering::Acquire)?;
+    if max_seq > format::MAX_SEQ {
+        // Corrupt: no index entry can hold such a sequence number (and incrementing it overflowed).
+        // Restart above the highest live entry found below; its blocks stay valid.
+        max_seq = 0;
+    }
     for s in 0..sb.index_slots {
         let off = pool.index_slot_off(p, s);
         let v = mem.load_u64(off, Ordering::Acquire)?;
@@ -900,6 +913,11 @@ impl Reservation<'_> {
         Ok(())
     }
 
+    /// Pool offset of the reserved payload (what an NDP command names as its buffer; docs/ABI.md).
+    pub fn payload_offset(&self) -> u64 {
+        self.participant.pool.payload_off(self.partition, self.block)
+    }
+
     /// Address of the reserved payload for in-place writes (`None` on memory without stable
     /// addresses). Valid until commit or drop; only the reserver may write through it.
     pub fn as_mut_ptr(&self) -> Result<Option<*mut u8>> {
@@ -967,5 +985,90 @@ impl PinnedBlock<'_> {
 impl Drop for PinnedBlock<'_> {
     fn drop(&mut self) {
         self.participant.unpin(self.entry);
+    }
+}
+
+/// A pin detached from the borrow of its participant, for language bindings (the C ABI): it must
+/// be given back to the same participant with [`Participant::unpin_raw`]. Dropping it without
+/// doing so leaks the pin until the participant detaches.
+#[derive(Debug)]
+pub struct RawPin {
+    entry: u64,
+    info: BlockInfo,
+    payload_off: u64,
+}
+
+impl RawPin {
+    /// Length, codec and location of the pinned block.
+    pub fn info(&self) -> BlockInfo {
+        self.info
+    }
+}
+
+impl PinnedBlock<'_> {
+    /// Detaches the pin from its borrow; see [`RawPin`].
+    pub fn into_raw(self) -> RawPin {
+        let raw = RawPin { entry: self.entry, info: self.info, payload_off: self.payload_off };
+        std::mem::forget(self);
+        raw
+    }
+}
+
+/// A reservation detached from the borrow of its participant, for language bindings: finish it
+/// with [`Participant::commit_raw`] or [`Participant::abort_raw`] on the same participant.
+#[derive(Debug)]
+pub struct RawReservation {
+    partition: u32,
+    block: u32,
+    key: Key,
+    len: u64,
+    codec: Codec,
+}
+
+impl RawReservation {
+    /// Payload length reserved.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True for a zero-length reservation.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Reservation<'_> {
+    /// Detaches the reservation from its borrow; see [`RawReservation`].
+    pub fn into_raw(mut self) -> RawReservation {
+        self.done = true;
+        RawReservation { partition: self.partition, block: self.block, key: self.key, len: self.len, codec: self.codec }
+    }
+}
+
+impl Participant {
+    /// Address of a raw pin's payload (`None` on memory without stable addresses).
+    pub fn raw_pin_ptr(&self, pin: &RawPin) -> Result<Option<*const u8>> {
+        Ok(self.pool.mem().raw_range(pin.payload_off, pin.info.len)?.map(|p| p as *const u8))
+    }
+
+    /// Releases a pin taken with [`PinnedBlock::into_raw`].
+    pub fn unpin_raw(&self, pin: RawPin) {
+        self.unpin(pin.entry);
+    }
+
+    /// Address of a raw reservation's payload, for in-place writes.
+    pub fn raw_reservation_ptr(&self, r: &RawReservation) -> Result<Option<*mut u8>> {
+        Ok(self.pool.mem().raw_range(self.pool.payload_off(r.partition, r.block), r.len)?)
+    }
+
+    /// Commits a reservation taken with [`Reservation::into_raw`].
+    pub fn commit_raw(&self, r: RawReservation) -> Result<Location> {
+        Reservation { participant: self, partition: r.partition, block: r.block, key: r.key, len: r.len, codec: r.codec, done: false }
+            .commit()
+    }
+
+    /// Abandons a reservation taken with [`Reservation::into_raw`]; its block is freed.
+    pub fn abort_raw(&self, r: RawReservation) {
+        drop(Reservation { participant: self, partition: r.partition, block: r.block, key: r.key, len: r.len, codec: r.codec, done: false });
     }
 }
