@@ -21,6 +21,10 @@ cargo build --workspace --features cxlkv-runtime/hwloc
 step "cargo test (workspace, hwloc topology)"
 cargo test --workspace --features cxlkv-runtime/hwloc
 
+step "Python binding (system python3, ctypes)"
+CXLKV_LIB="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug/libcxlkv.so" \
+    python3 ffi/python/test_cxlkv.py
+
 step "cxlkv topo"
 cargo run -q --features cxlkv-runtime/hwloc -- topo
 

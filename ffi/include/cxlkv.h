@@ -207,6 +207,10 @@ cxlkv_result cxlkv_key_chain(const char *ns,
                              size_t cap,
                              size_t *n_keys);
 
+// The key of an opaque name (`bytes[0..len]`, e.g. an engine's own cache-key string), in
+// `*key`. Thread-safe.
+cxlkv_result cxlkv_key_from_bytes(const uint8_t *bytes, size_t len, struct cxlkv_key *key);
+
 // Attaches a participant to `pool` (claims a slot and, if one is free or dead, a partition).
 // On success stores a handle in `*out`; release it with `cxlkv_participant_detach`. A
 // participant handle may be used from several threads at once. Thread-safe.

@@ -574,6 +574,18 @@ pub extern "C" fn cxlkv_key_chain(
     })
 }
 
+/// The key of an opaque name (`bytes[0..len]`, e.g. an engine's own cache-key string), in
+/// `*key`. Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_key_from_bytes(bytes: *const u8, len: usize, key: *mut cxlkv_key) -> cxlkv_result {
+    guard(|| {
+        need(key, "key")?;
+        let b = bytes_in(bytes, len, "bytes")?;
+        put_out(key, Key::from_bytes(b).into());
+        Ok(())
+    })
+}
+
 // ---- participants --------------------------------------------------------------------------------
 
 /// Attaches a participant to `pool` (claims a slot and, if one is free or dead, a partition).
