@@ -24,33 +24,71 @@ struct Fixture {
 fn fixture() -> Fixture {
     let name = format!("cxlkv-bench-ffi-{}", std::process::id());
     let backend: Backend = format!("shm:{name}").parse().unwrap();
-    let cfg = PoolConfig { block_size: BLOCK as u64, participants: 2, ..Default::default() };
-    let pool = Pool::create_on(&backend, 64 << 20, &cfg, &RegionOptions { prefault: true, ..Default::default() }).unwrap();
+    let cfg = PoolConfig {
+        block_size: BLOCK as u64,
+        participants: 2,
+        ..Default::default()
+    };
+    let pool = Pool::create_on(
+        &backend,
+        64 << 20,
+        &cfg,
+        &RegionOptions {
+            prefault: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let rust = pool.attach().unwrap();
     let data = vec![0x5au8; BLOCK];
     let keys: Vec<ffi::cxlkv_key> = (0..KEYS)
         .map(|i| {
             let k = Key::from_bytes(&i.to_le_bytes());
             rust.put(k, &data).unwrap();
-            ffi::cxlkv_key { lo: k.lo(), hi: k.hi() }
+            ffi::cxlkv_key {
+                lo: k.lo(),
+                hi: k.hi(),
+            }
         })
         .collect();
     let spec = std::ffi::CString::new(format!("shm:{name}")).unwrap();
     let mut h = std::ptr::null_mut();
-    assert_eq!(ffi::cxlkv_pool_open(spec.as_ptr(), &mut h), ffi::cxlkv_result::CXLKV_OK);
+    assert_eq!(
+        ffi::cxlkv_pool_open(spec.as_ptr(), &mut h),
+        ffi::cxlkv_result::CXLKV_OK
+    );
     let mut me = std::ptr::null_mut();
-    assert_eq!(ffi::cxlkv_participant_attach(h, &mut me), ffi::cxlkv_result::CXLKV_OK);
-    Fixture { backend, pool: h, me, rust, keys }
+    assert_eq!(
+        ffi::cxlkv_participant_attach(h, &mut me),
+        ffi::cxlkv_result::CXLKV_OK
+    );
+    Fixture {
+        backend,
+        pool: h,
+        me,
+        rust,
+        keys,
+    }
 }
 
 fn get_rust(f: &Fixture, i: usize, buf: &mut [u8]) -> usize {
     let k = f.keys[i % f.keys.len()];
-    f.rust.get_into(Key::from_parts(k.lo, k.hi), buf).unwrap().unwrap().len as usize
+    f.rust
+        .get_into(Key::from_parts(k.lo, k.hi), buf)
+        .unwrap()
+        .unwrap()
+        .len as usize
 }
 
 fn get_c(f: &Fixture, i: usize, buf: &mut [u8]) -> usize {
     let mut len = 0usize;
-    let r = ffi::cxlkv_participant_get(f.me, &f.keys[i % f.keys.len()], buf.as_mut_ptr(), buf.len(), &mut len);
+    let r = ffi::cxlkv_participant_get(
+        f.me,
+        &f.keys[i % f.keys.len()],
+        buf.as_mut_ptr(),
+        buf.len(),
+        &mut len,
+    );
     assert_eq!(r, ffi::cxlkv_result::CXLKV_OK);
     len
 }
@@ -61,8 +99,18 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("get_256k");
     g.throughput(Throughput::Bytes(BLOCK as u64));
     let mut i = 0;
-    g.bench_function("rust_api", |b| b.iter(|| { i += 1; black_box(get_rust(&f, i, &mut buf)) }));
-    g.bench_function("c_abi", |b| b.iter(|| { i += 1; black_box(get_c(&f, i, &mut buf)) }));
+    g.bench_function("rust_api", |b| {
+        b.iter(|| {
+            i += 1;
+            black_box(get_rust(&f, i, &mut buf))
+        })
+    });
+    g.bench_function("c_abi", |b| {
+        b.iter(|| {
+            i += 1;
+            black_box(get_c(&f, i, &mut buf))
+        })
+    });
     g.finish();
 
     // Summary: interleaved rounds so drift affects both sides alike; median per-call time.
@@ -72,10 +120,18 @@ fn bench(c: &mut Criterion) {
         for which in [r % 2, 1 - r % 2] {
             let t = Instant::now();
             for j in 0..calls {
-                black_box(if which == 0 { get_rust(&f, j, &mut buf) } else { get_c(&f, j, &mut buf) });
+                black_box(if which == 0 {
+                    get_rust(&f, j, &mut buf)
+                } else {
+                    get_c(&f, j, &mut buf)
+                });
             }
             let per = t.elapsed().as_secs_f64() / calls as f64;
-            if which == 0 { rs.push(per) } else { cs.push(per) }
+            if which == 0 {
+                rs.push(per)
+            } else {
+                cs.push(per)
+            }
         }
     }
     rs.sort_by(f64::total_cmp);

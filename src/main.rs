@@ -79,7 +79,9 @@ fn main() -> ExitCode {
         Command::Pool { command } => cli::pool::run(command),
         Command::Demo(a) => cli::demo::run(&a),
         Command::DemoWorker(a) => cli::demo::worker(&a),
-        Command::Bench { command: BenchCommand::Qk(a) } => bench_qk(&a),
+        Command::Bench {
+            command: BenchCommand::Qk(a),
+        } => bench_qk(&a),
     };
     match r {
         Ok(code) => code,
@@ -94,10 +96,15 @@ fn bench_qk(a: &QkArgs) -> cli::Result<ExitCode> {
     use cxlkv::kernels::bench::{run_qk_bench, QkBenchConfig};
     let dtype = a.dtype.parse().map_err(cli::Error::Usage)?;
     if a.dim == 0 || a.dim % 16 != 0 || a.dim > 256 {
-        return Err(cli::Error::Usage(format!("--dim {} must be a multiple of 16 up to 256", a.dim)));
+        return Err(cli::Error::Usage(format!(
+            "--dim {} must be a multiple of 16 up to 256",
+            a.dim
+        )));
     }
     if a.tokens == 0 || a.group == 0 || a.k == 0 || a.k > 4096 || a.threads == 0 || a.repeats == 0 {
-        return Err(cli::Error::Usage("--tokens, --group, --threads, --repeats must be positive and --k in 1..=4096".into()));
+        return Err(cli::Error::Usage(
+            "--tokens, --group, --threads, --repeats must be positive and --k in 1..=4096".into(),
+        ));
     }
     let cfg = QkBenchConfig {
         tokens: a.tokens,

@@ -32,7 +32,14 @@ impl Rng {
 }
 
 fn key_of(worker: u64, incarnation: u64, i: u64) -> Key {
-    Key::from_bytes(&[worker.to_le_bytes(), incarnation.to_le_bytes(), i.to_le_bytes()].concat())
+    Key::from_bytes(
+        &[
+            worker.to_le_bytes(),
+            incarnation.to_le_bytes(),
+            i.to_le_bytes(),
+        ]
+        .concat(),
+    )
 }
 
 /// The payload every writer stores under `key`: length and bytes derived from the key alone.
@@ -43,7 +50,10 @@ fn payload_of(key: Key) -> Vec<u8> {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
 }
 
 fn env(name: &str) -> String {
@@ -56,22 +66,41 @@ fn worker() -> ! {
     let w: u64 = env("CXLKV_STRESS_WORKER").parse().unwrap();
     let inc: u64 = env("CXLKV_STRESS_INCARNATION").parse().unwrap();
     let until: u64 = env("CXLKV_STRESS_UNTIL_MS").parse().unwrap();
-    let mut log = std::fs::OpenOptions::new().create(true).append(true).open(env("CXLKV_STRESS_LOG")).unwrap();
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(env("CXLKV_STRESS_LOG"))
+        .unwrap();
     let pool = Pool::open_on(&backend, &RegionOptions::default()).unwrap();
     let me = loop {
         match pool.attach() {
             Ok(p) => break p,
             // All slots held: wait for a dead participant's lease to run out.
-            Err(PoolError::NoFreeParticipant(_)) if now_ms() < until => std::thread::sleep(Duration::from_millis(10)),
+            Err(PoolError::NoFreeParticipant(_)) if now_ms() < until => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
             Err(e) => panic!("attach: {e}"),
         }
     };
     let rec = &me.recovery;
-    writeln!(log, "A {} {:?} {:?} {} {}", me.id(), me.partition(), rec.took_over_from, rec.blocks, rec.repaired_slots).unwrap();
-    let mut rng = Rng((w + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ inc.wrapping_mul(0xff51_afd7_ed55_8ccd) | 1);
+    writeln!(
+        log,
+        "A {} {:?} {:?} {} {}",
+        me.id(),
+        me.partition(),
+        rec.took_over_from,
+        rec.blocks,
+        rec.repaired_slots
+    )
+    .unwrap();
+    let mut rng = Rng((w + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ inc.wrapping_mul(0xff51_afd7_ed55_8ccd)
+        | 1);
     let mut committed = vec![false; KEYS_PER_INCARNATION as usize];
     // Payloads made up front so that the loop is mostly puts and gets (kills land inside them).
-    let mine: Vec<Vec<u8>> = (0..KEYS_PER_INCARNATION).map(|s| payload_of(key_of(w, inc, s))).collect();
+    let mine: Vec<Vec<u8>> = (0..KEYS_PER_INCARNATION)
+        .map(|s| payload_of(key_of(w, inc, s)))
+        .collect();
     let mut i = 0u64;
     let mut buf = vec![0u8; BLOCK as usize];
     while now_ms() < until {
@@ -85,10 +114,18 @@ fn worker() -> ! {
         }
         i += 1;
         // Get a random key of a random worker and incarnation; verify every byte of a hit.
-        let (ow, oi, os) = (rng.next() % u64::from(WORKERS), rng.next() % 4, rng.next() % KEYS_PER_INCARNATION);
+        let (ow, oi, os) = (
+            rng.next() % u64::from(WORKERS),
+            rng.next() % 4,
+            rng.next() % KEYS_PER_INCARNATION,
+        );
         let k = key_of(ow, oi, os);
         if let Some(info) = me.get_into(k, &mut buf).unwrap() {
-            let expect = if (ow, oi) == (w, inc) { mine[os as usize].clone() } else { payload_of(k) };
+            let expect = if (ow, oi) == (w, inc) {
+                mine[os as usize].clone()
+            } else {
+                payload_of(k)
+            };
             if buf[..info.len as usize] != expect[..] {
                 writeln!(log, "BAD {ow} {oi} {os}").unwrap();
                 std::process::exit(3);
@@ -104,21 +141,32 @@ fn spawn(pool: &str, w: u32, inc: u64, until: u64, log: &Path) -> Child {
     spawn_with(pool, w, inc, until, log, None)
 }
 
-fn spawn_with(pool: &str, w: u32, inc: u64, until: u64, log: &Path, crash_at: Option<&str>) -> Child {
+fn spawn_with(
+    pool: &str,
+    w: u32,
+    inc: u64,
+    until: u64,
+    log: &Path,
+    crash_at: Option<&str>,
+) -> Child {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     if let Some(c) = crash_at {
         cmd.env("CXLKV_CRASH_AT", c);
     }
-    cmd
-        .args(["--exact", "stress_worker_entry", "--nocapture", "--test-threads=1"])
-        .env("CXLKV_STRESS_ROLE", "worker")
-        .env("CXLKV_STRESS_POOL", pool)
-        .env("CXLKV_STRESS_WORKER", w.to_string())
-        .env("CXLKV_STRESS_INCARNATION", inc.to_string())
-        .env("CXLKV_STRESS_UNTIL_MS", until.to_string())
-        .env("CXLKV_STRESS_LOG", log)
-        .spawn()
-        .unwrap()
+    cmd.args([
+        "--exact",
+        "stress_worker_entry",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("CXLKV_STRESS_ROLE", "worker")
+    .env("CXLKV_STRESS_POOL", pool)
+    .env("CXLKV_STRESS_WORKER", w.to_string())
+    .env("CXLKV_STRESS_INCARNATION", inc.to_string())
+    .env("CXLKV_STRESS_UNTIL_MS", until.to_string())
+    .env("CXLKV_STRESS_LOG", log)
+    .spawn()
+    .unwrap()
 }
 
 /// Reads a worker log: the committed keys ("P" lines) and the recovery lines ("A").
@@ -126,7 +174,13 @@ fn committed_keys(text: &str) -> Vec<Key> {
     text.lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() == 4 && f[0] == "P").then(|| key_of(f[1].parse().unwrap(), f[2].parse().unwrap(), f[3].parse().unwrap()))
+            (f.len() == 4 && f[0] == "P").then(|| {
+                key_of(
+                    f[1].parse().unwrap(),
+                    f[2].parse().unwrap(),
+                    f[3].parse().unwrap(),
+                )
+            })
         })
         .collect()
 }
@@ -141,23 +195,54 @@ fn crash_at_every_step_of_a_put() {
         let name = format!("cxlkv-crash-{}-{i}", std::process::id());
         let spec = format!("shm:{name}");
         let backend: Backend = spec.parse().unwrap();
-        let cfg = PoolConfig { block_size: BLOCK, participants: 1, lease: Duration::from_millis(100), ..Default::default() };
+        let cfg = PoolConfig {
+            block_size: BLOCK,
+            participants: 1,
+            lease: Duration::from_millis(100),
+            ..Default::default()
+        };
         let pool = Pool::create_on(&backend, 32 << 20, &cfg, &RegionOptions::default()).unwrap();
         let log = std::env::temp_dir().join(format!("{name}.log"));
         // The 37th time: well into the run, after 36 committed puts.
-        let mut child = spawn_with(&spec, 0, 0, now_ms() + 20_000, &log, Some(&format!("{site}:37")));
+        let mut child = spawn_with(
+            &spec,
+            0,
+            0,
+            now_ms() + 20_000,
+            &log,
+            Some(&format!("{site}:37")),
+        );
         let status = child.wait().unwrap();
-        assert_eq!(status.signal(), Some(9), "{site}: worker should die by SIGKILL, got {status}");
+        assert_eq!(
+            status.signal(),
+            Some(9),
+            "{site}: worker should die by SIGKILL, got {status}"
+        );
         let keys = committed_keys(&std::fs::read_to_string(&log).unwrap());
-        assert!(keys.len() >= 30, "{site}: {} keys committed before the crash", keys.len());
+        assert!(
+            keys.len() >= 30,
+            "{site}: {} keys committed before the crash",
+            keys.len()
+        );
         std::thread::sleep(Duration::from_millis(150));
         let heir = pool.attach().unwrap();
-        assert_eq!(heir.recovery.took_over_from, Some(0), "{site}: partition taken over");
+        assert_eq!(
+            heir.recovery.took_over_from,
+            Some(0),
+            "{site}: partition taken over"
+        );
         if site.starts_with("slot:") {
-            assert_eq!(heir.recovery.repaired_slots, 1, "{site}: the half-written slot is repaired");
+            assert_eq!(
+                heir.recovery.repaired_slots, 1,
+                "{site}: the half-written slot is repaired"
+            );
         }
         for &k in &keys {
-            assert_eq!(pool.get(k).unwrap().map(|(v, _)| v), Some(payload_of(k)), "{site}: committed key lost or wrong");
+            assert_eq!(
+                pool.get(k).unwrap().map(|(v, _)| v),
+                Some(payload_of(k)),
+                "{site}: committed key lost or wrong"
+            );
         }
         let report = check(&pool).unwrap();
         assert!(report.ok(), "{site}: {report}");
@@ -188,27 +273,46 @@ fn processes_share_a_pool_through_sigkills() {
     let name = format!("cxlkv-stress-{}", std::process::id());
     let spec = format!("shm:{name}");
     let backend: Backend = spec.parse().unwrap();
-    let cfg = PoolConfig { block_size: BLOCK, participants: WORKERS, lease: Duration::from_millis(300), ..Default::default() };
+    let cfg = PoolConfig {
+        block_size: BLOCK,
+        participants: WORKERS,
+        lease: Duration::from_millis(300),
+        ..Default::default()
+    };
     let pool = Pool::create_on(&backend, 96 << 20, &cfg, &RegionOptions::default()).unwrap();
-    assert!(pool.superblock().blocks_per_partition as u64 >= 4 * KEYS_PER_INCARNATION + 50, "no eviction: every committed key must stay");
+    assert!(
+        pool.superblock().blocks_per_partition as u64 >= 4 * KEYS_PER_INCARNATION + 50,
+        "no eviction: every committed key must stay"
+    );
     let dir = std::env::temp_dir().join(&name);
     std::fs::create_dir_all(&dir).unwrap();
     let log = |w: u32, inc: u64| -> PathBuf { dir.join(format!("w{w}-i{inc}.log")) };
 
-    let seconds: u64 = std::env::var("CXLKV_STRESS_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(4);
+    let seconds: u64 = std::env::var("CXLKV_STRESS_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4);
     let until = now_ms() + seconds * 1000;
-    let mut children: Vec<(u32, u64, Child)> = (0..WORKERS).map(|w| (w, 0, spawn(&spec, w, 0, until, &log(w, 0)))).collect();
+    let mut children: Vec<(u32, u64, Child)> = (0..WORKERS)
+        .map(|w| (w, 0, spawn(&spec, w, 0, until, &log(w, 0))))
+        .collect();
     let mut rng = Rng(now_ms() | 1);
     let kills = 3;
     let mut killed = Vec::new();
     for _ in 0..kills {
-        std::thread::sleep(Duration::from_millis(200 + rng.next() % ((seconds * 1000 - 1200) / kills)));
+        std::thread::sleep(Duration::from_millis(
+            200 + rng.next() % ((seconds * 1000 - 1200) / kills),
+        ));
         let idx = (rng.next() % children.len() as u64) as usize;
         let (w, inc, mut child) = children.swap_remove(idx);
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         killed.push((w, inc));
-        children.push((w, inc + 1, spawn(&spec, w, inc + 1, until, &log(w, inc + 1))));
+        children.push((
+            w,
+            inc + 1,
+            spawn(&spec, w, inc + 1, until, &log(w, inc + 1)),
+        ));
     }
     let deadline = Instant::now() + Duration::from_secs(seconds + 30);
     for (w, inc, mut c) in children {
@@ -220,7 +324,10 @@ fn processes_share_a_pool_through_sigkills() {
             std::thread::sleep(Duration::from_millis(20));
         };
         let text = std::fs::read_to_string(log(w, inc)).unwrap_or_default();
-        assert!(!text.contains("BAD"), "worker {w}.{inc} read wrong bytes:\n{text}");
+        assert!(
+            !text.contains("BAD"),
+            "worker {w}.{inc} read wrong bytes:\n{text}"
+        );
         assert!(status.success(), "worker {w}.{inc} failed: {status}");
     }
 
@@ -234,8 +341,15 @@ fn processes_share_a_pool_through_sigkills() {
             let f: Vec<&str> = line.split_whitespace().collect();
             match f.first() {
                 Some(&"P") if f.len() == 4 => {
-                    let key = key_of(f[1].parse().unwrap(), f[2].parse().unwrap(), f[3].parse().unwrap());
-                    let (v, _) = pool.get(key).unwrap().unwrap_or_else(|| panic!("committed key {line} lost"));
+                    let key = key_of(
+                        f[1].parse().unwrap(),
+                        f[2].parse().unwrap(),
+                        f[3].parse().unwrap(),
+                    );
+                    let (v, _) = pool
+                        .get(key)
+                        .unwrap()
+                        .unwrap_or_else(|| panic!("committed key {line} lost"));
                     assert_eq!(v, payload_of(key), "key {line} reads wrong bytes");
                     committed += 1;
                 }
@@ -248,13 +362,23 @@ fn processes_share_a_pool_through_sigkills() {
         }
     }
     eprintln!("stress: {committed} committed keys verified, {} kills, {takeovers} takeovers, {repaired} index slots repaired", killed.len());
-    assert!(takeovers >= 1, "a killed participant's partition must be taken over");
+    assert!(
+        takeovers >= 1,
+        "a killed participant's partition must be taken over"
+    );
     assert!(committed > 0);
 
     let report = check(&pool).unwrap();
     assert!(report.ok(), "{report}");
-    let cli = Command::new(env!("CARGO_BIN_EXE_cxlkv")).args(["pool", "check", &spec]).output().unwrap();
-    assert!(cli.status.success(), "cxlkv pool check failed:\n{}", String::from_utf8_lossy(&cli.stdout));
+    let cli = Command::new(env!("CARGO_BIN_EXE_cxlkv"))
+        .args(["pool", "check", &spec])
+        .output()
+        .unwrap();
+    assert!(
+        cli.status.success(),
+        "cxlkv pool check failed:\n{}",
+        String::from_utf8_lossy(&cli.stdout)
+    );
     drop(pool);
     Region::unlink(&backend).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();

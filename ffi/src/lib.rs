@@ -27,7 +27,9 @@
 #![allow(non_camel_case_types)]
 
 use cxlkv_runtime::region::{Backend, RegionError, RegionOptions};
-use cxlkv_runtime::{Key, KeyChain, Participant, Pool, PoolConfig, PoolError, RawPin, RawReservation};
+use cxlkv_runtime::{
+    Key, KeyChain, Participant, Pool, PoolConfig, PoolError, RawPin, RawReservation,
+};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::{c_char, CStr};
@@ -122,7 +124,10 @@ impl From<cxlkv_key> for Key {
 
 impl From<Key> for cxlkv_key {
     fn from(k: Key) -> cxlkv_key {
-        cxlkv_key { lo: k.lo(), hi: k.hi() }
+        cxlkv_key {
+            lo: k.lo(),
+            hi: k.hi(),
+        }
     }
 }
 
@@ -212,7 +217,9 @@ enum Kind {
 
 fn registry() -> std::sync::MutexGuard<'static, BTreeMap<usize, Kind>> {
     static LIVE: OnceLock<Mutex<BTreeMap<usize, Kind>>> = OnceLock::new();
-    LIVE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
+    LIVE.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
 }
 
 fn register<T>(b: Box<T>, kind: Kind) -> *mut T {
@@ -261,7 +268,8 @@ fn set_last(msg: String) {
 
 fn map_err(e: PoolError) -> cxlkv_result {
     let code = match &e {
-        PoolError::Region(RegionError::BadSpec(_)) | PoolError::Region(RegionError::BadSize { .. }) => CXLKV_ERR_INVALID_ARG,
+        PoolError::Region(RegionError::BadSpec(_))
+        | PoolError::Region(RegionError::BadSize { .. }) => CXLKV_ERR_INVALID_ARG,
         PoolError::Region(RegionError::Unavailable { .. }) => CXLKV_ERR_UNAVAILABLE,
         PoolError::Region(_) => CXLKV_ERR_IO,
         PoolError::Mem(_)
@@ -271,7 +279,9 @@ fn map_err(e: PoolError) -> cxlkv_result {
         | PoolError::SuperblockCrc { .. }
         | PoolError::Geometry(_)
         | PoolError::UnsupportedCoherence(_) => CXLKV_ERR_BAD_POOL,
-        PoolError::BadConfig(_) | PoolError::EmptyKeyChain | PoolError::BadKvBlock(_) => CXLKV_ERR_INVALID_ARG,
+        PoolError::BadConfig(_) | PoolError::EmptyKeyChain | PoolError::BadKvBlock(_) => {
+            CXLKV_ERR_INVALID_ARG
+        }
         PoolError::PayloadTooLarge { .. } => CXLKV_ERR_PAYLOAD_TOO_LARGE,
         PoolError::BufferTooSmall { .. } => CXLKV_ERR_BUFFER_TOO_SMALL,
         PoolError::NoFreeParticipant(_) => CXLKV_ERR_NO_PARTICIPANT_SLOT,
@@ -311,7 +321,9 @@ fn cstr<'a>(p: *const c_char, what: &str) -> Result<&'a str, cxlkv_result> {
         return Err(fail(CXLKV_ERR_NULL, format!("{what} is NULL")));
     }
     // SAFETY: non-null; the caller promises a NUL-terminated string valid for the call.
-    unsafe { CStr::from_ptr(p) }.to_str().map_err(|_| fail(CXLKV_ERR_INVALID_ARG, format!("{what} is not UTF-8")))
+    unsafe { CStr::from_ptr(p) }
+        .to_str()
+        .map_err(|_| fail(CXLKV_ERR_INVALID_ARG, format!("{what} is not UTF-8")))
 }
 
 fn need<T>(p: *mut T, what: &str) -> Result<(), cxlkv_result> {
@@ -341,10 +353,16 @@ fn bytes_in<'a>(p: *const u8, len: usize, what: &str) -> Result<&'a [u8], cxlkv_
         return Ok(&[]);
     }
     if p.is_null() {
-        return Err(fail(CXLKV_ERR_NULL, format!("{what} is NULL with length {len}")));
+        return Err(fail(
+            CXLKV_ERR_NULL,
+            format!("{what} is NULL with length {len}"),
+        ));
     }
     if len > isize::MAX as usize {
-        return Err(fail(CXLKV_ERR_INVALID_ARG, format!("{what} length {len} too large")));
+        return Err(fail(
+            CXLKV_ERR_INVALID_ARG,
+            format!("{what} length {len} too large"),
+        ));
     }
     // SAFETY: non-null, length bounded; the caller promises `len` readable bytes for the call.
     Ok(unsafe { std::slice::from_raw_parts(p, len) })
@@ -383,12 +401,27 @@ fn write_text(text: &str, buf: *mut c_char, len: usize) -> usize {
 pub extern "C" fn cxlkv_result_message(result: u32, buf: *mut c_char, len: usize) -> usize {
     let text = catch_unwind(|| {
         let all = [
-            CXLKV_OK, CXLKV_ERR_NULL, CXLKV_ERR_INVALID_HANDLE, CXLKV_ERR_INVALID_ARG, CXLKV_ERR_NOT_FOUND,
-            CXLKV_ERR_BUFFER_TOO_SMALL, CXLKV_ERR_PAYLOAD_TOO_LARGE, CXLKV_ERR_IO, CXLKV_ERR_BAD_POOL,
-            CXLKV_ERR_NO_PARTICIPANT_SLOT, CXLKV_ERR_NO_PARTITION, CXLKV_ERR_FENCED, CXLKV_ERR_NOT_OWNER,
-            CXLKV_ERR_PIN_TABLE_FULL, CXLKV_ERR_FULL, CXLKV_ERR_PANIC, CXLKV_ERR_UNAVAILABLE,
+            CXLKV_OK,
+            CXLKV_ERR_NULL,
+            CXLKV_ERR_INVALID_HANDLE,
+            CXLKV_ERR_INVALID_ARG,
+            CXLKV_ERR_NOT_FOUND,
+            CXLKV_ERR_BUFFER_TOO_SMALL,
+            CXLKV_ERR_PAYLOAD_TOO_LARGE,
+            CXLKV_ERR_IO,
+            CXLKV_ERR_BAD_POOL,
+            CXLKV_ERR_NO_PARTICIPANT_SLOT,
+            CXLKV_ERR_NO_PARTITION,
+            CXLKV_ERR_FENCED,
+            CXLKV_ERR_NOT_OWNER,
+            CXLKV_ERR_PIN_TABLE_FULL,
+            CXLKV_ERR_FULL,
+            CXLKV_ERR_PANIC,
+            CXLKV_ERR_UNAVAILABLE,
         ];
-        all.iter().find(|c| **c as u32 == result).map_or("unknown result code", |c| c.text())
+        all.iter()
+            .find(|c| **c as u32 == result)
+            .map_or("unknown result code", |c| c.text())
     })
     .unwrap_or("unknown result code");
     write_text(text, buf, len)
@@ -398,7 +431,10 @@ pub extern "C" fn cxlkv_result_message(result: u32, buf: *mut c_char, len: usize
 /// `cxlkv_result_message`). Returns the size needed including the NUL. Thread-safe (per thread).
 #[no_mangle]
 pub extern "C" fn cxlkv_last_error_message(buf: *mut c_char, len: usize) -> usize {
-    catch_unwind(AssertUnwindSafe(|| LAST_ERROR.with(|l| write_text(&l.borrow(), buf, len)))).unwrap_or(0)
+    catch_unwind(AssertUnwindSafe(|| {
+        LAST_ERROR.with(|l| write_text(&l.borrow(), buf, len))
+    }))
+    .unwrap_or(0)
 }
 
 // ---- pools ------------------------------------------------------------------------------------
@@ -407,18 +443,29 @@ pub extern "C" fn cxlkv_last_error_message(buf: *mut c_char, len: usize) -> usiz
 #[no_mangle]
 pub extern "C" fn cxlkv_pool_config_default() -> cxlkv_pool_config {
     let d = PoolConfig::default();
-    cxlkv_pool_config { block_size: d.block_size, participants: d.participants, lease_ms: d.lease.as_millis() as u32 }
+    cxlkv_pool_config {
+        block_size: d.block_size,
+        participants: d.participants,
+        lease_ms: d.lease.as_millis() as u32,
+    }
 }
 
 fn backend(spec: *const c_char) -> Result<Backend, cxlkv_result> {
-    cstr(spec, "spec")?.parse().map_err(|e: RegionError| fail(CXLKV_ERR_INVALID_ARG, e.to_string()))
+    cstr(spec, "spec")?
+        .parse()
+        .map_err(|e: RegionError| fail(CXLKV_ERR_INVALID_ARG, e.to_string()))
 }
 
 /// Creates a pool of `size` bytes on `spec` (`shm:NAME`, `file:PATH`, `dax:PATH`, `numa:N[:NAME]`).
 /// `config` may be NULL for defaults. On success stores a new handle in `*out`; release it with
 /// `cxlkv_pool_close`. Thread-safe.
 #[no_mangle]
-pub extern "C" fn cxlkv_pool_create(spec: *const c_char, size: u64, config: *const cxlkv_pool_config, out: *mut *mut cxlkv_pool) -> cxlkv_result {
+pub extern "C" fn cxlkv_pool_create(
+    spec: *const c_char,
+    size: u64,
+    config: *const cxlkv_pool_config,
+    out: *mut *mut cxlkv_pool,
+) -> cxlkv_result {
     guard(|| {
         need(out, "out")?;
         let b = backend(spec)?;
@@ -475,7 +522,10 @@ pub extern "C" fn cxlkv_pool_unlink(spec: *const c_char) -> cxlkv_result {
 
 /// Stores the pool's geometry in `*out`. Thread-safe.
 #[no_mangle]
-pub extern "C" fn cxlkv_pool_describe(pool: *const cxlkv_pool, info: *mut cxlkv_pool_info) -> cxlkv_result {
+pub extern "C" fn cxlkv_pool_describe(
+    pool: *const cxlkv_pool,
+    info: *mut cxlkv_pool_info,
+) -> cxlkv_result {
     guard(|| {
         let p = borrow(pool, Kind::Pool)?;
         need(info, "info")?;
@@ -499,7 +549,12 @@ pub extern "C" fn cxlkv_pool_describe(pool: *const cxlkv_pool, info: *mut cxlkv_
 /// Number of leading keys of `keys[0..n]` present in the pool (the cached prefix), in `*out`.
 /// `n` must be positive. Thread-safe.
 #[no_mangle]
-pub extern "C" fn cxlkv_pool_lookup_prefix(pool: *const cxlkv_pool, keys: *const cxlkv_key, n: usize, found: *mut usize) -> cxlkv_result {
+pub extern "C" fn cxlkv_pool_lookup_prefix(
+    pool: *const cxlkv_pool,
+    keys: *const cxlkv_key,
+    n: usize,
+    found: *mut usize,
+) -> cxlkv_result {
     guard(|| {
         let p = borrow(pool, Kind::Pool)?;
         need(found, "out")?;
@@ -549,7 +604,10 @@ pub extern "C" fn cxlkv_key_chain(
         let model = cstr(model, "model")?;
         need(n_keys, "n_keys")?;
         if chunk == 0 || n_tokens == 0 {
-            return Err(fail(CXLKV_ERR_INVALID_ARG, "n_tokens and chunk must be positive"));
+            return Err(fail(
+                CXLKV_ERR_INVALID_ARG,
+                "n_tokens and chunk must be positive",
+            ));
         }
         if tokens.is_null() {
             return Err(fail(CXLKV_ERR_NULL, "tokens is NULL"));
@@ -562,7 +620,10 @@ pub extern "C" fn cxlkv_key_chain(
         let need = n_tokens.div_ceil(chunk);
         if need > cap || keys.is_null() {
             put_out(n_keys, need);
-            return Err(fail(CXLKV_ERR_BUFFER_TOO_SMALL, format!("{need} keys needed, room for {cap}")));
+            return Err(fail(
+                CXLKV_ERR_BUFFER_TOO_SMALL,
+                format!("{need} keys needed, room for {cap}"),
+            ));
         }
         let chain = KeyChain::new(ns, model, layer_first, layer_last).keys(toks, chunk);
         for (i, k) in chain.iter().enumerate() {
@@ -577,7 +638,11 @@ pub extern "C" fn cxlkv_key_chain(
 /// The key of an opaque name (`bytes[0..len]`, e.g. an engine's own cache-key string), in
 /// `*key`. Thread-safe.
 #[no_mangle]
-pub extern "C" fn cxlkv_key_from_bytes(bytes: *const u8, len: usize, key: *mut cxlkv_key) -> cxlkv_result {
+pub extern "C" fn cxlkv_key_from_bytes(
+    bytes: *const u8,
+    len: usize,
+    key: *mut cxlkv_key,
+) -> cxlkv_result {
     guard(|| {
         need(key, "key")?;
         let b = bytes_in(bytes, len, "bytes")?;
@@ -592,12 +657,18 @@ pub extern "C" fn cxlkv_key_from_bytes(bytes: *const u8, len: usize, key: *mut c
 /// On success stores a handle in `*out`; release it with `cxlkv_participant_detach`. A
 /// participant handle may be used from several threads at once. Thread-safe.
 #[no_mangle]
-pub extern "C" fn cxlkv_participant_attach(pool: *const cxlkv_pool, out: *mut *mut cxlkv_participant) -> cxlkv_result {
+pub extern "C" fn cxlkv_participant_attach(
+    pool: *const cxlkv_pool,
+    out: *mut *mut cxlkv_participant,
+) -> cxlkv_result {
     guard(|| {
         let p = borrow(pool, Kind::Pool)?;
         need(out, "out")?;
         let inner = Arc::new(p.pool.attach().map_err(map_err)?);
-        put_out(out, register(Box::new(cxlkv_participant { inner }), Kind::Participant));
+        put_out(
+            out,
+            register(Box::new(cxlkv_participant { inner }), Kind::Participant),
+        );
         Ok(())
     })
 }
@@ -617,7 +688,11 @@ pub extern "C" fn cxlkv_participant_detach(p: *mut cxlkv_participant) -> cxlkv_r
 /// This participant's slot number (its host id) in `*id`, and its partition in `*partition`
 /// (`UINT32_MAX` when it owns none). Either pointer may be NULL. Thread-safe.
 #[no_mangle]
-pub extern "C" fn cxlkv_participant_id(p: *const cxlkv_participant, id: *mut u32, partition: *mut u32) -> cxlkv_result {
+pub extern "C" fn cxlkv_participant_id(
+    p: *const cxlkv_participant,
+    id: *mut u32,
+    partition: *mut u32,
+) -> cxlkv_result {
     guard(|| {
         let me = borrow(p, Kind::Participant)?;
         if !id.is_null() {
@@ -633,7 +708,12 @@ pub extern "C" fn cxlkv_participant_id(p: *const cxlkv_participant, id: *mut u32
 /// Stores `data[0..len]` under `key` in the participant's partition (copying it), evicting least
 /// recently used unpinned blocks if needed. Thread-safe.
 #[no_mangle]
-pub extern "C" fn cxlkv_participant_put(p: *const cxlkv_participant, key: *const cxlkv_key, data: *const u8, len: usize) -> cxlkv_result {
+pub extern "C" fn cxlkv_participant_put(
+    p: *const cxlkv_participant,
+    key: *const cxlkv_key,
+    data: *const u8,
+    len: usize,
+) -> cxlkv_result {
     guard(|| {
         let me = borrow(p, Kind::Participant)?;
         let key = key_arg(key)?;
@@ -647,13 +727,22 @@ pub extern "C" fn cxlkv_participant_put(p: *const cxlkv_participant, key: *const
 /// `CXLKV_ERR_NOT_FOUND` on a miss; `CXLKV_ERR_BUFFER_TOO_SMALL` stores the needed size in `*len`.
 /// Never returns torn or foreign bytes. Thread-safe.
 #[no_mangle]
-pub extern "C" fn cxlkv_participant_get(p: *const cxlkv_participant, key: *const cxlkv_key, buf: *mut u8, cap: usize, len: *mut usize) -> cxlkv_result {
+pub extern "C" fn cxlkv_participant_get(
+    p: *const cxlkv_participant,
+    key: *const cxlkv_key,
+    buf: *mut u8,
+    cap: usize,
+    len: *mut usize,
+) -> cxlkv_result {
     guard(|| {
         let me = borrow(p, Kind::Participant)?;
         let key = key_arg(key)?;
         need(len, "len")?;
         if buf.is_null() && cap > 0 {
-            return Err(fail(CXLKV_ERR_NULL, format!("buf is NULL with capacity {cap}")));
+            return Err(fail(
+                CXLKV_ERR_NULL,
+                format!("buf is NULL with capacity {cap}"),
+            ));
         }
         if cap > isize::MAX as usize {
             return Err(fail(CXLKV_ERR_INVALID_ARG, "capacity too large"));
@@ -673,7 +762,10 @@ pub extern "C" fn cxlkv_participant_get(p: *const cxlkv_participant, key: *const
             Ok(None) => Err(fail(CXLKV_ERR_NOT_FOUND, format!("key {key} not found"))),
             Err(PoolError::BufferTooSmall { needed, capacity }) => {
                 put_out(len, needed as usize);
-                Err(fail(CXLKV_ERR_BUFFER_TOO_SMALL, format!("block of {needed} bytes, buffer of {capacity}")))
+                Err(fail(
+                    CXLKV_ERR_BUFFER_TOO_SMALL,
+                    format!("block of {needed} bytes, buffer of {capacity}"),
+                ))
             }
             Err(e) => Err(map_err(e)),
         }
@@ -683,7 +775,10 @@ pub extern "C" fn cxlkv_participant_get(p: *const cxlkv_participant, key: *const
 /// Deletes `key` from the participant's partition. `CXLKV_ERR_NOT_FOUND` if absent,
 /// `CXLKV_ERR_NOT_OWNER` if another participant owns it. Thread-safe.
 #[no_mangle]
-pub extern "C" fn cxlkv_participant_delete(p: *const cxlkv_participant, key: *const cxlkv_key) -> cxlkv_result {
+pub extern "C" fn cxlkv_participant_delete(
+    p: *const cxlkv_participant,
+    key: *const cxlkv_key,
+) -> cxlkv_result {
     guard(|| {
         let me = borrow(p, Kind::Participant)?;
         let key = key_arg(key)?;
@@ -696,14 +791,25 @@ pub extern "C" fn cxlkv_participant_delete(p: *const cxlkv_participant, key: *co
 
 /// The participant's counters in `*out`. Thread-safe.
 #[no_mangle]
-pub extern "C" fn cxlkv_participant_stats(p: *const cxlkv_participant, stats: *mut cxlkv_stats) -> cxlkv_result {
+pub extern "C" fn cxlkv_participant_stats(
+    p: *const cxlkv_participant,
+    stats: *mut cxlkv_stats,
+) -> cxlkv_result {
     guard(|| {
         let me = borrow(p, Kind::Participant)?;
         need(stats, "stats")?;
         let s = me.inner.stats();
         put_out(
             stats,
-            cxlkv_stats { puts: s.puts, hits: s.hits, misses: s.misses, retries: s.retries, evictions: s.evictions, deletes: s.deletes, pins: s.pins },
+            cxlkv_stats {
+                puts: s.puts,
+                hits: s.hits,
+                misses: s.misses,
+                retries: s.retries,
+                evictions: s.evictions,
+                deletes: s.deletes,
+                pins: s.pins,
+            },
         );
         Ok(())
     })
@@ -742,7 +848,13 @@ pub extern "C" fn cxlkv_participant_pin(
             }
         };
         let n = raw.info().len as usize;
-        let h = register(Box::new(cxlkv_pinned { participant: me.inner.clone(), pin: Some(raw) }), Kind::Pinned);
+        let h = register(
+            Box::new(cxlkv_pinned {
+                participant: me.inner.clone(),
+                pin: Some(raw),
+            }),
+            Kind::Pinned,
+        );
         put_out(out, h);
         put_out(data, ptr);
         put_out(len, n);
@@ -782,7 +894,11 @@ pub extern "C" fn cxlkv_participant_reserve(
         let key = key_arg(key)?;
         need(out, "out")?;
         need(data, "data")?;
-        let r = me.inner.reserve(key, len as u64, cxlkv_runtime::Codec::Raw).map_err(map_err)?.into_raw();
+        let r = me
+            .inner
+            .reserve(key, len as u64, cxlkv_runtime::Codec::Raw)
+            .map_err(map_err)?
+            .into_raw();
         let ptr = match me.inner.raw_reservation_ptr(&r) {
             Ok(Some(ptr)) => ptr,
             other => {
@@ -793,7 +909,16 @@ pub extern "C" fn cxlkv_participant_reserve(
                 });
             }
         };
-        put_out(out, register(Box::new(cxlkv_reservation { participant: me.inner.clone(), res: Some(r) }), Kind::Reservation));
+        put_out(
+            out,
+            register(
+                Box::new(cxlkv_reservation {
+                    participant: me.inner.clone(),
+                    res: Some(r),
+                }),
+                Kind::Reservation,
+            ),
+        );
         put_out(data, ptr);
         Ok(())
     })

@@ -16,7 +16,11 @@ fn target_dir() -> PathBuf {
 
 fn library() -> PathBuf {
     let lib = target_dir().join("libcxlkv.so");
-    assert!(lib.is_file(), "{} missing: run `cargo build -p cxlkv-ffi` before the tests (scripts/test.sh does)", lib.display());
+    assert!(
+        lib.is_file(),
+        "{} missing: run `cargo build -p cxlkv-ffi` before the tests (scripts/test.sh does)",
+        lib.display()
+    );
     lib
 }
 
@@ -26,7 +30,15 @@ fn compile(src: &str, name: &str) -> PathBuf {
     let libdir = lib.parent().unwrap();
     let out = std::env::temp_dir().join(format!("cxlkv-{name}-{}", std::process::id()));
     let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-std=c11", "-D_DEFAULT_SOURCE", "-Wall", "-Wextra", "-Werror", "-g", "-I"])
+        .args([
+            "-std=c11",
+            "-D_DEFAULT_SOURCE",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-g",
+            "-I",
+        ])
         .arg(root.join("include"))
         .arg(root.join(src))
         .arg("-L")
@@ -43,8 +55,16 @@ fn compile(src: &str, name: &str) -> PathBuf {
 
 fn run(cmd: &mut Command, what: &str) -> String {
     let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{what} failed ({}):\n{text}", out.status);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{text}",
+        out.status
+    );
     text
 }
 
@@ -56,17 +76,30 @@ fn valgrind(bin: &Path, what: &str) {
     }
     let text = run(
         Command::new("valgrind")
-            .args(["--trace-children=yes", "--error-exitcode=99", "--leak-check=full"])
-            .args(["--show-leak-kinds=definite,indirect,possible", "--errors-for-leak-kinds=definite,indirect,possible"])
+            .args([
+                "--trace-children=yes",
+                "--error-exitcode=99",
+                "--leak-check=full",
+            ])
+            .args([
+                "--show-leak-kinds=definite,indirect,possible",
+                "--errors-for-leak-kinds=definite,indirect,possible",
+            ])
             .arg(bin),
         &format!("{what} under valgrind"),
     );
-    let summaries: Vec<&str> = text.lines().filter(|l| l.contains("ERROR SUMMARY")).collect();
+    let summaries: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("ERROR SUMMARY"))
+        .collect();
     assert!(!summaries.is_empty(), "no valgrind summary:\n{text}");
     for s in &summaries {
         assert!(s.contains("ERROR SUMMARY: 0 errors"), "{what}: {s}\n{text}");
     }
-    eprintln!("{what} under valgrind: {} process(es), 0 errors, 0 leaks", summaries.len());
+    eprintln!(
+        "{what} under valgrind: {} process(es), 0 errors, 0 leaks",
+        summaries.len()
+    );
 }
 
 #[test]
@@ -91,11 +124,24 @@ fn misuse_returns_documented_codes() {
 #[test]
 fn exports_only_cxlkv_symbols() {
     let lib = library();
-    let out = Command::new("nm").args(["-D", "--defined-only"]).arg(&lib).output().expect("run nm");
+    let out = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(&lib)
+        .output()
+        .expect("run nm");
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    let symbols: Vec<&str> = text.lines().filter_map(|l| l.split_whitespace().nth(2)).collect();
-    assert!(symbols.iter().any(|s| *s == "cxlkv_participant_get"), "{text}");
-    let foreign: Vec<&&str> = symbols.iter().filter(|s| !s.starts_with("cxlkv_") && **s != "CXLKV_1").collect();
+    let symbols: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .collect();
+    assert!(
+        symbols.iter().any(|s| *s == "cxlkv_participant_get"),
+        "{text}"
+    );
+    let foreign: Vec<&&str> = symbols
+        .iter()
+        .filter(|s| !s.starts_with("cxlkv_") && **s != "CXLKV_1")
+        .collect();
     assert!(foreign.is_empty(), "symbols outside cxlkv_*: {foreign:?}");
 }

@@ -4,7 +4,8 @@
 #[test]
 fn header_matches_sources() {
     let dir = env!("CARGO_MANIFEST_DIR");
-    let config = cbindgen::Config::from_file(format!("{dir}/cbindgen.toml")).expect("cbindgen.toml");
+    let config =
+        cbindgen::Config::from_file(format!("{dir}/cbindgen.toml")).expect("cbindgen.toml");
     let mut generated = Vec::new();
     cbindgen::Builder::new()
         .with_crate(dir)

@@ -18,7 +18,9 @@ use clap::Args;
 use cxlkv::kernels::npy::read_npy;
 use cxlkv::kernels::DType;
 use cxlkv::runtime::region::{Backend, Region, RegionOptions};
-use cxlkv::runtime::{check, pool_stats, Key, KeyChain, KvBlock, KvShape, Participant, Pool, PoolConfig};
+use cxlkv::runtime::{
+    check, pool_stats, Key, KeyChain, KvBlock, KvShape, Participant, Pool, PoolConfig,
+};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -77,9 +79,16 @@ struct Tensors {
 }
 
 fn load(dir: &Path) -> Result<Tensors> {
-    let err = |what: &str, e: &dyn std::fmt::Display| Error::Other(format!("{}: {what}: {e}", dir.display()));
+    let err = |what: &str, e: &dyn std::fmt::Display| {
+        Error::Other(format!("{}: {what}: {e}", dir.display()))
+    };
     let tokens = read_npy(dir.join("tokens.npy")).map_err(|e| err("tokens.npy", &e))?;
-    let tokens: Vec<u32> = tokens.to_i32().map_err(|e| err("tokens.npy", &e))?.into_iter().map(|t| t as u32).collect();
+    let tokens: Vec<u32> = tokens
+        .to_i32()
+        .map_err(|e| err("tokens.npy", &e))?
+        .into_iter()
+        .map(|t| t as u32)
+        .collect();
     let (mut k, mut v) = (Vec::new(), Vec::new());
     let (mut heads, mut dim) = (0, 0);
     for layer in LAYERS {
@@ -87,7 +96,11 @@ fn load(dir: &Path) -> Result<Tensors> {
             let f = format!("layer{layer:02}_{name}.npy");
             let a = read_npy(dir.join(&f)).map_err(|e| err(&f, &e))?;
             if a.shape.len() != 3 || a.shape[1] != tokens.len() {
-                return Err(Error::Other(format!("{f}: shape {:?}, expected [heads, {}, dim]", a.shape, tokens.len())));
+                return Err(Error::Other(format!(
+                    "{f}: shape {:?}, expected [heads, {}, dim]",
+                    a.shape,
+                    tokens.len()
+                )));
             }
             (heads, dim) = (a.shape[0], a.shape[2]);
             let bits = a.to_f16_bits().map_err(|e| err(&f, &e))?;
@@ -97,7 +110,15 @@ fn load(dir: &Path) -> Result<Tensors> {
     let q = read_npy(dir.join("layer17_q.npy")).map_err(|e| err("layer17_q.npy", &e))?;
     let q_heads = q.shape[0];
     let q17 = q.to_f16_bits().map_err(|e| err("layer17_q.npy", &e))?;
-    Ok(Tensors { tokens, heads, dim, k, v, q17, q_heads })
+    Ok(Tensors {
+        tokens,
+        heads,
+        dim,
+        k,
+        v,
+        q17,
+        q_heads,
+    })
 }
 
 impl Tensors {
@@ -135,18 +156,32 @@ impl Tensors {
 /// Runs `cxlkv demo`.
 pub fn run(a: &DemoArgs) -> Result<ExitCode> {
     let kv_dir = a.kv_dir.clone().unwrap_or_else(default_kv_dir);
-    let spec = a.pool.clone().unwrap_or_else(|| format!("shm:cxlkv-demo-{}", std::process::id()));
-    let backend: Backend = spec.parse().map_err(|e: cxlkv::runtime::region::RegionError| Error::Usage(e.to_string()))?;
+    let spec = a
+        .pool
+        .clone()
+        .unwrap_or_else(|| format!("shm:cxlkv-demo-{}", std::process::id()));
+    let backend: Backend = spec
+        .parse()
+        .map_err(|e: cxlkv::runtime::region::RegionError| Error::Usage(e.to_string()))?;
     let t = load(&kv_dir)?;
     println!("cxlkv demo: pool {backend}, KV of {MODEL} over {} tokens (layers 4 and 17, {} KV heads, d = {}) from {}", t.tokens.len(), t.heads, t.dim, kv_dir.display());
 
-    let block = ((2 * t.heads * CHUNK * t.dim * 2 + 64 + t.heads * t.dim * 8) as u64).next_multiple_of(4096);
-    let cfg = PoolConfig { block_size: block, participants: 4, lease: Duration::from_secs(2), ..Default::default() };
+    let block = ((2 * t.heads * CHUNK * t.dim * 2 + 64 + t.heads * t.dim * 8) as u64)
+        .next_multiple_of(4096);
+    let cfg = PoolConfig {
+        block_size: block,
+        participants: 4,
+        lease: Duration::from_secs(2),
+        ..Default::default()
+    };
     let pool = Pool::create_on(&backend, 64 << 20, &cfg, &RegionOptions::default())?;
     let sb = *pool.superblock();
     println!(
         "created a {} pool: {} partitions x {} blocks of {}\n",
-        human(sb.pool_size), sb.partitions, sb.blocks_per_partition, human(sb.block_size)
+        human(sb.pool_size),
+        sb.partitions,
+        sb.blocks_per_partition,
+        human(sb.block_size)
     );
     let result = run_workers(&spec, &kv_dir, &pool);
     if !a.keep {
@@ -160,14 +195,24 @@ pub fn run(a: &DemoArgs) -> Result<ExitCode> {
 fn run_workers(spec: &str, kv_dir: &Path, pool: &Pool) -> Result<ExitCode> {
     use std::io::{BufRead, BufReader};
     use std::process::{Child, Stdio};
-    let exe = std::env::current_exe().map_err(|e| Error::Other(format!("cannot find own binary: {e}")))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::Other(format!("cannot find own binary: {e}")))?;
     // Engines stay attached (holding their partitions) until we close their stdin, so all three
     // participants are live at once and each reads what the others wrote.
     let mut held: Vec<Child> = Vec::new();
     let roles = [
-        ("engine-a", "engine A (process) serves request 1: 1,536 tokens"),
-        ("engine-b", "engine B (process) serves request 2: 2,048 tokens continuing request 1"),
-        ("reader", "reader (process) pins layer 17 and runs attention over the pool's KV"),
+        (
+            "engine-a",
+            "engine A (process) serves request 1: 1,536 tokens",
+        ),
+        (
+            "engine-b",
+            "engine B (process) serves request 2: 2,048 tokens continuing request 1",
+        ),
+        (
+            "reader",
+            "reader (process) pins layer 17 and runs attention over the pool's KV",
+        ),
     ];
     let mut failed = None;
     for (role, what) in roles {
@@ -188,7 +233,10 @@ fn run_workers(spec: &str, kv_dir: &Path, pool: &Pool) -> Result<ExitCode> {
         };
         let out = child.stdout.take().expect("piped");
         let mut done = false;
-        for line in BufReader::new(out).lines().map_while(std::result::Result::ok) {
+        for line in BufReader::new(out)
+            .lines()
+            .map_while(std::result::Result::ok)
+        {
             if line == HOLDING {
                 done = true;
                 break;
@@ -196,16 +244,24 @@ fn run_workers(spec: &str, kv_dir: &Path, pool: &Pool) -> Result<ExitCode> {
             println!("{line}");
         }
         if done {
-            println!("   ({role} ready after {:.1} ms, stays attached)\n", t0.elapsed().as_secs_f64() * 1e3);
+            println!(
+                "   ({role} ready after {:.1} ms, stays attached)\n",
+                t0.elapsed().as_secs_f64() * 1e3
+            );
             held.push(child);
             continue;
         }
-        let status = child.wait().map_err(|e| Error::Other(format!("wait {role}: {e}")))?;
+        let status = child
+            .wait()
+            .map_err(|e| Error::Other(format!("wait {role}: {e}")))?;
         if !status.success() {
             failed = Some(format!("{role} failed ({status})"));
             break;
         }
-        println!("   ({role} took {:.1} ms)\n", t0.elapsed().as_secs_f64() * 1e3);
+        println!(
+            "   ({role} took {:.1} ms)\n",
+            t0.elapsed().as_secs_f64() * 1e3
+        );
     }
     let st = pool_stats(pool)?;
     println!("== pool while the engines are attached");
@@ -213,7 +269,13 @@ fn run_workers(spec: &str, kv_dir: &Path, pool: &Pool) -> Result<ExitCode> {
         let c = p.counters;
         println!(
             "   participant {} (pid {}, partition {}): {} puts, {} hits, {} misses, {} pins",
-            p.id, p.pid, p.partition.map_or("-".into(), |x| x.to_string()), c.puts, c.hits, c.misses, c.pins
+            p.id,
+            p.pid,
+            p.partition.map_or("-".into(), |x| x.to_string()),
+            c.puts,
+            c.hits,
+            c.misses,
+            c.pins
         );
     }
     for p in &st.partitions {
@@ -229,8 +291,15 @@ fn run_workers(spec: &str, kv_dir: &Path, pool: &Pool) -> Result<ExitCode> {
         return Err(Error::Other(f));
     }
     let report = check(pool)?;
-    println!("   after they detached, check: {}", report.to_string().lines().last().unwrap_or(""));
-    Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    println!(
+        "   after they detached, check: {}",
+        report.to_string().lines().last().unwrap_or("")
+    );
+    Ok(if report.ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 /// Line a holding worker prints when it is done and stays attached until stdin closes.
@@ -238,7 +307,10 @@ const HOLDING: &str = "@@holding";
 
 /// Runs one demo participant process.
 pub fn worker(a: &WorkerArgs) -> Result<ExitCode> {
-    let backend: Backend = a.pool.parse().map_err(|e: cxlkv::runtime::region::RegionError| Error::Usage(e.to_string()))?;
+    let backend: Backend = a
+        .pool
+        .parse()
+        .map_err(|e: cxlkv::runtime::region::RegionError| Error::Usage(e.to_string()))?;
     let pool = Pool::open_on(&backend, &RegionOptions::default())?;
     let t = load(&a.kv_dir)?;
     let me = pool.attach()?;
@@ -257,11 +329,15 @@ pub fn worker(a: &WorkerArgs) -> Result<ExitCode> {
             let mut bytes = 0u64;
             for (li, &layer) in LAYERS.iter().enumerate() {
                 for (c, key) in t.keys(layer, n).into_iter().take(cached).enumerate() {
-                    let (payload, _) = me.get(key)?.ok_or_else(|| Error::Other(format!("chunk {c} of layer {layer} vanished")))?;
+                    let (payload, _) = me.get(key)?.ok_or_else(|| {
+                        Error::Other(format!("chunk {c} of layer {layer} vanished"))
+                    })?;
                     let blk = KvBlock::parse(&payload)?;
                     let (k, v) = t.chunk(li, c * CHUNK, (c + 1) * CHUNK);
                     if blk.k != k || blk.v != v || blk.shape.token_offset != (c * CHUNK) as u64 {
-                        return Err(Error::Other(format!("chunk {c} of layer {layer}: bytes differ from the model's")));
+                        return Err(Error::Other(format!(
+                            "chunk {c} of layer {layer}: bytes differ from the model's"
+                        )));
                     }
                     bytes += payload.len() as u64;
                 }
@@ -279,7 +355,9 @@ pub fn worker(a: &WorkerArgs) -> Result<ExitCode> {
     if a.role.starts_with("engine") {
         use std::io::{Read, Write};
         println!("{HOLDING}");
-        std::io::stdout().flush().map_err(|e| Error::Other(e.to_string()))?;
+        std::io::stdout()
+            .flush()
+            .map_err(|e| Error::Other(e.to_string()))?;
         let _ = std::io::stdin().read_to_end(&mut Vec::new());
     }
     Ok(ExitCode::SUCCESS)
@@ -311,9 +389,19 @@ fn reader(me: &Participant, t: &Tensors) -> Result<()> {
     use cxlkv::kernels::f16_to_f32;
     let n = t.tokens.len();
     let keys = t.keys(LAYERS[1], n);
-    let pins: Vec<_> = keys.iter().map(|&k| me.pin(k)).collect::<std::result::Result<Vec<_>, _>>()?;
-    let pins: Vec<_> = pins.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| Error::Other("a layer-17 chunk is missing".into()))?;
-    println!("   participant {}: pinned {} blocks of layer 17 (owners will not reuse them while pinned)", me.id(), pins.len());
+    let pins: Vec<_> = keys
+        .iter()
+        .map(|&k| me.pin(k))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let pins: Vec<_> = pins
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| Error::Other("a layer-17 chunk is missing".into()))?;
+    println!(
+        "   participant {}: pinned {} blocks of layer 17 (owners will not reuse them while pinned)",
+        me.id(),
+        pins.len()
+    );
     // Gather K and V rows of KV head 0 from the pinned blocks, in token order.
     let (d, heads) = (t.dim, t.heads);
     let (mut kp, mut vp) = (Vec::new(), Vec::new());
@@ -325,14 +413,24 @@ fn reader(me: &Participant, t: &Tensors) -> Result<()> {
         kp.extend_from_slice(&blk.k[..rows * d * 2]);
         vp.extend_from_slice(&blk.v[..rows * d * 2]);
     }
-    let to_f32 = |b: &[u8]| -> Vec<f32> { b.chunks_exact(2).map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect() };
+    let to_f32 = |b: &[u8]| -> Vec<f32> {
+        b.chunks_exact(2)
+            .map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]])))
+            .collect()
+    };
     let (k_pool, v_pool) = (to_f32(&kp), to_f32(&vp));
     let (k_ref, v_ref) = (to_f32(&t.k[1][..n * d * 2]), to_f32(&t.v[1][..n * d * 2]));
     // Query head 0 at the last position attends to KV head 0 (GQA: head h uses KV head h / 3).
-    let q: Vec<f32> = t.q17[(n - 1) * d..n * d].iter().map(|&b| f16_to_f32(b)).collect();
+    let q: Vec<f32> = t.q17[(n - 1) * d..n * d]
+        .iter()
+        .map(|&b| f16_to_f32(b))
+        .collect();
     let attend = |k: &[f32], v: &[f32]| -> Vec<f32> {
         let scale = 1.0 / (d as f32).sqrt();
-        let s: Vec<f32> = k.chunks_exact(d).map(|row| row.iter().zip(&q).map(|(a, b)| a * b).sum::<f32>() * scale).collect();
+        let s: Vec<f32> = k
+            .chunks_exact(d)
+            .map(|row| row.iter().zip(&q).map(|(a, b)| a * b).sum::<f32>() * scale)
+            .collect();
         let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
         let w: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
         let z: f32 = w.iter().sum();
@@ -345,14 +443,20 @@ fn reader(me: &Participant, t: &Tensors) -> Result<()> {
         o
     };
     let (o_pool, o_ref) = (attend(&k_pool, &v_pool), attend(&k_ref, &v_ref));
-    let diff = o_pool.iter().zip(&o_ref).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    let diff = o_pool
+        .iter()
+        .zip(&o_ref)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
     println!(
         "   attention of query head 0 at token {} over {n} pooled tokens: max |pool - model| = {diff:e} ({} of {} KV heads read)",
         n - 1, 1, heads
     );
     let _ = t.q_heads;
     if diff != 0.0 {
-        return Err(Error::Other(format!("attention over pooled KV differs from the model's by {diff}")));
+        return Err(Error::Other(format!(
+            "attention over pooled KV differs from the model's by {diff}"
+        )));
     }
     Ok(())
 }

@@ -46,7 +46,9 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("bad size {s:?}: expected e.g. 4096, 64K, 1G"))?;
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("bad size {s:?}: expected e.g. 4096, 64K, 1G"))?;
     let mult: u64 = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1 << 10,
@@ -55,7 +57,8 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
         "t" | "tb" | "tib" => 1 << 40,
         _ => return Err(format!("bad size unit in {s:?}: use K, M, G or T")),
     };
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} overflows"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} overflows"))
 }
 
 /// Human form of a byte count.

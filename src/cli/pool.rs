@@ -58,13 +58,22 @@ pub enum PoolCommand {
 }
 
 fn backend(spec: &str) -> Result<Backend> {
-    spec.parse().map_err(|e: cxlkv::runtime::region::RegionError| Error::Usage(e.to_string()))
+    spec.parse()
+        .map_err(|e: cxlkv::runtime::region::RegionError| Error::Usage(e.to_string()))
 }
 
 /// Runs a pool subcommand.
 pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
     match cmd {
-        PoolCommand::Create { backend: b, size, block_size, participants, lease_ms, prefault, huge_pages } => {
+        PoolCommand::Create {
+            backend: b,
+            size,
+            block_size,
+            participants,
+            lease_ms,
+            prefault,
+            huge_pages,
+        } => {
             let b = backend(&b)?;
             let size = parse_size(&size).map_err(Error::Usage)?;
             let block_size = parse_size(&block_size).map_err(Error::Usage)?;
@@ -72,7 +81,11 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
                 "none" => HugePages::None,
                 "thp" | "transparent" => HugePages::Transparent,
                 "explicit" => HugePages::Explicit,
-                other => return Err(Error::Usage(format!("--huge-pages {other:?}: use none, thp or explicit"))),
+                other => {
+                    return Err(Error::Usage(format!(
+                        "--huge-pages {other:?}: use none, thp or explicit"
+                    )))
+                }
             };
             let cfg = PoolConfig {
                 block_size,
@@ -80,7 +93,15 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
                 lease: Duration::from_millis(lease_ms),
                 ..Default::default()
             };
-            let pool = Pool::create_on(&b, size, &cfg, &RegionOptions { prefault, huge_pages })?;
+            let pool = Pool::create_on(
+                &b,
+                size,
+                &cfg,
+                &RegionOptions {
+                    prefault,
+                    huge_pages,
+                },
+            )?;
             let sb = pool.superblock();
             println!(
                 "created {b}: {} pool, {} partitions x {} blocks of {}, {} participant slots",
@@ -100,39 +121,102 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
             println!("pool            {b}");
             println!("format          {}.{}", sb.version_major, sb.version_minor);
             println!("uuid            {uuid}");
-            println!("coherence       {}", if sb.coherence == 0 { "hardware" } else { "software" });
-            println!("size            {} ({} bytes)", human(sb.pool_size), sb.pool_size);
+            println!(
+                "coherence       {}",
+                if sb.coherence == 0 {
+                    "hardware"
+                } else {
+                    "software"
+                }
+            );
+            println!(
+                "size            {} ({} bytes)",
+                human(sb.pool_size),
+                sb.pool_size
+            );
             println!("block size      {}", human(sb.block_size));
             println!("participants    {}", sb.participants);
-            println!("partitions      {} x {} blocks, {} index slots each", sb.partitions, sb.blocks_per_partition, sb.index_slots);
-            println!("capacity        {} blocks, {}", u64::from(sb.partitions) * u64::from(sb.blocks_per_partition), human(u64::from(sb.partitions) * u64::from(sb.blocks_per_partition) * sb.block_size));
+            println!(
+                "partitions      {} x {} blocks, {} index slots each",
+                sb.partitions, sb.blocks_per_partition, sb.index_slots
+            );
+            println!(
+                "capacity        {} blocks, {}",
+                u64::from(sb.partitions) * u64::from(sb.blocks_per_partition),
+                human(
+                    u64::from(sb.partitions) * u64::from(sb.blocks_per_partition) * sb.block_size
+                )
+            );
             println!("lease           {} ms", sb.lease_ns / 1_000_000);
-            println!("device area     {} at offset {}", human(sb.device_area_size), sb.device_area_off);
-            println!("partition 0 at  offset {} (stride {})", sb.partition_off, human(sb.partition_stride));
+            println!(
+                "device area     {} at offset {}",
+                human(sb.device_area_size),
+                sb.device_area_off
+            );
+            println!(
+                "partition 0 at  offset {} (stride {})",
+                sb.partition_off,
+                human(sb.partition_stride)
+            );
             Ok(ExitCode::SUCCESS)
         }
         PoolCommand::Stat { pool } => {
             let b = backend(&pool)?;
             let pool = Pool::open_on(&b, &RegionOptions::default())?;
             let st = pool_stats(&pool)?;
-            println!("participants ({} held of {}):", st.participants.len(), pool.superblock().participants);
-            println!("  {:>3} {:>5} {:>8} {:>4} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7} {:>6}", "id", "live", "pid", "part", "hb age ms", "puts", "hits", "misses", "retries", "evictions", "deletes", "pins");
+            println!(
+                "participants ({} held of {}):",
+                st.participants.len(),
+                pool.superblock().participants
+            );
+            println!(
+                "  {:>3} {:>5} {:>8} {:>4} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7} {:>6}",
+                "id",
+                "live",
+                "pid",
+                "part",
+                "hb age ms",
+                "puts",
+                "hits",
+                "misses",
+                "retries",
+                "evictions",
+                "deletes",
+                "pins"
+            );
             for p in &st.participants {
                 let c = p.counters;
                 println!(
                     "  {:>3} {:>5} {:>8} {:>4} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7} {:>6}",
-                    p.id, if p.live { "yes" } else { "DEAD" }, p.pid,
-                    p.partition.map_or("-".into(), |x| x.to_string()), p.heartbeat_age_ms,
-                    c.puts, c.hits, c.misses, c.retries, c.evictions, c.deletes, c.pins
+                    p.id,
+                    if p.live { "yes" } else { "DEAD" },
+                    p.pid,
+                    p.partition.map_or("-".into(), |x| x.to_string()),
+                    p.heartbeat_age_ms,
+                    c.puts,
+                    c.hits,
+                    c.misses,
+                    c.retries,
+                    c.evictions,
+                    c.deletes,
+                    c.pins
                 );
             }
             println!("partitions:");
-            println!("  {:>4} {:>6} {:>4} {:>8} {:>8} {:>6} {:>10}", "id", "owner", "gen", "blocks", "capacity", "full%", "tombstones");
+            println!(
+                "  {:>4} {:>6} {:>4} {:>8} {:>8} {:>6} {:>10}",
+                "id", "owner", "gen", "blocks", "capacity", "full%", "tombstones"
+            );
             for p in &st.partitions {
                 println!(
                     "  {:>4} {:>6} {:>4} {:>8} {:>8} {:>5.1}% {:>10}",
-                    p.id, p.owner.map_or("-".into(), |x| x.to_string()), p.generation, p.blocks, p.capacity,
-                    100.0 * p.blocks as f64 / p.capacity.max(1) as f64, p.tombstones
+                    p.id,
+                    p.owner.map_or("-".into(), |x| x.to_string()),
+                    p.generation,
+                    p.blocks,
+                    p.capacity,
+                    100.0 * p.blocks as f64 / p.capacity.max(1) as f64,
+                    p.tombstones
                 );
             }
             Ok(ExitCode::SUCCESS)
@@ -142,7 +226,11 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
             let pool = Pool::open_on(&b, &RegionOptions::default())?;
             let report = check(&pool)?;
             println!("{report}");
-            Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+            Ok(if report.ok() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
         }
         PoolCommand::Destroy { pool } => {
             let b = backend(&pool)?;
