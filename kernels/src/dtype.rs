@@ -64,7 +64,9 @@ impl std::str::FromStr for DType {
             "f16" | "float16" => Ok(DType::F16),
             "bf16" | "bfloat16" => Ok(DType::Bf16),
             "f32" | "float32" => Ok(DType::F32),
-            other => Err(format!("unknown dtype {other:?} (expected f16, bf16 or f32)")),
+            other => Err(format!(
+                "unknown dtype {other:?} (expected f16, bf16 or f32)"
+            )),
         }
     }
 }

@@ -1,12 +1,65 @@
 //! # cxlkv-kernels
 //!
 //! CPU kernels of the near-data attention path. They are the reference that every other
-//! implementation (the device emulator, the HLS kernel, the CUDA kernels) is tested against.
+//! implementation (the device emulator, the HLS kernel, the CUDA kernels) is tested against, and
+//! the code the device emulator runs.
 //!
 //! This crate knows nothing of pools or devices: it works on plain slices of keys, values and
-//! queries. Element types are described by [`DType`]; half-precision values travel as raw `u16`
-//! bit patterns so that callers never need a float16 crate.
+//! queries. Element types are described by [`DType`]; half-precision values travel as raw
+//! little-endian bytes so that callers never need a float16 crate. It has no dependencies.
+//!
+//! ## Main types
+//!
+//! - [`KeyRows`]: `N` rows of `dim` elements of one [`DType`], little-endian bytes, row-major (one
+//!   KV head's keys or values). [`QueryGroup`]: the `G` f32 query vectors of one GQA group.
+//! - [`ScoreKernel`] ([`score`]): Q·K scoring with an implementation ([`Isa`]) chosen at run time:
+//!   AVX-512 (F16C conversion, bf16 by shift), AVX2+F16C+FMA, or the portable scalar oracle.
+//!   A `ScoreKernel` for a SIMD [`Isa`] can only be obtained after the CPU reported the features,
+//!   which is what makes calling the `#[target_feature]` functions sound.
+//! - [`TopKSelector`] / [`Hit`] ([`topk`]): streaming selection of the `k` best `(index, score)`
+//!   pairs with a running threshold; [`scan::scan_topk`] fuses scoring and selection in one pass
+//!   over the keys, per query or over the group's maximum ([`GroupMode`]).
+//! - [`BlockBounds`] ([`bounds`]) and [`pruned::pruned_topk`]: per-block element-wise key min/max,
+//!   Quest-style upper bounds and an *exact* pruned top-k that skips blocks.
+//! - [`attention`]: softmax attention over selected rows and the dense reference.
+//! - [`bitplane`]: lossless f16 bit-plane layout and an approximate scorer that reads the high
+//!   planes only.
+//! - [`parallel`]: the same scans split across threads; [`bench`]: the `cxlkv bench qk` harness;
+//!   [`npy`]: a small `.npy` reader for the real tensors; [`rng`]: a seeded generator for tests.
+//!
+//! ## Invariants
+//!
+//! - **One summation order.** Every implementation computes `q·k` in the same *canonical order*:
+//!   element `d` goes to lane `d % 16` of 16 f32 accumulators, each lane accumulates its elements
+//!   in increasing `d` with fused multiply-add, then the lanes are added pairwise (`j + j+8`, then
+//!   `j + j+4`, `j + j+2`, `j + j+1`). Conversions from f16/bf16 are exact. Scores are therefore
+//!   bit-identical across AVX-512, AVX2 and scalar, and so are top-k results.
+//! - **One ranking.** A hit is better than another if its score is higher, or equal and its token
+//!   index lower (`-0.0 == +0.0`). Inputs are NaN-free; with NaN the order is unspecified but the
+//!   kernels stay memory safe.
+//! - **Bounds are upper bounds of the computed score**, rounding included (see [`bounds`]), so
+//!   pruning never changes a top-k result.
+//! - Head dimension is a multiple of 16 in `16..=256` ([`MAX_DIM`]).
 
+pub mod attention;
+pub mod bench;
+pub mod bitplane;
+pub mod bounds;
+pub mod cold;
 pub mod dtype;
+pub mod npy;
+pub mod parallel;
+pub mod pruned;
+pub mod rng;
+pub mod rows;
+pub mod scan;
+pub mod score;
+pub mod topk;
 
+pub use bounds::{block_bounds, upper_bound, BlockBounds};
 pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
+pub use pruned::{pruned_topk, PruneStats};
+pub use rows::{KeyRows, QueryGroup, ShapeError, MAX_DIM};
+pub use scan::scan_topk;
+pub use score::{score_group, Isa, ScoreKernel};
+pub use topk::{GroupMode, Hit, TopK, TopKSelector};

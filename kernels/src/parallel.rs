@@ -1,0 +1,178 @@
+//! Multithreaded variants: the keys are split into contiguous ranges, one per thread
+//! (`std::thread::scope`), and partial top-k lists are merged. Results equal the single-thread
+//! scans exactly, because the ranking is a total order on `(score, index)`.
+
+use crate::rows::{KeyRows, QueryGroup};
+use crate::scan::{new_selectors, scan_into};
+use crate::score::ScoreKernel;
+use crate::topk::{Hit, TopK, TopKSelector};
+
+/// `n` items split into at most `parts` contiguous non-empty ranges of near-equal size, whose
+/// boundaries are multiples of `align` (except the end).
+pub fn split_ranges(n: usize, parts: usize, align: usize) -> Vec<(usize, usize)> {
+    let parts = parts.max(1);
+    let align = align.max(1);
+    let units = n.div_ceil(align);
+    let parts = parts.min(units.max(1));
+    let mut ranges = Vec::with_capacity(parts);
+    for p in 0..parts {
+        let start = (units * p / parts * align).min(n);
+        let end = (units * (p + 1) / parts * align).min(n);
+        if start < end {
+            ranges.push((start, end));
+        }
+    }
+    ranges
+}
+
+/// [`crate::scan::scan_topk`] with the keys split across `threads` threads.
+pub fn scan_topk_parallel(
+    kernel: ScoreKernel,
+    queries: &QueryGroup<'_>,
+    keys: &KeyRows<'_>,
+    topk: TopK,
+    threads: usize,
+) -> Vec<Vec<Hit>> {
+    let ranges = split_ranges(keys.len(), threads, crate::scan::SCAN_CHUNK_KEYS);
+    if ranges.len() <= 1 {
+        return crate::scan::scan_topk(kernel, queries, keys, topk);
+    }
+    let partials: Vec<Vec<TopKSelector>> = std::thread::scope(|s| {
+        let handles: Vec<_> = ranges
+            .iter()
+            .map(|&(start, end)| {
+                s.spawn(move || {
+                    let mut sel = new_selectors(queries, topk);
+                    let part = keys.slice(start, end);
+                    scan_into(kernel, queries, &part, start as u32, topk.mode, &mut sel);
+                    sel
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("scan thread panicked"))
+            .collect()
+    });
+    merge(partials, topk)
+}
+
+/// Merges per-thread selectors list by list.
+fn merge(partials: Vec<Vec<TopKSelector>>, topk: TopK) -> Vec<Vec<Hit>> {
+    let lists = partials.first().map_or(0, Vec::len);
+    let mut merged: Vec<TopKSelector> = (0..lists).map(|_| TopKSelector::new(topk.k)).collect();
+    for part in partials {
+        for (m, sel) in merged.iter_mut().zip(part) {
+            m.extend(&sel.into_sorted());
+        }
+    }
+    merged.into_iter().map(TopKSelector::into_sorted).collect()
+}
+
+/// [`ScoreKernel::score`] with the keys split across `threads` threads.
+pub fn score_group_parallel(
+    kernel: ScoreKernel,
+    queries: &QueryGroup<'_>,
+    keys: &KeyRows<'_>,
+    out: &mut [f32],
+    threads: usize,
+) {
+    let g = queries.count();
+    assert_eq!(out.len(), keys.len() * g, "output must hold N * G scores");
+    let ranges = split_ranges(keys.len(), threads, 64);
+    std::thread::scope(|s| {
+        let mut rest = out;
+        for &(start, end) in &ranges {
+            let (mine, tail) = rest.split_at_mut((end - start) * g);
+            rest = tail;
+            s.spawn(move || kernel.score(queries, &keys.slice(start, end), mine));
+        }
+    });
+}
+
+/// Wrapping sum of `bytes` read as little-endian u64 words (tail bytes added singly): a plain
+/// streaming read, the bandwidth yardstick the kernels are compared with.
+pub fn stream_sum(bytes: &[u8]) -> u64 {
+    let mut acc = [0u64; 8];
+    let mut lines = bytes.chunks_exact(64);
+    for line in &mut lines {
+        for (j, a) in acc.iter_mut().enumerate() {
+            let w = u64::from_le_bytes(line[8 * j..8 * j + 8].try_into().expect("8 bytes"));
+            *a = a.wrapping_add(w);
+        }
+    }
+    let tail: u64 = lines.remainder().iter().map(|&b| b as u64).sum();
+    acc.iter().fold(tail, |s, &a| s.wrapping_add(a))
+}
+
+/// [`stream_sum`] with the buffer split across `threads` threads (partial sums added).
+pub fn stream_sum_parallel(bytes: &[u8], threads: usize) -> u64 {
+    let ranges = split_ranges(bytes.len(), threads, 4096);
+    if ranges.len() <= 1 {
+        return stream_sum(bytes);
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ranges
+            .iter()
+            .map(|&(a, b)| s.spawn(move || stream_sum(&bytes[a..b])))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("sum thread panicked"))
+            .fold(0u64, u64::wrapping_add)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+    use crate::rng::SplitMix64;
+
+    #[test]
+    fn ranges_cover_everything_once() {
+        for n in [0, 1, 5, 255, 256, 257, 10_000] {
+            for parts in [1, 2, 3, 8] {
+                let r = split_ranges(n, parts, 256);
+                let covered: usize = r.iter().map(|(a, b)| b - a).sum();
+                assert_eq!(covered, n);
+                for w in r.windows(2) {
+                    assert_eq!(w[0].1, w[1].0);
+                    assert_eq!(w[0].1 % 256, 0);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn threads_change_nothing() {
+        let mut rng = SplitMix64::new(8);
+        let (n, dim, g) = (3000, 32, 2);
+        let kb = rng.key_bytes(n, dim, DType::F16);
+        let qv = rng.normal_vec(g * dim);
+        let keys = KeyRows::new(&kb, DType::F16, dim).unwrap();
+        let q = QueryGroup::new(&qv, dim).unwrap();
+        let kernel = ScoreKernel::detect();
+        for topk in [TopK::per_query(50), TopK::group_max(7)] {
+            let one = crate::scan::scan_topk(kernel, &q, &keys, topk);
+            for t in [2, 3, 5] {
+                assert_eq!(scan_topk_parallel(kernel, &q, &keys, topk, t), one);
+            }
+        }
+        let mut a = vec![0.0; n * g];
+        let mut b = vec![0.0; n * g];
+        kernel.score(&q, &keys, &mut a);
+        score_group_parallel(kernel, &q, &keys, &mut b, 3);
+        assert_eq!(a, b);
+        let bytes: Vec<u8> = (0..100_003u32).map(|i| (i * 7) as u8).collect();
+        let whole = bytes.len() / 64 * 64;
+        let words = bytes[..whole].chunks(8).fold(0u64, |s, c| {
+            s.wrapping_add(u64::from_le_bytes(c.try_into().unwrap()))
+        });
+        let naive = bytes[whole..]
+            .iter()
+            .fold(words, |s, &x| s.wrapping_add(x as u64));
+        assert_eq!(stream_sum(&bytes), naive);
+        assert_eq!(stream_sum_parallel(&bytes, 3), stream_sum(&bytes));
+    }
+}
