@@ -5,5 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
-cargo build --release -q
+cargo build --release -q --workspace
 exec ./target/release/cxlkv demo "$@"

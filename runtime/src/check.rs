@@ -114,6 +114,9 @@ pub fn check(pool: &Pool) -> Result<CheckReport> {
             err(&mut r, format!("partition {p}"), format!("owner word names participant {} of {}", holder - 1, sb.participants));
         }
         let next_seq = mem.load_u64(base + partition::NEXT_SEQ, Ordering::Relaxed)?;
+        if next_seq > crate::format::MAX_SEQ {
+            err(&mut r, format!("partition {p}"), format!("next sequence number {next_seq:#x} does not fit an index entry"));
+        }
         let mut referenced = vec![u32::MAX; nblocks];
         let mask = sb.index_slots - 1;
         for s in 0..sb.index_slots {

@@ -282,6 +282,8 @@ pub const ENTRY_TOMBSTONE: u64 = u64::MAX;
 pub const ENTRY_BLOCK_BITS: u32 = 24;
 /// Largest number of blocks a partition may have.
 pub const MAX_BLOCKS_PER_PARTITION: u64 = (1 << ENTRY_BLOCK_BITS) - 1;
+/// Largest block sequence number an index entry can hold (the bits above the block number).
+pub const MAX_SEQ: u64 = u64::MAX >> ENTRY_BLOCK_BITS;
 
 /// A live index entry's (block, seq), or `None` for empty and tombstone entries.
 pub fn decode_entry(entry: u64) -> Option<(u32, u64)> {

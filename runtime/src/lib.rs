@@ -12,6 +12,7 @@
 
 pub mod check;
 pub mod format;
+pub mod hotness;
 pub mod key;
 pub mod kv;
 pub mod mem;
@@ -20,7 +21,9 @@ pub mod participant;
 pub mod policy;
 pub mod pool;
 pub mod region;
+pub mod replay;
 pub mod stats;
+pub mod tier;
 pub mod topo;
 
 pub use format::{Codec, CoherenceMode};

@@ -598,6 +598,52 @@ impl Participant {
         Ok(None)
     }
 
+    /// Pins a block found with [`Pool::block_ref`](crate::pool::Pool::block_ref) without
+    /// checksumming its payload (for in-place scanners such as the NDP device, which would
+    /// otherwise read every byte twice). `None` if the block changed since `r` was taken. While the
+    /// returned pin is held the owner will neither reuse nor rewrite the block, so its payload is
+    /// immutable and may be read in place.
+    pub fn pin_block(&self, r: &crate::pool::BlockRef) -> Result<Option<PinnedBlock<'_>>> {
+        let entry = {
+            let mut used = self.pin_used.lock().unwrap_or_else(|e| e.into_inner());
+            let free = (!*used).trailing_zeros() as u64;
+            if free >= PINS_PER_PARTICIPANT {
+                return Err(PoolError::PinTableFull(PINS_PER_PARTICIPANT));
+            }
+            *used |= 1 << free;
+            free
+        };
+        let loc = r.location;
+        let eoff = self.pool.slot_off(self.id) + slot::PINS + entry * PIN_SIZE;
+        let mem = self.pool.mem();
+        let pinned = (|| -> Result<bool> {
+            let where_ = (u64::from(loc.partition) << 32) | u64::from(loc.block);
+            mem.store_u64(eoff + pin::WHERE, where_, Ordering::Relaxed)?;
+            mem.store_u64(eoff + pin::SEQ, loc.seq, Ordering::Release)?;
+            mem.publish(eoff, PIN_SIZE);
+            // Dekker pair with the owner's fence between unindexing a block and reading pins:
+            // either the owner sees this pin, or we see the slot changed below.
+            fence(Ordering::SeqCst);
+            self.pool.still_valid(r)
+        })();
+        match pinned {
+            Ok(true) => {
+                self.count(counters::PINS, 1);
+                let codec = Codec::from_code(r.header.codec).unwrap_or(Codec::Raw);
+                Ok(Some(PinnedBlock {
+                    participant: self,
+                    entry,
+                    info: BlockInfo { len: r.header.len, codec, location: loc },
+                    payload_off: r.payload_off,
+                }))
+            }
+            other => {
+                self.unpin(entry);
+                other.map(|_| None)
+            }
+        }
+    }
+
     fn unpin(&self, entry: u64) {
         let off = self.pool.slot_off(self.id) + slot::PINS + entry * PIN_SIZE + pin::SEQ;
         // Release: our reads of the block happen before the owner may reuse it.

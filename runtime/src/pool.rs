@@ -278,6 +278,11 @@ pub fn validate_superblock(sb: &Superblock, mem_size: u64) -> Result<()> {
     if computed != sb.crc {
         return Err(PoolError::SuperblockCrc { stored: sb.crc, computed });
     }
+    // The one word of the superblock outside its CRC must be zero, so that no flipped byte of the
+    // 256-byte superblock goes unnoticed (it used to be ignored).
+    if sb.reserved2 != 0 {
+        return Err(PoolError::Geometry(format!("reserved word after the CRC is {:#x}, expected 0", sb.reserved2)));
+    }
     let coherence = CoherenceMode::from_code(sb.coherence).ok_or(PoolError::UnsupportedCoherence(sb.coherence))?;
     if coherence != CoherenceMode::Hardware {
         return Err(PoolError::UnsupportedCoherence(sb.coherence));

@@ -12,6 +12,11 @@
 //!    KV, and compares it with attention over the original tensors.
 //!
 //! Then it checks the pool and prints what each participant did.
+//!
+//! Part 2 runs near-data processing (`cxlkv_ndp::demo`): a pool with the NDP device (in-process,
+//! or `--device-process` for `cxlkv-ndpd`), the real KV and a synthetic long sequence
+//! (`--tokens`) as typed blocks, and decode steps scored on the device against a host-side scan:
+//! bytes over the link, time per step, modeled CXL time, recall and attention error.
 
 use super::{human, Error, Result};
 use clap::Args;
@@ -24,6 +29,13 @@ use cxlkv::runtime::{
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
+
+/// `println!`, or `eprintln!` when stdout carries the JSON report.
+macro_rules! say {
+    ($json:expr, $($t:tt)*) => {
+        if $json { eprintln!($($t)*) } else { println!($($t)*) }
+    };
+}
 
 const CHUNK: usize = 128;
 const LAYERS: [u32; 2] = [4, 17];
@@ -38,9 +50,21 @@ pub struct DemoArgs {
     /// Pool backend (default: a fresh /dev/shm pool removed at the end).
     #[arg(long)]
     pool: Option<String>,
-    /// Keep the pool afterwards (inspect it with `cxlkv pool stat|check`).
+    /// Keep the part-1 pool afterwards (inspect it with `cxlkv pool stat|check`).
     #[arg(long)]
     keep: bool,
+    /// Tokens of the synthetic long sequence of part 2 (runs at 1/16, 1/4 and all of it).
+    #[arg(long, default_value_t = 262_144)]
+    tokens: usize,
+    /// Top-k per decode step in part 2.
+    #[arg(long, default_value_t = 256)]
+    k: usize,
+    /// Run the NDP device as a separate `cxlkv-ndpd` process instead of a thread.
+    #[arg(long)]
+    device_process: bool,
+    /// Print part 2's report as one JSON object (a `runs` array) on stdout; the rest goes to stderr.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Arguments of the hidden `cxlkv demo-worker`.
@@ -153,8 +177,61 @@ impl Tensors {
     }
 }
 
-/// Runs `cxlkv demo`.
+/// Runs `cxlkv demo`: part 1 (processes sharing the pool), then part 2 (near-data top-k).
 pub fn run(a: &DemoArgs) -> Result<ExitCode> {
+    let started = Instant::now();
+    let code = sharing(a)?;
+    if code != ExitCode::SUCCESS {
+        return Ok(code);
+    }
+    say(
+        a.json,
+        "\n== part 2: near-data top-k attention (the NDP device)",
+    );
+    let opts = cxlkv::ndp::demo::DemoOptions {
+        tokens: a.tokens,
+        k: a.k,
+        device_process: a.device_process,
+        kv_dir: a.kv_dir.clone(),
+        pool: None,
+    };
+    use std::io::{IsTerminal, Write};
+    let tty = std::io::stderr().is_terminal();
+    let report = cxlkv::ndp::demo::run_demo(&opts, &mut |m| {
+        // Progress bars redraw in place on a terminal; logs get no bars.
+        if tty {
+            eprint!("\r{m:<78}");
+            let _ = std::io::stderr().flush();
+        }
+    });
+    if tty {
+        eprint!("\r{:<78}\r", "");
+    }
+    let report = report.map_err(|e| Error::Other(format!("demo part 2: {e}")))?;
+    if a.json {
+        println!("{}", report.to_json());
+    } else {
+        println!("{report}");
+    }
+    say(
+        a.json,
+        &format!("demo finished in {:.1} s", started.elapsed().as_secs_f64()),
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints to stdout, or to stderr when stdout carries JSON.
+fn say(json: bool, line: &str) {
+    if json {
+        eprintln!("{line}");
+    } else {
+        println!("{line}");
+    }
+}
+
+/// Part 1: participant processes share the real KV through the pool.
+fn sharing(a: &DemoArgs) -> Result<ExitCode> {
+    let json = a.json;
     let kv_dir = a.kv_dir.clone().unwrap_or_else(default_kv_dir);
     let spec = a
         .pool
@@ -164,7 +241,11 @@ pub fn run(a: &DemoArgs) -> Result<ExitCode> {
         .parse()
         .map_err(|e: cxlkv::runtime::region::RegionError| Error::Usage(e.to_string()))?;
     let t = load(&kv_dir)?;
-    println!("cxlkv demo: pool {backend}, KV of {MODEL} over {} tokens (layers 4 and 17, {} KV heads, d = {}) from {}", t.tokens.len(), t.heads, t.dim, kv_dir.display());
+    say!(
+        json,
+        "== part 1: participant processes share the KV cache through the pool"
+    );
+    say!(json, "cxlkv demo: pool {backend}, KV of {MODEL} over {} tokens (layers 4 and 17, {} KV heads, d = {}) from {}", t.tokens.len(), t.heads, t.dim, kv_dir.display());
 
     let block = ((2 * t.heads * CHUNK * t.dim * 2 + 64 + t.heads * t.dim * 8) as u64)
         .next_multiple_of(4096);
@@ -176,23 +257,24 @@ pub fn run(a: &DemoArgs) -> Result<ExitCode> {
     };
     let pool = Pool::create_on(&backend, 64 << 20, &cfg, &RegionOptions::default())?;
     let sb = *pool.superblock();
-    println!(
+    say!(
+        json,
         "created a {} pool: {} partitions x {} blocks of {}\n",
         human(sb.pool_size),
         sb.partitions,
         sb.blocks_per_partition,
         human(sb.block_size)
     );
-    let result = run_workers(&spec, &kv_dir, &pool);
+    let result = run_workers(&spec, &kv_dir, &pool, json);
     if !a.keep {
         let _ = Region::unlink(&backend);
     } else {
-        println!("kept the pool: cxlkv pool stat {spec}");
+        say!(json, "kept the pool: cxlkv pool stat {spec}");
     }
     result
 }
 
-fn run_workers(spec: &str, kv_dir: &Path, pool: &Pool) -> Result<ExitCode> {
+fn run_workers(spec: &str, kv_dir: &Path, pool: &Pool, json: bool) -> Result<ExitCode> {
     use std::io::{BufRead, BufReader};
     use std::process::{Child, Stdio};
     let exe = std::env::current_exe()
@@ -216,7 +298,7 @@ fn run_workers(spec: &str, kv_dir: &Path, pool: &Pool) -> Result<ExitCode> {
     ];
     let mut failed = None;
     for (role, what) in roles {
-        println!("== {what}");
+        say!(json, "== {what}");
         let t0 = Instant::now();
         let mut child = match Command::new(&exe)
             .args(["demo-worker", "--pool", spec, "--role", role, "--kv-dir"])
@@ -241,10 +323,11 @@ fn run_workers(spec: &str, kv_dir: &Path, pool: &Pool) -> Result<ExitCode> {
                 done = true;
                 break;
             }
-            println!("{line}");
+            say!(json, "{line}");
         }
         if done {
-            println!(
+            say!(
+                json,
                 "   ({role} ready after {:.1} ms, stays attached)\n",
                 t0.elapsed().as_secs_f64() * 1e3
             );
@@ -258,16 +341,18 @@ fn run_workers(spec: &str, kv_dir: &Path, pool: &Pool) -> Result<ExitCode> {
             failed = Some(format!("{role} failed ({status})"));
             break;
         }
-        println!(
+        say!(
+            json,
             "   ({role} took {:.1} ms)\n",
             t0.elapsed().as_secs_f64() * 1e3
         );
     }
     let st = pool_stats(pool)?;
-    println!("== pool while the engines are attached");
+    say!(json, "== pool while the engines are attached");
     for p in &st.participants {
         let c = p.counters;
-        println!(
+        say!(
+            json,
             "   participant {} (pid {}, partition {}): {} puts, {} hits, {} misses, {} pins",
             p.id,
             p.pid,
@@ -280,7 +365,7 @@ fn run_workers(spec: &str, kv_dir: &Path, pool: &Pool) -> Result<ExitCode> {
     }
     for p in &st.partitions {
         if p.blocks > 0 {
-            println!("   partition {}: {} blocks", p.id, p.blocks);
+            say!(json, "   partition {}: {} blocks", p.id, p.blocks);
         }
     }
     for mut c in held {
@@ -291,7 +376,8 @@ fn run_workers(spec: &str, kv_dir: &Path, pool: &Pool) -> Result<ExitCode> {
         return Err(Error::Other(f));
     }
     let report = check(pool)?;
-    println!(
+    say!(
+        json,
         "   after they detached, check: {}",
         report.to_string().lines().last().unwrap_or("")
     );

@@ -1,0 +1,76 @@
+//! `cxlkv-ndpd`: the NDP device model as a daemon attached to a pool.
+
+use clap::Parser;
+use cxlkv_ndp::{Device, DeviceConfig};
+use cxlkv_runtime::{Backend, Pool, RegionOptions};
+use std::time::Duration;
+
+/// Serve the NDP device's queue pairs of a pool until SIGINT or SIGTERM.
+#[derive(Parser, Debug)]
+#[command(name = "cxlkv-ndpd", version)]
+struct Args {
+    /// Pool backend (shm:NAME, file:PATH, dax:PATH, numa:NODE:NAME).
+    #[arg(long)]
+    pool: String,
+    /// Worker threads.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// Pace scans to this internal bandwidth in GB/s.
+    #[arg(long = "internal-bw")]
+    internal_bw: Option<f64>,
+    /// Link bandwidth in GB/s (published for reports).
+    #[arg(long = "link-bw")]
+    link_bw: Option<f64>,
+    /// Link latency in ns (published for reports).
+    #[arg(long = "link-latency", default_value_t = 0)]
+    link_latency: u64,
+    /// Hotlist epoch in milliseconds.
+    #[arg(long = "hot-epoch-ms", default_value_t = 1000)]
+    hot_epoch_ms: u64,
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(&args) {
+        eprintln!("cxlkv-ndpd: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let backend: Backend = args.pool.parse()?;
+    let pool = Pool::open_on(&backend, &RegionOptions::default())?;
+    // Block the stop signals before any thread starts, so that only `sigwait` below takes them.
+    let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+    // SAFETY: sigemptyset initializes the set it is given; sigaddset and pthread_sigmask only read
+    // and write that set and this thread's mask.
+    let set = unsafe {
+        libc::sigemptyset(set.as_mut_ptr());
+        let mut set = set.assume_init();
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    };
+    let cfg = DeviceConfig {
+        workers: args.workers,
+        internal_bw_gbps: args.internal_bw,
+        link_bw_gbps: args.link_bw,
+        link_latency_ns: args.link_latency,
+        hot_epoch: Duration::from_millis(args.hot_epoch_ms.max(1)),
+        ..DeviceConfig::default()
+    };
+    let handle = Device::start(pool, cfg)?;
+    println!(
+        "cxlkv-ndpd: serving {} (generation {}, {} worker(s))",
+        backend,
+        handle.device().generation(),
+        args.workers
+    );
+    let mut sig = 0;
+    // SAFETY: `set` is an initialized signal set; `sig` is a valid out-pointer.
+    unsafe { libc::sigwait(&set, &mut sig) };
+    eprintln!("cxlkv-ndpd: signal {sig}, stopping");
+    handle.stop();
+    Ok(())
+}

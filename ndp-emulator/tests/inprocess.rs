@@ -1,0 +1,146 @@
+//! The device as an in-process thread: SCORE_TOPK (full and pruned, per query and group max, with
+//! values), GATHER, BUILD_BOUNDS, HOTLIST and NOP against the kernels' reference and the host
+//! path; fallback when no device is attached.
+
+mod common;
+use common::*;
+use cxlkv_kernels::{rng::SplitMix64, DType, GroupMode};
+use cxlkv_ndp::{Device, DeviceConfig};
+use cxlkv_runtime::ndp::{
+    host_score_topk, BlockExpect, FallbackReason, NdpDevice, NdpOptions, NdpPath,
+};
+use cxlkv_runtime::Pool;
+
+fn setup(tag: &str) -> (Cleanup, Pool) {
+    let b = shm_backend(tag);
+    let pool = create_pool(&b, 64 << 20, 64 << 10);
+    (Cleanup(b), pool)
+}
+
+#[test]
+fn score_gather_and_friends_match_the_reference() {
+    let (_c, pool) = setup("score");
+    let p = pool.attach().unwrap();
+    let (dim, heads, tokens) = (32, 2, 900);
+    let (k, v) = random_kv(7, heads, tokens, dim, DType::F16);
+    let s = store(&p, &k, &v, heads, tokens, dim, DType::F16, 100, 42, 3);
+    let dev = Device::start(pool.clone(), DeviceConfig::default()).unwrap();
+    let mut ndp = NdpDevice::open(&p, NdpOptions::default()).unwrap();
+    ndp.nop().unwrap();
+    let mut rng = SplitMix64::new(9);
+    for &(mode, prune, kk, g) in &[
+        (GroupMode::PerQuery, false, 10, 3),
+        (GroupMode::PerQuery, true, 10, 3),
+        (GroupMode::GroupMax, true, 50, 4),
+        (GroupMode::GroupMax, false, 1, 1),
+        (GroupMode::PerQuery, true, 2000, 1),
+    ] {
+        let q = rng.normal_vec(g * dim);
+        let h = (kk % 2) as u32;
+        let want = reference(&s, h as usize, &q, kk, mode);
+        // k = 2000 with values would not fit a 64 KiB staging block (that case falls back).
+        let req = request(&s, h, &q, kk, mode, prune, kk < 1000);
+        let got = ndp.score_topk(&req).unwrap();
+        assert_eq!(got.stats.path, Some(NdpPath::Device));
+        assert_eq!(hits_of(&got), want, "mode {mode:?} prune {prune} k {kk}");
+        if kk < 1000 {
+            assert_eq!(got.values, reference_values(&s, h as usize, &want));
+        }
+        let host = host_score_topk(&pool, &req, Default::default()).unwrap();
+        assert_eq!(hits_of(&host), want);
+        assert_eq!(host.values, got.values);
+        assert_eq!(host.stats.block_mass, got.stats.block_mass);
+        assert!(got.stats.link_bytes() < host.stats.link_bytes());
+        if prune && kk < 100 {
+            assert!(got.stats.blocks_pruned > 0, "{:?}", got.stats);
+        }
+    }
+    let tokens_wanted = [0u32, 899, 450, 99, 100];
+    let (vals, _) = ndp
+        .gather(&s.blocks, 42, 3, 1, DType::F16, dim, &tokens_wanted)
+        .unwrap();
+    let rows = s.value_rows(1);
+    let want: Vec<u8> = tokens_wanted
+        .iter()
+        .flat_map(|&t| rows.row(t as usize).to_vec())
+        .collect();
+    assert_eq!(vals, want);
+    let expect = BlockExpect {
+        sequence: 42,
+        layer: 3,
+        kv_head: 1,
+        dtype: DType::F16,
+        dim: dim as u32,
+    };
+    let (lo, hi, same) = ndp.build_bounds(s.blocks[2], &expect).unwrap();
+    assert!(same);
+    let r = s.key_rows(1).slice(200, 300);
+    let b = cxlkv_kernels::block_bounds(&r, 100);
+    assert_eq!((lo.as_slice(), hi.as_slice()), (b.min(0), b.max(0)));
+    let hot = ndp.hotlist(4).unwrap();
+    assert!(!hot.is_empty() && hot.len() <= 4);
+    assert!(hot.windows(2).all(|w| w[0].heat >= w[1].heat));
+    assert!(dev.device().counter(0) >= 8);
+    // Wrong sequence is an error, not a fallback.
+    let q = rng.normal_vec(dim);
+    let mut bad = request(&s, 0, &q, 5, GroupMode::PerQuery, false, false);
+    bad.sequence = 43;
+    assert!(ndp.score_topk(&bad).is_err());
+    dev.stop();
+    // No device: the host answers, and says so.
+    let want = reference(&s, 0, &q, 5, GroupMode::PerQuery);
+    let got = ndp
+        .score_topk(&request(&s, 0, &q, 5, GroupMode::PerQuery, true, false))
+        .unwrap();
+    assert_eq!(got.stats.path, Some(NdpPath::Host(FallbackReason::Absent)));
+    assert_eq!(hits_of(&got), want);
+    assert!(ndp.nop().is_err());
+}
+
+#[test]
+fn async_submissions_and_restart() {
+    let (_c, pool) = setup("async");
+    let p = pool.attach().unwrap();
+    let (dim, heads, tokens) = (64, 1, 700);
+    let (k, v) = random_kv(3, heads, tokens, dim, DType::Bf16);
+    let s = store(&p, &k, &v, heads, tokens, dim, DType::Bf16, 128, 5, 0);
+    let dev = Device::start(pool.clone(), DeviceConfig::default()).unwrap();
+    let mut ndp = NdpDevice::open(
+        &p,
+        NdpOptions {
+            staging: 3,
+            ..NdpOptions::default()
+        },
+    )
+    .unwrap();
+    let mut rng = SplitMix64::new(1);
+    let qs: Vec<Vec<f32>> = (0..3).map(|_| rng.normal_vec(2 * dim)).collect();
+    let tickets: Vec<_> = qs
+        .iter()
+        .map(|q| {
+            ndp.submit_score(&request(&s, 0, q, 16, GroupMode::GroupMax, true, false))
+                .unwrap()
+        })
+        .collect();
+    for (t, q) in tickets.into_iter().zip(&qs) {
+        let got = ndp.wait(t).unwrap();
+        assert_eq!(got.stats.path, Some(NdpPath::Device));
+        assert_eq!(hits_of(&got), reference(&s, 0, q, 16, GroupMode::GroupMax));
+    }
+    let g1 = dev.device().generation();
+    dev.stop();
+    let dev = Device::start(pool.clone(), DeviceConfig::default()).unwrap();
+    assert_eq!(dev.device().generation(), g1 + 1);
+    let got = ndp
+        .score_topk(&request(
+            &s,
+            0,
+            &qs[0],
+            16,
+            GroupMode::GroupMax,
+            false,
+            true,
+        ))
+        .unwrap();
+    assert_eq!(got.stats.path, Some(NdpPath::Device));
+}
