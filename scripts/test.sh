@@ -28,5 +28,11 @@ CXLKV_LIB="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import js
 step "cxlkv topo"
 cargo run -q --features cxlkv-runtime/hwloc -- topo
 
+step "QEMU test bed (guest with ivshmem and CXL type-3 memory, host-side cxlkv-ndpd; fails if a dependency cannot be installed)"
+./ndp-emulator/qemu/testbed.sh test
+
+step "HLS kernel C simulation (fpga: golden vectors from the Rust reference, g++ test bench)"
+make -C fpga csim
+
 echo
 echo "all tests passed"

@@ -33,6 +33,14 @@ enum Command {
         #[command(subcommand)]
         command: BenchCommand,
     },
+    /// QEMU test bed: `up` boots a guest that sees the pool as CXL memory with the device on the
+    /// host; `test` runs the scenarios (ndp-emulator/qemu/testbed.sh; `--help` there).
+    #[command(disable_help_flag = true)]
+    Testbed {
+        /// `up` or `test`, then the script's options.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 1..)]
+        args: Vec<String>,
+    },
     /// Internal: one participant process of `cxlkv demo`.
     #[command(hide = true)]
     DemoWorker(cli::demo::WorkerArgs),
@@ -79,6 +87,7 @@ fn main() -> ExitCode {
         Command::Pool { command } => cli::pool::run(command),
         Command::Demo(a) => cli::demo::run(&a),
         Command::DemoWorker(a) => cli::demo::worker(&a),
+        Command::Testbed { args } => cli::testbed(&args),
         Command::Bench {
             command: BenchCommand::Qk(a),
         } => bench_qk(&a),

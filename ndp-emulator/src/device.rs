@@ -16,6 +16,7 @@
 //! completes with an error code and the device keeps serving; a panic in a handler becomes
 //! `CXLKV_NDP_ERR_INTERNAL`.
 
+use crate::engine_hls::{self, Engine, EngineScan};
 use cxlkv_kernels::{DType, GroupMode, Hit, KeyRows, QueryGroup, ScoreKernel};
 use cxlkv_runtime::format::{self};
 use cxlkv_runtime::key::Key;
@@ -24,7 +25,7 @@ use cxlkv_runtime::ndp::abi::*;
 use cxlkv_runtime::ndp::{
     block_mass, check_owned_range, encode_topk_result, futex_wait, futex_wake, locate_token, qpi,
     read_bounds, reg, resolve_block, sorted_ranges, topk_result_size, BlockExpect, DeviceLayout,
-    DeviceStatus, ResolvedBlock, ScanStats, TopKScan, DEPTH,
+    DeviceStatus, ResolvedBlock, ScanStats, DEPTH,
 };
 use cxlkv_runtime::{AttachOptions, Participant, Pool};
 use std::collections::HashMap;
@@ -68,8 +69,10 @@ pub struct DeviceConfig {
     pub hot_epoch: Duration,
     /// How long a worker spins after its last command before sleeping on the doorbell.
     pub idle_spin: Duration,
-    /// Scoring kernel.
+    /// Scoring kernel (of the Rust engine).
     pub kernel: ScoreKernel,
+    /// Compute engine of SCORE_TOPK and GATHER: the Rust kernels or the HLS kernel's library.
+    pub engine: Engine,
 }
 
 impl Default for DeviceConfig {
@@ -82,6 +85,7 @@ impl Default for DeviceConfig {
             hot_epoch: Duration::from_secs(1),
             idle_spin: Duration::from_micros(200),
             kernel: ScoreKernel::detect(),
+            engine: Engine::Rust,
         }
     }
 }
@@ -732,7 +736,8 @@ impl Device {
             return Err(err(CXLKV_NDP_ERR_RESULT_SIZE));
         }
         let t0 = Instant::now();
-        let mut scan = TopKScan::new(self.cfg.kernel, g, k, mode);
+        let mut scan = EngineScan::new(self.cfg.engine, self.cfg.kernel, &queries, k, mode)
+            .ok_or(err(CXLKV_NDP_ERR_INTERNAL))?;
         let mut visit: Vec<usize> = (0..n).collect();
         let mut ub = Vec::new();
         if flags & CXLKV_NDP_FLAG_PRUNE != 0 {
@@ -740,7 +745,7 @@ impl Device {
             for b in &blocks {
                 bounds.push(read_bounds(self.mem(), b, dim).map_err(|_| err(CXLKV_NDP_ERR_RANGE))?);
             }
-            (ub, visit) = TopKScan::visit_order(&queries, &bounds);
+            (ub, visit) = scan.visit_order(&queries, &bounds);
         }
         for &b in &visit {
             if !ub.is_empty() && scan.can_skip(&ub[b * g..(b + 1) * g]) {
@@ -760,7 +765,7 @@ impl Device {
                 },
             )??;
             self.touch(rb);
-            self.pace(t0, scan.stats.bytes_scanned);
+            self.pace(t0, scan.stats().bytes_scanned);
         }
         let (hits, stats) = scan.finish();
         let values = if gather {
@@ -803,6 +808,14 @@ impl Device {
             let (b, i) =
                 locate_token(blocks, order, t).ok_or(DeviceStatus::at(CXLKV_NDP_ERR_TOKEN, j))?;
             let off = blocks[b].v_off + (i * row) as u64;
+            if self.cfg.engine == Engine::Hls {
+                // The HLS kernel's GATHER row mover reads the row in place (pinned).
+                self.with_bytes(&blocks[b], off, row as u64, |src| {
+                    engine_hls::copy_row(Engine::Hls, src, &mut r)
+                })?;
+                out.extend_from_slice(&r);
+                continue;
+            }
             self.mem().acquire(off, row as u64);
             self.mem()
                 .read(off, &mut r)

@@ -1,11 +1,12 @@
 //! Thousands of malformed commands: every one gets an error completion, the device never touches
 //! memory outside the pool (guard region) nor writes outside its device area and the staging
 //! blocks commands name (a bounds-tracking memory view), and valid commands interleaved succeed.
+//! Runs once per compute engine.
 
 mod common;
 use common::*;
 use cxlkv_kernels::{rng::SplitMix64, DType, GroupMode};
-use cxlkv_ndp::{Device, DeviceConfig};
+use cxlkv_ndp::{Device, DeviceConfig, Engine};
 use cxlkv_runtime::ndp::abi::*;
 use cxlkv_runtime::ndp::{NdpDevice, NdpOptions, NdpPath};
 use cxlkv_runtime::{
@@ -127,7 +128,16 @@ fn scramble(rng: &mut SplitMix64) -> u64 {
 }
 
 #[test]
-fn malformed_commands_get_errors_and_the_device_stays_in_bounds() {
+fn malformed_commands_get_errors_and_the_device_stays_in_bounds_rust_engine() {
+    malformed_commands(Engine::Rust);
+}
+
+#[test]
+fn malformed_commands_get_errors_and_the_device_stays_in_bounds_hls_engine() {
+    malformed_commands(Engine::Hls);
+}
+
+fn malformed_commands(engine: Engine) {
     let size = 48u64 << 20;
     let region = Region::anonymous(size + GUARD).unwrap();
     region.fill(size, GUARD, GUARD_BYTE).unwrap();
@@ -168,7 +178,14 @@ fn malformed_commands_get_errors_and_the_device_stays_in_bounds() {
         off
     };
 
-    let _dev = Device::start(pool.clone(), DeviceConfig::default()).unwrap();
+    let _dev = Device::start(
+        pool.clone(),
+        DeviceConfig {
+            engine,
+            ..DeviceConfig::default()
+        },
+    )
+    .unwrap();
     // The device's own participant slot, where it records the pins it holds while scanning.
     let slot = sb.participant_table_off + u64::from(_dev.device().participant_slot()) * 4096;
     view.writable.lock().unwrap().push((slot, slot + 4096));

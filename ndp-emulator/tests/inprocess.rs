@@ -1,11 +1,13 @@
 //! The device as an in-process thread: SCORE_TOPK (full and pruned, per query and group max, with
 //! values), GATHER, BUILD_BOUNDS, HOTLIST and NOP against the kernels' reference and the host
-//! path; fallback when no device is attached.
+//! path; fallback when no device is attached. Every end-to-end test runs once with each compute
+//! engine (the Rust kernels and the HLS kernel's library), and one test checks that the two
+//! engines return identical results, counts and masses.
 
 mod common;
 use common::*;
 use cxlkv_kernels::{rng::SplitMix64, DType, GroupMode};
-use cxlkv_ndp::{Device, DeviceConfig};
+use cxlkv_ndp::{Device, DeviceConfig, Engine};
 use cxlkv_runtime::ndp::{
     host_score_topk, BlockExpect, FallbackReason, NdpDevice, NdpOptions, NdpPath,
 };
@@ -17,14 +19,30 @@ fn setup(tag: &str) -> (Cleanup, Pool) {
     (Cleanup(b), pool)
 }
 
+fn config(engine: Engine) -> DeviceConfig {
+    DeviceConfig {
+        engine,
+        ..DeviceConfig::default()
+    }
+}
+
 #[test]
-fn score_gather_and_friends_match_the_reference() {
-    let (_c, pool) = setup("score");
+fn score_gather_and_friends_match_the_reference_rust_engine() {
+    score_gather_and_friends(Engine::Rust);
+}
+
+#[test]
+fn score_gather_and_friends_match_the_reference_hls_engine() {
+    score_gather_and_friends(Engine::Hls);
+}
+
+fn score_gather_and_friends(engine: Engine) {
+    let (_c, pool) = setup(&format!("score-{engine}"));
     let p = pool.attach().unwrap();
     let (dim, heads, tokens) = (32, 2, 900);
     let (k, v) = random_kv(7, heads, tokens, dim, DType::F16);
     let s = store(&p, &k, &v, heads, tokens, dim, DType::F16, 100, 42, 3);
-    let dev = Device::start(pool.clone(), DeviceConfig::default()).unwrap();
+    let dev = Device::start(pool.clone(), config(engine)).unwrap();
     let mut ndp = NdpDevice::open(&p, NdpOptions::default()).unwrap();
     ndp.nop().unwrap();
     let mut rng = SplitMix64::new(9);
@@ -98,13 +116,22 @@ fn score_gather_and_friends_match_the_reference() {
 }
 
 #[test]
-fn async_submissions_and_restart() {
-    let (_c, pool) = setup("async");
+fn async_submissions_and_restart_rust_engine() {
+    async_submissions_and_restart(Engine::Rust);
+}
+
+#[test]
+fn async_submissions_and_restart_hls_engine() {
+    async_submissions_and_restart(Engine::Hls);
+}
+
+fn async_submissions_and_restart(engine: Engine) {
+    let (_c, pool) = setup(&format!("async-{engine}"));
     let p = pool.attach().unwrap();
     let (dim, heads, tokens) = (64, 1, 700);
     let (k, v) = random_kv(3, heads, tokens, dim, DType::Bf16);
     let s = store(&p, &k, &v, heads, tokens, dim, DType::Bf16, 128, 5, 0);
-    let dev = Device::start(pool.clone(), DeviceConfig::default()).unwrap();
+    let dev = Device::start(pool.clone(), config(engine)).unwrap();
     let mut ndp = NdpDevice::open(
         &p,
         NdpOptions {
@@ -129,7 +156,7 @@ fn async_submissions_and_restart() {
     }
     let g1 = dev.device().generation();
     dev.stop();
-    let dev = Device::start(pool.clone(), DeviceConfig::default()).unwrap();
+    let dev = Device::start(pool.clone(), config(engine)).unwrap();
     assert_eq!(dev.device().generation(), g1 + 1);
     let got = ndp
         .score_topk(&request(
@@ -143,4 +170,84 @@ fn async_submissions_and_restart() {
         ))
         .unwrap();
     assert_eq!(got.stats.path, Some(NdpPath::Device));
+}
+
+/// What a device answered: hits, values, block mass, bytes scanned, blocks scanned and pruned.
+type Answer = (
+    Vec<Vec<cxlkv_kernels::Hit>>,
+    Vec<u8>,
+    Vec<f32>,
+    u64,
+    u32,
+    u32,
+);
+
+/// A query case: stored keys, queries, k, mode, prune.
+type Case<'a> = (&'a Stored, Vec<f32>, usize, GroupMode, bool);
+
+fn answers(engine: Engine, pool: &Pool, cases: &[Case<'_>]) -> Vec<Answer> {
+    let p = pool.attach().unwrap();
+    let dev = Device::start(pool.clone(), config(engine)).unwrap();
+    let mut ndp = NdpDevice::open(&p, NdpOptions::default()).unwrap();
+    let mut out = Vec::new();
+    for (s, q, k, mode, prune) in cases {
+        let got = ndp
+            .score_topk(&request(s, 0, q, *k, *mode, *prune, *k < 500))
+            .unwrap();
+        assert_eq!(got.stats.path, Some(NdpPath::Device), "{engine}");
+        assert_eq!(hits_of(&got), reference(s, 0, q, *k, *mode), "{engine}");
+        out.push((
+            hits_of(&got),
+            got.values.clone(),
+            got.stats.block_mass.clone(),
+            got.stats.bytes_scanned,
+            got.stats.blocks_scanned,
+            got.stats.blocks_pruned,
+        ));
+    }
+    let toks: Vec<u32> = (0..40).map(|i| (i * 37 % 700) as u32).collect();
+    let s = cases[0].0;
+    let (vals, st) = ndp
+        .gather(&s.blocks, s.sequence, s.layer, 0, s.dtype, s.dim, &toks)
+        .unwrap();
+    assert_eq!(st.path, Some(NdpPath::Device));
+    out.push((Vec::new(), vals, Vec::new(), 0, 0, 0));
+    dev.stop();
+    out
+}
+
+#[test]
+fn rust_and_hls_engines_return_identical_results() {
+    let (_c, pool) = setup("engines");
+    let p = pool.attach().unwrap();
+    let mut stored = Vec::new();
+    for (seq, dtype, dim) in [
+        (1u64, DType::F16, 64usize),
+        (2, DType::Bf16, 128),
+        (3, DType::F32, 32),
+    ] {
+        let (k, v) = random_kv(seq, 1, 700, dim, dtype);
+        stored.push(store(&p, &k, &v, 1, 700, dim, dtype, 64, seq, 2));
+    }
+    let mut rng = SplitMix64::new(21);
+    let mut cases = Vec::new();
+    for s in &stored {
+        for &(k, mode, prune, g) in &[
+            (1, GroupMode::PerQuery, true, 1),
+            (16, GroupMode::PerQuery, true, 4),
+            (16, GroupMode::GroupMax, true, 4),
+            (100, GroupMode::PerQuery, false, 2),
+            (700, GroupMode::GroupMax, false, 3),
+        ] {
+            cases.push((s, rng.normal_vec(g * s.dim), k, mode, prune));
+        }
+    }
+    let rust = answers(Engine::Rust, &pool, &cases);
+    let hls = answers(Engine::Hls, &pool, &cases);
+    assert_eq!(rust.len(), hls.len());
+    for (i, (r, h)) in rust.iter().zip(&hls).enumerate() {
+        assert_eq!(r, h, "case {i}");
+    }
+    // Pruning happened, identically, on both.
+    assert!(rust.iter().any(|a| a.5 > 0));
 }

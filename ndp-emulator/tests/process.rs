@@ -1,6 +1,7 @@
 //! The device as a separate process (`cxlkv-ndpd`): results equal the host path and the kernels'
 //! reference on the real SmolLM2 tensors and on random data; a device killed mid-command leaves
 //! the client answering from the host within its timeout, and a restarted device serves again.
+//! Each test runs once per compute engine (`--engine rust` and `--engine hls`).
 
 mod common;
 use common::*;
@@ -26,6 +27,14 @@ impl Daemon {
             .read_line(&mut line)
             .unwrap();
         assert!(line.contains("serving"), "daemon said {line:?}");
+        let engine = extra
+            .windows(2)
+            .find(|w| w[0] == "--engine")
+            .map_or("rust", |w| w[1]);
+        assert!(
+            line.contains(&format!("engine {engine}")),
+            "daemon said {line:?}"
+        );
         Daemon(child)
     }
 }
@@ -38,12 +47,21 @@ impl Drop for Daemon {
 }
 
 #[test]
-fn separate_process_matches_reference_on_real_and_random_data() {
-    let b = shm_backend("proc");
+fn separate_process_matches_reference_on_real_and_random_data_rust_engine() {
+    separate_process_matches_reference("rust");
+}
+
+#[test]
+fn separate_process_matches_reference_on_real_and_random_data_hls_engine() {
+    separate_process_matches_reference("hls");
+}
+
+fn separate_process_matches_reference(engine: &str) {
+    let b = shm_backend(&format!("proc-{engine}"));
     let _c = Cleanup(b.clone());
     let pool = create_pool(&b, 96 << 20, 128 << 10);
     let p = pool.attach().unwrap();
-    let _d = Daemon::spawn(&b, &["--workers", "1"]);
+    let _d = Daemon::spawn(&b, &["--workers", "1", "--engine", engine]);
     let mut ndp = NdpDevice::open(&p, NdpOptions::default()).unwrap();
     // Real tensors: layer 4 of SmolLM2 (3 KV heads, 9 query heads, head dim 64, 2048 tokens).
     let (q, k, v) = smollm2(4).expect("data/kv/smollm2_devil_2048 is part of the repository");
@@ -94,8 +112,17 @@ fn separate_process_matches_reference_on_real_and_random_data() {
 }
 
 #[test]
-fn killed_device_falls_back_and_a_restarted_one_serves() {
-    let b = shm_backend("kill");
+fn killed_device_falls_back_and_a_restarted_one_serves_rust_engine() {
+    killed_device_falls_back_and_a_restarted_one_serves("rust");
+}
+
+#[test]
+fn killed_device_falls_back_and_a_restarted_one_serves_hls_engine() {
+    killed_device_falls_back_and_a_restarted_one_serves("hls");
+}
+
+fn killed_device_falls_back_and_a_restarted_one_serves(engine: &str) {
+    let b = shm_backend(&format!("kill-{engine}"));
     let _c = Cleanup(b.clone());
     let pool = create_pool(&b, 64 << 20, 128 << 10);
     let p = pool.attach().unwrap();
@@ -104,7 +131,7 @@ fn killed_device_falls_back_and_a_restarted_one_serves() {
     let qs = SplitMix64::new(5).normal_vec(2 * 64);
     let want = reference(&s, 0, &qs, 32, GroupMode::GroupMax);
     // 256 KB of keys at 1 MB/s: the scan takes about a quarter of a second.
-    let mut d = Daemon::spawn(&b, &["--internal-bw", "0.001"]);
+    let mut d = Daemon::spawn(&b, &["--internal-bw", "0.001", "--engine", engine]);
     let timeout = Duration::from_millis(1500);
     let mut ndp = NdpDevice::open(
         &p,
@@ -146,7 +173,7 @@ fn killed_device_falls_back_and_a_restarted_one_serves() {
         .unwrap();
     assert!(matches!(got.stats.path, Some(NdpPath::Host(_))));
     assert_eq!(hits_of(&got), want);
-    let _d2 = Daemon::spawn(&b, &[]);
+    let _d2 = Daemon::spawn(&b, &["--engine", engine]);
     for prune in [false, true] {
         let got = ndp
             .score_topk(&request(&s, 0, &qs, 32, GroupMode::GroupMax, prune, true))

@@ -124,9 +124,31 @@ pub fn write_plain<T: Plain>(mem: &dyn SharedMemory, offset: u64, v: &T) -> mem:
     mem.write(offset, as_bytes(v))
 }
 
-/// CRC-32C (Castagnoli), the checksum of every header and payload.
+/// CRC-32C (Castagnoli, CRC-32/ISCSI), the checksum of every header and payload. Computed with
+/// `crc-fast`, which folds with (V)PCLMULQDQ where the CPU has it (about 4x the SSE4.2 `crc32`
+/// instruction loop on AVX-512 machines), so that checksumming a copy costs little next to the copy.
 pub fn crc32c(bytes: &[u8]) -> u32 {
-    crc32c::crc32c(bytes)
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, bytes) as u32
+}
+
+/// Incremental CRC-32C over several pieces; equal to [`crc32c`] of their concatenation.
+pub struct Crc32c(crc_fast::Digest);
+
+impl Default for Crc32c {
+    fn default() -> Self {
+        Crc32c(crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi))
+    }
+}
+
+impl Crc32c {
+    /// Adds bytes.
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+    /// The CRC of everything added.
+    pub fn finish(&self) -> u32 {
+        self.0.finalize() as u32
+    }
 }
 
 /// The superblock: identity and geometry of a pool. Written once at create, immutable after.
@@ -449,6 +471,17 @@ mod tests {
         assert!(slot::HOTLIST < PARTICIPANT_SLOT_SIZE);
         assert_eq!(slot::PINS % LINE, 0);
         assert!(slot::COUNTERS + counters::COUNT * 8 <= slot::PINS);
+    }
+
+    #[test]
+    fn crc32c_matches_the_catalogue_and_streams() {
+        assert_eq!(crc32c(b"123456789"), 0xe306_9283);
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 + 3) as u8).collect();
+        let mut c = Crc32c::default();
+        for piece in data.chunks(4097) {
+            c.update(piece);
+        }
+        assert_eq!(c.finish(), crc32c(&data));
     }
 
     #[test]

@@ -46,6 +46,11 @@ pub mod hotlist {
     pub const SIZE: u64 = ENTRIES + CAPACITY * ENTRY_SIZE;
 }
 
+// The hotlist is word-aligned and fits the participant slot (checked at compile time).
+const _: () = assert!(
+    slot::HOTLIST & 7 == 0 && slot::HOTLIST + hotlist::SIZE <= crate::format::PARTICIPANT_SLOT_SIZE
+);
+
 /// What kind of access is being recorded, with its weight in the sketch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
@@ -106,7 +111,12 @@ impl Default for Hotness {
 
 fn row_hash(key: Key, row: usize) -> usize {
     // Key bits are already a strong hash: mix the halves with a per-row odd multiplier.
-    const M: [u64; SKETCH_ROWS] = [0x9e37_79b9_7f4a_7c15, 0xc2b2_ae3d_27d4_eb4f, 0x1656_67b1_9e37_79f9, 0xff51_afd7_ed55_8ccd];
+    const M: [u64; SKETCH_ROWS] = [
+        0x9e37_79b9_7f4a_7c15,
+        0xc2b2_ae3d_27d4_eb4f,
+        0x1656_67b1_9e37_79f9,
+        0xff51_afd7_ed55_8ccd,
+    ];
     let h = (key.lo() ^ key.hi().rotate_left(17)).wrapping_mul(M[row]);
     (h >> 40) as usize & (SKETCH_WIDTH - 1)
 }
@@ -115,7 +125,9 @@ impl Hotness {
     /// A tracker whose counts halve every `epoch_len` accesses.
     pub fn new(epoch_len: u64) -> Hotness {
         Hotness {
-            sketch: (0..SKETCH_ROWS * SKETCH_WIDTH).map(|_| AtomicU32::new(0)).collect(),
+            sketch: (0..SKETCH_ROWS * SKETCH_WIDTH)
+                .map(|_| AtomicU32::new(0))
+                .collect(),
             accesses: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
             epoch_len: epoch_len.max(1),
@@ -158,13 +170,15 @@ impl Hotness {
             self.offer(key, est);
         }
         let n = self.accesses.fetch_add(1, Ordering::Relaxed) + 1;
-        if n % self.epoch_len == 0 {
+        if n.is_multiple_of(self.epoch_len) {
             self.decay();
         }
     }
 
     fn offer(&self, key: Key, est: u32) {
-        let Ok(mut c) = self.candidates.try_lock() else { return };
+        let Ok(mut c) = self.candidates.try_lock() else {
+            return;
+        };
         if let Some(e) = c.iter_mut().find(|e| e.0 == key) {
             e.1 = est;
         } else if c.len() < hotlist::CAPACITY as usize {
@@ -175,7 +189,8 @@ impl Hotness {
             }
         }
         if c.len() == hotlist::CAPACITY as usize {
-            self.floor.store(c.iter().map(|e| e.1).min().unwrap_or(0), Ordering::Relaxed);
+            self.floor
+                .store(c.iter().map(|e| e.1).min().unwrap_or(0), Ordering::Relaxed);
         }
     }
 
@@ -197,13 +212,22 @@ impl Hotness {
 
     /// The sketch's decayed count for `key` (never below the true decayed count).
     pub fn estimate(&self, key: Key) -> u32 {
-        (0..SKETCH_ROWS).map(|r| self.sketch[r * SKETCH_WIDTH + row_hash(key, r)].load(Ordering::Relaxed)).min().unwrap_or(0)
+        (0..SKETCH_ROWS)
+            .map(|r| self.sketch[r * SKETCH_WIDTH + row_hash(key, r)].load(Ordering::Relaxed))
+            .min()
+            .unwrap_or(0)
     }
 
     /// The hottest local keys, hottest first (at most [`hotlist::CAPACITY`]).
     pub fn hotlist(&self) -> Vec<HotEntry> {
         let c = self.candidates.lock().unwrap_or_else(|e| e.into_inner());
-        let mut v: Vec<HotEntry> = c.iter().map(|&(key, _)| HotEntry { key, score: u64::from(self.estimate(key)) }).collect();
+        let mut v: Vec<HotEntry> = c
+            .iter()
+            .map(|&(key, _)| HotEntry {
+                key,
+                score: u64::from(self.estimate(key)),
+            })
+            .collect();
         v.sort_by(|a, b| b.score.cmp(&a.score).then(a.key.cmp(&b.key)));
         v
     }
@@ -262,7 +286,11 @@ impl Hotness {
         // reader's seq re-check in `read_hotlist`.
         std::sync::atomic::fence(Ordering::Release);
         mem.store_u64(base + hotlist::EPOCH, self.epoch(), Ordering::Relaxed)?;
-        mem.store_u64(base + hotlist::COUNT, (hotlist::ENTRY_SIZE << 32) | list.len() as u64, Ordering::Relaxed)?;
+        mem.store_u64(
+            base + hotlist::COUNT,
+            (hotlist::ENTRY_SIZE << 32) | list.len() as u64,
+            Ordering::Relaxed,
+        )?;
         for (i, e) in list.iter().enumerate() {
             let off = base + hotlist::ENTRIES + i as u64 * hotlist::ENTRY_SIZE;
             mem.store_u64(off, e.key.lo(), Ordering::Relaxed)?;
@@ -301,8 +329,14 @@ pub fn read_hotlist(pool: &Pool, id: u32) -> Result<Option<(u64, Vec<HotEntry>)>
         let mut v = Vec::with_capacity(count as usize);
         for i in 0..count {
             let off = base + hotlist::ENTRIES + i * hotlist::ENTRY_SIZE;
-            let key = Key::from_parts(mem.load_u64(off, Ordering::Relaxed)?, mem.load_u64(off + 8, Ordering::Relaxed)?);
-            v.push(HotEntry { key, score: mem.load_u64(off + 16, Ordering::Relaxed)? });
+            let key = Key::from_parts(
+                mem.load_u64(off, Ordering::Relaxed)?,
+                mem.load_u64(off + 8, Ordering::Relaxed)?,
+            );
+            v.push(HotEntry {
+                key,
+                score: mem.load_u64(off + 16, Ordering::Relaxed)?,
+            });
         }
         // Orders the entry loads before the re-check; pairs with the Release fence in `publish`.
         std::sync::atomic::fence(Ordering::Acquire);
@@ -316,12 +350,6 @@ pub fn read_hotlist(pool: &Pool, id: u32) -> Result<Option<(u64, Vec<HotEntry>)>
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hotlist_fits_the_slot() {
-        assert!(slot::HOTLIST % 8 == 0);
-        assert!(slot::HOTLIST + hotlist::SIZE <= crate::format::PARTICIPANT_SLOT_SIZE);
-    }
 
     #[test]
     fn hot_keys_rise_and_decay() {

@@ -11,10 +11,12 @@
 //! reads concurrently is an atomic with a named ordering; every `unsafe` block says why it holds.
 
 pub mod check;
+pub mod coherence;
 pub mod format;
 pub mod hotness;
 pub mod key;
 pub mod kv;
+pub mod locate;
 pub mod mem;
 pub mod ndp;
 pub mod participant;
@@ -22,6 +24,7 @@ pub mod policy;
 pub mod pool;
 pub mod region;
 pub mod replay;
+pub mod sim;
 pub mod stats;
 pub mod tier;
 pub mod topo;

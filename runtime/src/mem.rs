@@ -92,6 +92,9 @@ pub trait SharedMemory: Send + Sync {
     /// Raw address of `[offset, offset + len)` for zero-copy users (pins, reserve/commit, the C
     /// ABI, DMA registration), or `None` for memory that has no stable address (simulators).
     fn raw_range(&self, offset: u64, len: u64) -> Result<Option<*mut u8>>;
+    /// Sets how `publish` and `acquire` keep parties coherent (the pool's recorded mode; see
+    /// [`crate::coherence`]). Memory that models coherence itself (simulators) ignores it.
+    fn set_coherence(&self, _mode: crate::format::CoherenceMode) {}
 }
 
 /// Shared memory at a fixed address: the raw-pointer operations behind [`SharedMemory`] for

@@ -14,6 +14,7 @@ use crate::format::{
     self, counters, decode_entry, encode_entry, partition, pin, read_plain, slot, BlockHeader,
     Codec, ENTRY_EMPTY, ENTRY_TOMBSTONE, INDEX_SLOT_SIZE, PINS_PER_PARTICIPANT, PIN_SIZE,
 };
+use crate::coherence::{self, Site};
 use crate::key::Key;
 use crate::policy::{EvictionPolicy, Lru};
 use crate::pool::{now_ns, BlockInfo, Location, Pool, PoolError, Probe, Result, SliceBuf};
@@ -130,7 +131,8 @@ impl Participant {
         let mut claimed = None;
         for i in 0..sb.participants {
             let off = pool.slot_off(i) + slot::TOKEN;
-            mem.acquire(pool.slot_off(i), 64);
+            // Pairs with the publish of the slot by its claimer (SlotWrite).
+            coherence::acquire(mem, Site::LivenessRead, pool.slot_off(i), 64);
             let cur = mem.load_u64(off, Ordering::Acquire)?;
             if cur != 0 && !participant_dead(pool, i)? {
                 continue;
@@ -142,6 +144,34 @@ impl Participant {
             }
         }
         let (id, token) = claimed.ok_or(PoolError::NoFreeParticipant(sb.participants))?;
+        Self::init_slot(pool, id, token, opts, None)
+    }
+
+    /// Attaches as participant `slot` without a compare-and-swap: the mode for hosts that share no
+    /// hardware coherence (a software-coherent pool), where an operator assigns each host its slot.
+    /// The slot must be free or its holder dead (lease expired); the participant then owns
+    /// partition `slot % partitions` if that is free, orphaned or its own — a dead host's partition
+    /// is taken over by the one successor the operator designates by attaching to its slot.
+    pub fn attach_slot(pool: &Pool, slot_id: u32, opts: AttachOptions) -> Result<Participant> {
+        let sb = *pool.superblock();
+        if slot_id >= sb.participants {
+            return Err(PoolError::BadConfig(format!("slot {slot_id} of {} participants", sb.participants)));
+        }
+        let mem = pool.mem();
+        // Pairs with the publish of the slot by its previous holder (SlotWrite, HeartbeatWrite).
+        coherence::acquire(mem, Site::LivenessRead, pool.slot_off(slot_id), 64);
+        let off = pool.slot_off(slot_id) + slot::TOKEN;
+        if mem.load_u64(off, Ordering::Acquire)? != 0 && !participant_dead(pool, slot_id)? {
+            return Err(PoolError::BadConfig(format!("slot {slot_id} is held by a live participant")));
+        }
+        let token = new_token(slot_id);
+        mem.store_u64(off, token, Ordering::Relaxed)?;
+        Self::init_slot(pool, slot_id, token, opts, Some(slot_id % sb.partitions))
+    }
+
+    /// Initializes claimed slot `id` and claims a partition (`fixed`: exactly that one, no CAS).
+    fn init_slot(pool: &Pool, id: u32, token: u64, opts: AttachOptions, fixed: Option<u32>) -> Result<Participant> {
+        let mem = pool.mem();
         let base = pool.slot_off(id);
         // Wrapping: the word is shared memory and may hold anything (a corrupt u64::MAX panicked).
         let generation = mem.load_u64(base + slot::GENERATION, Ordering::Relaxed)?.wrapping_add(1);
@@ -156,7 +186,8 @@ impl Participant {
         }
         // Heartbeat last, Release: a reader that sees it fresh sees the slot initialized.
         mem.store_u64(base + slot::HEARTBEAT, now_ns(), Ordering::Release)?;
-        mem.publish(base, format::PARTICIPANT_SLOT_SIZE);
+        // Pairs with the LivenessRead and PinScanRead acquires of other participants.
+        coherence::publish(mem, Site::SlotWrite, base, format::PARTICIPANT_SLOT_SIZE);
 
         let mut me = Participant {
             pool: pool.clone(),
@@ -172,7 +203,11 @@ impl Participant {
             recovery: Recovery::default(),
         };
         if opts.own_partition {
-            if let Some((p, word, prev_owner)) = me.claim_partition()? {
+            let claimed = match fixed {
+                Some(p) => me.claim_fixed_partition(p)?,
+                None => me.claim_partition()?,
+            };
+            if let Some((p, word, prev_owner)) = claimed {
                 me.owner_word = word;
                 let (state, mut rec) = recover_partition(pool, p, word)?;
                 rec.took_over_from = prev_owner;
@@ -186,6 +221,38 @@ impl Participant {
         Ok(me)
     }
 
+    /// Claims partition `p` with plain stores (see [`Participant::attach_slot`]): only the host the
+    /// operator assigned to this slot ever claims it, so no other host races for the owner word.
+    fn claim_fixed_partition(&self, p: u32) -> Result<Option<(u32, u64, Option<u32>)>> {
+        let pool = &self.pool;
+        let mem = pool.mem();
+        let sb = pool.superblock();
+        let my_slot = pool.slot_off(self.id);
+        let off = pool.partition_off(p) + partition::OWNER;
+        // Pairs with the OwnerWrite publish of the previous owner.
+        coherence::acquire(mem, Site::OwnerRead, off, 8);
+        let word = mem.load_u64(off, Ordering::Acquire)?;
+        let holder = (word & 0xffff_ffff) as u32;
+        let mut prev = None;
+        if holder != 0 {
+            let q = holder - 1;
+            if q < sb.participants && q != self.id && !orphaned(pool, q, p)? {
+                mem.store_u64(my_slot + slot::PARTITION, 0, Ordering::SeqCst)?;
+                return Ok(None);
+            }
+            prev = Some(q);
+        }
+        mem.store_u64(my_slot + slot::PARTITION, u64::from(p) + 1, Ordering::SeqCst)?;
+        // Pairs with the LivenessRead acquire in `orphaned` of other hosts.
+        coherence::publish(mem, Site::SlotWrite, my_slot + slot::PARTITION, 8);
+        let gen = (word >> 32).wrapping_add(1) & 0xffff_ffff;
+        let new = (gen << 32) | u64::from(self.id + 1);
+        mem.store_u64(off, new, Ordering::SeqCst)?;
+        // Pairs with the OwnerRead acquire of a fenced former owner (`check_fence`).
+        coherence::publish(mem, Site::OwnerWrite, off, 8);
+        Ok(Some((p, new, prev)))
+    }
+
     /// Claims a free or orphaned partition. Returns (partition, new owner word, previous live owner
     /// that was found dead).
     fn claim_partition(&self) -> Result<Option<(u32, u64, Option<u32>)>> {
@@ -195,7 +262,7 @@ impl Participant {
         let my_slot = pool.slot_off(self.id);
         for p in 0..sb.partitions {
             let off = pool.partition_off(p) + partition::OWNER;
-            mem.acquire(off, 8);
+            coherence::acquire(mem, Site::OwnerRead, off, 8);
             let word = mem.load_u64(off, Ordering::Acquire)?;
             let holder = (word & 0xffff_ffff) as u32;
             let mut prev = None;
@@ -213,11 +280,11 @@ impl Participant {
             // Announce the intent first so that nobody judges the partition orphaned between our
             // claim and our slot saying so. Pairs with the load in `orphaned`.
             mem.store_u64(my_slot + slot::PARTITION, u64::from(p) + 1, Ordering::SeqCst)?;
-            mem.publish(my_slot + slot::PARTITION, 8);
+            coherence::publish(mem, Site::SlotWrite, my_slot + slot::PARTITION, 8);
             let gen = (word >> 32).wrapping_add(1) & 0xffff_ffff;
             let new = (gen << 32) | u64::from(self.id + 1);
             if mem.compare_exchange_u64(off, word, new)?.is_ok() {
-                mem.publish(off, 8);
+                coherence::publish(mem, Site::OwnerWrite, off, 8);
                 return Ok(Some((p, new, prev)));
             }
         }
@@ -266,7 +333,8 @@ impl Participant {
 
     fn check_fence(&self, p: u32) -> Result<()> {
         let off = self.pool.partition_off(p) + partition::OWNER;
-        self.pool.mem().acquire(off, 8);
+        // Pairs with the OwnerWrite publish of a successor that took the partition over.
+        coherence::acquire(self.pool.mem(), Site::OwnerRead, off, 8);
         let word = self.pool.mem().load_u64(off, Ordering::Acquire)?;
         if word != self.owner_word || self.fenced.load(Ordering::Relaxed) {
             self.fenced.store(true, Ordering::Relaxed);
@@ -385,8 +453,8 @@ impl Participant {
         format::write_plain(mem, hoff, &h)?;
         // Payload and header reach memory before the index entry that points at them. Pairs with
         // the acquires in `Pool::checked_header` and the payload read.
-        mem.publish(pool.payload_off(p, block), len);
-        mem.publish(hoff, format::BLOCK_HEADER_SIZE);
+        coherence::publish(mem, Site::BlockWrite, pool.payload_off(p, block), len);
+        coherence::publish(mem, Site::BlockWrite, hoff, format::BLOCK_HEADER_SIZE);
         crash_point("put:header");
 
         // Replace an existing entry for the key, else insert at the first free slot on its path.
@@ -577,13 +645,15 @@ impl Participant {
             let where_ = (u64::from(loc.partition) << 32) | u64::from(loc.block);
             mem.store_u64(eoff + pin::WHERE, where_, Ordering::Relaxed)?;
             mem.store_u64(eoff + pin::SEQ, loc.seq, Ordering::Release)?;
-            mem.publish(eoff, PIN_SIZE);
+            // Pairs with the owner's PinScanRead acquire before it reuses a block.
+            coherence::publish(mem, Site::PinWrite, eoff, PIN_SIZE);
             // Dekker pair with the owner's fence between unindexing a block and reading pins.
             fence(Ordering::SeqCst);
             let Some(h) = pool.checked_header(key, &loc)? else { continue };
             // Validate the payload once; after this, the pin keeps it in place.
             let poff = pool.payload_off(loc.partition, loc.block);
-            mem.acquire(poff, h.len);
+            // Pairs with the BlockWrite publish of the payload.
+            coherence::acquire(mem, Site::PayloadRead, poff, h.len);
             if crc_of(mem, poff, h.len)? != h.payload_crc || pool.slot_version(loc.partition, loc.slot)? != loc.version {
                 continue;
             }
@@ -620,7 +690,8 @@ impl Participant {
             let where_ = (u64::from(loc.partition) << 32) | u64::from(loc.block);
             mem.store_u64(eoff + pin::WHERE, where_, Ordering::Relaxed)?;
             mem.store_u64(eoff + pin::SEQ, loc.seq, Ordering::Release)?;
-            mem.publish(eoff, PIN_SIZE);
+            // Pairs with the owner's PinScanRead acquire before it reuses a block.
+            coherence::publish(mem, Site::PinWrite, eoff, PIN_SIZE);
             // Dekker pair with the owner's fence between unindexing a block and reading pins:
             // either the owner sees this pin, or we see the slot changed below.
             fence(Ordering::SeqCst);
@@ -648,7 +719,7 @@ impl Participant {
         let off = self.pool.slot_off(self.id) + slot::PINS + entry * PIN_SIZE + pin::SEQ;
         // Release: our reads of the block happen before the owner may reuse it.
         let _ = self.pool.mem().store_u64(off, 0, Ordering::Release);
-        self.pool.mem().publish(off, 8);
+        coherence::publish(self.pool.mem(), Site::PinWrite, off, 8);
         *self.pin_used.lock().unwrap_or_else(|e| e.into_inner()) &= !(1 << entry);
     }
 
@@ -659,7 +730,8 @@ impl Participant {
         let mut set = std::collections::HashSet::new();
         for q in 0..pool.superblock().participants {
             let base = pool.slot_off(q);
-            mem.acquire(base, format::PARTICIPANT_SLOT_SIZE);
+            // Pairs with the PinWrite publishes of pin holders (and their SlotWrite claims).
+            coherence::acquire(mem, Site::PinScanRead, base, format::PARTICIPANT_SLOT_SIZE);
             if mem.load_u64(base + slot::TOKEN, Ordering::Acquire)? == 0 || participant_dead(pool, q)? {
                 continue;
             }
@@ -686,7 +758,8 @@ impl Participant {
     pub fn beat(&self) -> Result<()> {
         let off = self.pool.slot_off(self.id) + slot::HEARTBEAT;
         self.pool.mem().store_u64(off, now_ns(), Ordering::Release)?;
-        self.pool.mem().publish(off, 8);
+        // Pairs with the LivenessRead acquire of whoever judges this participant's liveness.
+        coherence::publish(self.pool.mem(), Site::HeartbeatWrite, off, 8);
         Ok(())
     }
 
@@ -711,12 +784,12 @@ impl Participant {
             let off = pool.partition_off(p) + partition::OWNER;
             let released = self.owner_word & !0xffff_ffff;
             let _ = mem.compare_exchange_u64(off, self.owner_word, released);
-            mem.publish(off, 8);
+            coherence::publish(mem, Site::OwnerWrite, off, 8);
         }
         // A participant presumed dead may have lost its slot to a successor with the same id: then
         // nothing in the slot is ours, and clearing its PARTITION word would make the successor's
         // live partition look orphaned to the next attacher (fix: the slot was cleared blindly).
-        mem.acquire(base, 8);
+        coherence::acquire(mem, Site::LivenessRead, base, 8);
         if mem.load_u64(base + slot::TOKEN, Ordering::Acquire).ok() != Some(self.token) {
             return;
         }
@@ -725,7 +798,7 @@ impl Participant {
         }
         let _ = mem.store_u64(base + slot::PARTITION, 0, Ordering::Relaxed);
         let _ = mem.compare_exchange_u64(base + slot::TOKEN, self.token, 0);
-        mem.publish(base, format::PARTICIPANT_SLOT_SIZE);
+        coherence::publish(mem, Site::SlotWrite, base, format::PARTICIPANT_SLOT_SIZE);
     }
 }
 
@@ -736,23 +809,25 @@ impl Drop for Participant {
 }
 
 pub(crate) fn crc_of(mem: &dyn crate::mem::SharedMemory, off: u64, len: u64) -> Result<u32> {
-    let mut buf = vec![0u8; 64 << 10];
-    let mut crc = 0u32;
+    // Checksummed through a small private buffer: shared memory is never borrowed as a slice.
+    let mut buf = [0u8; 16 << 10];
+    let mut crc = format::Crc32c::default();
     let mut done = 0;
     while done < len {
         let n = (len - done).min(buf.len() as u64) as usize;
         mem.read(off + done, &mut buf[..n])?;
-        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        crc.update(&buf[..n]);
         done += n as u64;
     }
-    Ok(crc)
+    Ok(crc.finish())
 }
 
 /// True when participant `q`'s heartbeat is older than the pool's lease (or it holds no slot).
 pub(crate) fn participant_dead(pool: &Pool, q: u32) -> Result<bool> {
     let base = pool.slot_off(q);
     let mem = pool.mem();
-    mem.acquire(base, 64);
+    // Pairs with the SlotWrite and HeartbeatWrite publishes of participant `q`.
+    coherence::acquire(mem, Site::LivenessRead, base, 64);
     if mem.load_u64(base + slot::TOKEN, Ordering::Acquire)? == 0 {
         return Ok(true);
     }
@@ -806,7 +881,9 @@ pub(crate) fn write_slot(pool: &Pool, p: u32, s: u32, key: Key, entry: u64) -> R
     let v = mem.load_u64(off, Ordering::Relaxed)?;
     let odd = (v | 1).wrapping_add(if v & 1 == 1 { 2 } else { 0 });
     mem.store_u64(off, odd, Ordering::Relaxed)?;
-    mem.publish(off, 8);
+    // The odd version reaches memory before any field does. Pairs with the IndexRead acquires in
+    // `Pool::read_slot` / `Pool::slot_version`.
+    coherence::publish(mem, Site::IndexWrite, off, 8);
     crash_point("slot:odd");
     // Orders the odd version before the field stores; pairs with the Acquire fence before a
     // reader's version re-check in `Pool::read_slot` / `Pool::slot_version`.
@@ -818,7 +895,7 @@ pub(crate) fn write_slot(pool: &Pool, p: u32, s: u32, key: Key, entry: u64) -> R
     // Release: fields (and the block they point to) before the even version. Pairs with the
     // Acquire load of the version in `Pool::read_slot`.
     mem.store_u64(off, odd.wrapping_add(1), Ordering::Release)?;
-    mem.publish(off, INDEX_SLOT_SIZE);
+    coherence::publish(mem, Site::IndexWrite, off, INDEX_SLOT_SIZE);
     Ok(())
 }
 
@@ -830,7 +907,8 @@ fn recover_partition(pool: &Pool, p: u32, word: u64) -> Result<(OwnerState, Reco
     let nblocks = sb.blocks_per_partition as usize;
     let mut indexed: Vec<Option<(u32, u64)>> = vec![None; nblocks];
     let mut rec = Recovery { partition: Some(p), ..Default::default() };
-    mem.acquire(pool.partition_off(p), sb.payloads_off);
+    // Pairs with the IndexWrite and BlockWrite publishes of the partition's previous owner.
+    coherence::acquire(mem, Site::RecoveryRead, pool.partition_off(p), sb.payloads_off);
     let mut max_seq = mem.load_u64(pool.partition_off(p) + partition::NEXT_SEQ, Ordering::Acquire)?;
     if max_seq > format::MAX_SEQ {
         // Corrupt: no index entry can hold such a sequence number (and incrementing it overflowed).
@@ -847,7 +925,12 @@ fn recover_partition(pool: &Pool, p: u32, word: u64) -> Result<(OwnerState, Reco
             Some((b, seq)) if (b as usize) < nblocks && indexed[b as usize].is_none() => {
                 let loc = Location { partition: p, slot: s, version: v, block: b, seq };
                 match pool.checked_header(key, &loc)? {
-                    Some(h) if crc_of(mem, pool.payload_off(p, b), h.len)? == h.payload_crc => {
+                    Some(h) if {
+                        // Pairs with the BlockWrite publish of the previous owner.
+                        coherence::acquire(mem, Site::RecoveryRead, pool.payload_off(p, b), h.len);
+                        crc_of(mem, pool.payload_off(p, b), h.len)? == h.payload_crc
+                    } =>
+                    {
                         indexed[b as usize] = Some((s, seq));
                         max_seq = max_seq.max(seq + 1);
                         true
@@ -918,7 +1001,7 @@ fn spawn_heartbeat(me: &Participant) -> (mpsc::Sender<()>, std::thread::JoinHand
                 return;
             }
             let _ = mem.store_u64(base + slot::HEARTBEAT, now_ns(), Ordering::Release);
-            mem.publish(base + slot::HEARTBEAT, 8);
+            coherence::publish(mem, Site::HeartbeatWrite, base + slot::HEARTBEAT, 8);
             if let Some((p, word)) = watch {
                 if mem.load_u64(pool.partition_off(p) + partition::OWNER, Ordering::Acquire).ok() != Some(word) {
                     fenced.store(true, Ordering::Relaxed);

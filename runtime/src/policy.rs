@@ -83,7 +83,13 @@ impl PolicyKind {
     /// A policy of this kind over `blocks` blocks, with default tuning (decay half-life of one
     /// tier's worth of accesses; prefix-aware insertions count half an access).
     pub fn build(self, blocks: usize) -> Box<dyn EvictionPolicy> {
-        let half_life = (blocks as f64).max(1.0);
+        self.build_for(blocks, blocks)
+    }
+
+    /// A policy tuned for a tier of `capacity` blocks whose block numbers run to `blocks`
+    /// (≥ `capacity`): the tuning follows the capacity, the tables the numbering.
+    pub fn build_for(self, capacity: usize, blocks: usize) -> Box<dyn EvictionPolicy> {
+        let half_life = (capacity as f64).max(1.0);
         match self {
             PolicyKind::Lru => Box::new(Lru::new(blocks)),
             PolicyKind::LfuDecay => Box::new(LfuDecay::new(blocks, half_life)),

@@ -15,6 +15,7 @@ use crate::format::{
     MAX_BLOCKS_PER_PARTITION, PAGE, PARTICIPANT_SLOT_SIZE, PARTITION_HEADER_SIZE, SUPERBLOCK_SIZE,
     VERSION_MAJOR, VERSION_MINOR,
 };
+use crate::coherence::{self, Site};
 use crate::key::Key;
 use crate::mem::{MemError, SharedMemory};
 use crate::region::{Backend, Region, RegionError, RegionOptions};
@@ -246,9 +247,18 @@ pub fn plan(size: u64, cfg: &PoolConfig) -> Result<Superblock> {
     Ok(sb)
 }
 
+thread_local! {
+    /// The simulated clock of a non-coherence simulator host thread ([`crate::sim`]), if any.
+    pub(crate) static SIM_CLOCK: std::cell::RefCell<Option<Arc<std::sync::atomic::AtomicU64>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// Nanoseconds since the Unix epoch (the clock of heartbeats; hosts sharing a pool must keep
 /// their clocks synchronized within a small fraction of the lease).
 pub fn now_ns() -> u64 {
+    if let Some(t) = SIM_CLOCK.with(|c| c.borrow().as_ref().map(|c| c.load(Ordering::Relaxed))) {
+        return t;
+    }
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
@@ -283,10 +293,7 @@ pub fn validate_superblock(sb: &Superblock, mem_size: u64) -> Result<()> {
     if sb.reserved2 != 0 {
         return Err(PoolError::Geometry(format!("reserved word after the CRC is {:#x}, expected 0", sb.reserved2)));
     }
-    let coherence = CoherenceMode::from_code(sb.coherence).ok_or(PoolError::UnsupportedCoherence(sb.coherence))?;
-    if coherence != CoherenceMode::Hardware {
-        return Err(PoolError::UnsupportedCoherence(sb.coherence));
-    }
+    CoherenceMode::from_code(sb.coherence).ok_or(PoolError::UnsupportedCoherence(sb.coherence))?;
     // Recompute the geometry from the counts and require the stored offsets to match exactly: a
     // superblock that passes is one `plan` could have written, so every derived offset is sane.
     let geo = |m: &str| PoolError::Geometry(m.to_string());
@@ -432,10 +439,8 @@ impl Pool {
     /// Formats `mem` as a new pool. The whole participant table and every partition header and
     /// index are cleared; the superblock is written last, so a crash mid-create leaves no pool.
     pub fn create(mem: Arc<dyn SharedMemory>, cfg: &PoolConfig) -> Result<Pool> {
-        if cfg.coherence != CoherenceMode::Hardware {
-            return Err(PoolError::UnsupportedCoherence(cfg.coherence as u32));
-        }
         let sb = plan(mem.size(), cfg)?;
+        mem.set_coherence(cfg.coherence);
         mem.fill(0, SUPERBLOCK_SIZE, 0)?;
         mem.fill(sb.participant_table_off, u64::from(sb.participants) * PARTICIPANT_SLOT_SIZE, 0)?;
         mem.fill(sb.device_area_off, sb.device_area_size, 0)?;
@@ -444,11 +449,12 @@ impl Pool {
             // Header, index and block headers; payloads need no clearing.
             mem.fill(base, sb.payloads_off, 0)?;
         }
-        mem.publish(0, sb.pool_size);
+        // Pairs with the acquires of slots, owner words and index slots by every later reader.
+        coherence::publish(&*mem, Site::FormatWrite, 0, sb.pool_size);
         // The superblock goes last: readers that see its magic see a formatted pool. Pairs with
         // the acquire in `open`.
         format::write_plain(&*mem, 0, &sb)?;
-        mem.publish(0, SUPERBLOCK_SIZE);
+        coherence::publish(&*mem, Site::SuperblockWrite, 0, SUPERBLOCK_SIZE);
         Ok(Pool { inner: Arc::new(PoolInner { mem, sb, backend: None }) })
     }
 
@@ -457,10 +463,14 @@ impl Pool {
         if mem.size() < MIN_POOL_FOR_SB {
             return Err(PoolError::Truncated { size: mem.size(), needed: MIN_POOL_FOR_SB });
         }
-        // Pairs with the publish of the superblock in `create`.
-        mem.acquire(0, SUPERBLOCK_SIZE);
+        // The mode is not known before the superblock is read: invalidate it as software
+        // coherence does (harmless on coherent memory). Pairs with the publish of the superblock
+        // in `create`.
+        mem.set_coherence(CoherenceMode::Software);
+        coherence::acquire(&*mem, Site::SuperblockRead, 0, SUPERBLOCK_SIZE);
         let sb: Superblock = read_plain(&*mem, 0)?;
         validate_superblock(&sb, mem.size())?;
+        mem.set_coherence(CoherenceMode::from_code(sb.coherence).expect("validated"));
         Ok(Pool { inner: Arc::new(PoolInner { mem, sb, backend: None }) })
     }
 
@@ -543,7 +553,8 @@ impl Pool {
         let off = self.index_slot_off(p, slot);
         let mem = self.mem();
         for _ in 0..SEQLOCK_SPINS {
-            mem.acquire(off, INDEX_SLOT_SIZE);
+            // Pairs with the publishes of the odd and the even version in `write_slot`.
+            coherence::acquire(mem, Site::IndexRead, off, INDEX_SLOT_SIZE);
             // Acquire pairs with the Release store of the even version in `write_slot`.
             let v1 = mem.load_u64(off, Ordering::Acquire)?;
             if v1 & 1 == 1 {
@@ -570,7 +581,8 @@ impl Pool {
         // Orders the payload copy before this load; pairs with the writer's Release fence after it
         // makes the slot odd (so a copy that saw new bytes sees the new version).
         fence(Ordering::Acquire);
-        self.mem().acquire(off, 8);
+        // Pairs with the publish of the odd version in `write_slot`.
+        coherence::acquire(self.mem(), Site::IndexRead, off, 8);
         Ok(self.mem().load_u64(off, Ordering::Relaxed)?)
     }
 
@@ -621,7 +633,7 @@ impl Pool {
     pub(crate) fn checked_header(&self, key: Key, loc: &Location) -> Result<Option<BlockHeader>> {
         let off = self.header_off(loc.partition, loc.block);
         // Pairs with the publish of the header in the owner's commit.
-        self.mem().acquire(off, BLOCK_HEADER_SIZE);
+        coherence::acquire(self.mem(), Site::HeaderRead, off, BLOCK_HEADER_SIZE);
         let h: BlockHeader = read_plain(self.mem(), off)?;
         let ok = h.key_lo == key.lo()
             && h.key_hi == key.hi()
@@ -653,7 +665,8 @@ impl Pool {
                 }
             };
             let off = self.payload_off(loc.partition, loc.block);
-            self.mem().acquire(off, h.len);
+            // Pairs with the publish of the payload in the owner's commit.
+            coherence::acquire(self.mem(), Site::PayloadRead, off, h.len);
             self.mem().read(off, buf)?;
             if format::crc32c(buf) != h.payload_crc
                 || self.slot_version(loc.partition, loc.slot)? != loc.version
@@ -702,7 +715,8 @@ impl Pool {
 
     /// Verifies the payload CRC of `r` in place.
     pub fn verify_payload(&self, r: &BlockRef) -> Result<bool> {
-        self.mem().acquire(r.payload_off, r.header.len);
+        // Pairs with the publish of the payload in the owner's commit.
+        coherence::acquire(self.mem(), Site::PayloadRead, r.payload_off, r.header.len);
         Ok(crate::participant::crc_of(self.mem(), r.payload_off, r.header.len)? == r.header.payload_crc)
     }
 

@@ -34,7 +34,8 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, Ordering};
+use crate::coherence::{self, Coherence, FlushKind};
+use std::sync::atomic::{fence, AtomicU8, Ordering};
 use thiserror::Error;
 
 /// Alignment that device DAX (and fake DAX) demands of mapping offsets and lengths: 2 MiB, the
@@ -485,6 +486,8 @@ pub struct Region {
     backend: Backend,
     // Keeps the descriptor open for the mapping's lifetime (device DAX requires it on some kernels).
     _file: Option<File>,
+    /// Coherence of publish/acquire: 0 = hardware (fences), else `1 + FlushKind` (software).
+    coherence: AtomicU8,
 }
 
 impl Region {
@@ -764,6 +767,7 @@ impl Region {
             offset,
             backend: backend.clone(),
             _file: file,
+            coherence: AtomicU8::new(0),
         };
         if opts.huge_pages == HugePages::Transparent && kind != Kind::DeviceDax {
             region
@@ -780,6 +784,22 @@ impl Region {
             region.verify_node(node)?;
         }
         Ok(region)
+    }
+
+    /// The write-back instruction of software-coherent mode, `None` in hardware-coherent mode.
+    fn flush_kind(&self) -> Option<FlushKind> {
+        match self.coherence.load(Ordering::Relaxed) {
+            0 => None,
+            1 => Some(FlushKind::Clwb),
+            2 => Some(FlushKind::ClflushOpt),
+            3 => Some(FlushKind::Clflush),
+            _ => Some(FlushKind::Fence),
+        }
+    }
+
+    /// The coherence this region's publish and acquire implement.
+    pub fn coherence(&self) -> Coherence {
+        self.flush_kind().map_or(Coherence::Hardware, Coherence::Software)
     }
 
     fn base(&self) -> *mut u8 {
@@ -986,13 +1006,43 @@ impl SharedMemory for Region {
     ) -> mem::Result<std::result::Result<u64, u64>> {
         self.mem.compare_exchange_u64(offset, current, new)
     }
-    fn publish(&self, _offset: u64, _len: u64) {
-        // Hardware-coherent memory: ordering only. Pairs with the fence in `acquire` of the reader.
-        fence(Ordering::Release);
+    fn publish(&self, offset: u64, len: u64) {
+        match self.flush_kind() {
+            // Hardware-coherent memory: ordering only. Pairs with the fence in `acquire` of the
+            // reader.
+            None => fence(Ordering::Release),
+            Some(kind) => {
+                if let Ok(p) = self.mem.raw_range(offset, len) {
+                    // SAFETY: the range is inside this region's mapping (checked by raw_range);
+                    // write-back does not change its contents. Pairs with the reader's
+                    // invalidate in `acquire`.
+                    unsafe { coherence::write_back(p, len as usize, kind) };
+                }
+            }
+        }
     }
-    fn acquire(&self, _offset: u64, _len: u64) {
-        // Pairs with the Release fence in the writer's `publish`.
-        fence(Ordering::Acquire);
+    fn acquire(&self, offset: u64, len: u64) {
+        match self.flush_kind() {
+            // Pairs with the Release fence in the writer's `publish`.
+            None => fence(Ordering::Acquire),
+            Some(kind) => {
+                if let Ok(p) = self.mem.raw_range(offset, len) {
+                    // SAFETY: as in `publish`; invalidation writes dirty lines back before
+                    // dropping them, so no data is lost. Pairs with the writer's write-back.
+                    unsafe { coherence::invalidate(p, len as usize, kind) };
+                }
+            }
+        }
+    }
+    fn set_coherence(&self, mode: crate::format::CoherenceMode) {
+        let code = match Coherence::for_mode(mode) {
+            Coherence::Hardware => 0,
+            Coherence::Software(FlushKind::Clwb) => 1,
+            Coherence::Software(FlushKind::ClflushOpt) => 2,
+            Coherence::Software(FlushKind::Clflush) => 3,
+            Coherence::Software(FlushKind::Fence) => 4,
+        };
+        self.coherence.store(code, Ordering::Relaxed);
     }
     fn raw_range(&self, offset: u64, len: u64) -> mem::Result<Option<*mut u8>> {
         self.mem.raw_range(offset, len).map(Some)

@@ -80,8 +80,15 @@ pub struct Trace {
 impl Trace {
     /// Reads a Mooncake-format JSON-lines trace (blank lines are skipped).
     pub fn load(path: &Path) -> Result<Trace> {
-        let text = std::fs::read_to_string(path).map_err(|source| ReplayError::Io { path: path.to_path_buf(), source })?;
-        Trace::parse(&text).map_err(|(line, message)| ReplayError::Parse { path: path.to_path_buf(), line, message })
+        let text = std::fs::read_to_string(path).map_err(|source| ReplayError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Trace::parse(&text).map_err(|(line, message)| ReplayError::Parse {
+            path: path.to_path_buf(),
+            line,
+            message,
+        })
     }
 
     /// Parses trace text; on error, the 1-based line and the message.
@@ -109,7 +116,11 @@ impl Trace {
         let n = self.accesses() as usize;
         let mut next = vec![u64::MAX; n];
         let mut seen: HashMap<u64, u64> = HashMap::new();
-        let flat: Vec<u64> = self.requests.iter().flat_map(|r| r.hash_ids.iter().copied()).collect();
+        let flat: Vec<u64> = self
+            .requests
+            .iter()
+            .flat_map(|r| r.hash_ids.iter().copied())
+            .collect();
         for i in (0..n).rev() {
             if let Some(&j) = seen.get(&flat[i]) {
                 next[i] = j;
@@ -154,16 +165,17 @@ pub(crate) struct SlotMap<K> {
 
 impl<K: std::hash::Hash + Eq + Copy + Default> SlotMap<K> {
     pub(crate) fn new(slots: usize) -> Self {
-        SlotMap { slot_of: HashMap::with_capacity(slots), id_of: vec![K::default(); slots], free: (0..slots as u32).rev().collect() }
+        SlotMap {
+            slot_of: HashMap::with_capacity(slots),
+            id_of: vec![K::default(); slots],
+            free: (0..slots as u32).rev().collect(),
+        }
     }
     pub(crate) fn get(&self, id: K) -> Option<u32> {
         self.slot_of.get(&id).copied()
     }
     pub(crate) fn len(&self) -> usize {
         self.slot_of.len()
-    }
-    pub(crate) fn id(&self, slot: u32) -> K {
-        self.id_of[slot as usize]
     }
     /// Assigns a slot to a new id; `None` when every slot is taken.
     pub(crate) fn assign(&mut self, id: K) -> Option<u32> {
@@ -187,17 +199,35 @@ pub fn simulate(trace: &Trace, policy: PolicyKind, capacity: usize) -> SimResult
     // One slot more than the capacity: a block is inserted, then blocks are evicted while over.
     let mut pol = policy.build(capacity + 1);
     let (prefix_hits, accesses) = simulate_with(trace, &mut *pol, policy.is_offline(), capacity);
-    SimResult { policy, capacity_blocks: capacity, prefix_hits, accesses }
+    SimResult {
+        policy,
+        capacity_blocks: capacity,
+        prefix_hits,
+        accesses,
+    }
 }
 
 /// [`simulate`] with a caller's policy over `capacity + 1` blocks (for tuning experiments);
 /// `offline` feeds it next-use hints. Returns (prefix hits, prompt blocks).
-pub fn simulate_with(trace: &Trace, pol: &mut dyn crate::policy::EvictionPolicy, offline: bool, capacity: usize) -> (u64, u64) {
-    let next = if offline { trace.next_uses() } else { Vec::new() };
+pub fn simulate_with(
+    trace: &Trace,
+    pol: &mut dyn crate::policy::EvictionPolicy,
+    offline: bool,
+    capacity: usize,
+) -> (u64, u64) {
+    let next = if offline {
+        trace.next_uses()
+    } else {
+        Vec::new()
+    };
     let mut map = SlotMap::new(capacity + 1);
     let (mut hits, mut accesses, mut t) = (0u64, 0u64, 0usize);
     for r in &trace.requests {
-        hits += r.hash_ids.iter().take_while(|id| map.get(**id).is_some()).count() as u64;
+        hits += r
+            .hash_ids
+            .iter()
+            .take_while(|id| map.get(**id).is_some())
+            .count() as u64;
         accesses += r.hash_ids.len() as u64;
         let mut prev: Option<u64> = None;
         for &id in &r.hash_ids {
@@ -327,19 +357,31 @@ pub struct ReplayReport {
 
 /// Replays `opts.trace` against a real pool with real tiers for every policy and capacity.
 /// `progress(done, total)` is called with prompt blocks replayed over all runs.
-pub fn run_replay(opts: &ReplayOptions, progress: &mut dyn FnMut(u64, u64)) -> Result<ReplayReport> {
+pub fn run_replay(
+    opts: &ReplayOptions,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ReplayReport> {
     use crate::key::Key;
     use crate::tier::{SpillOptions, Tier, TierConfig, Tiers};
     if opts.capacities.is_empty() || opts.policies.is_empty() || opts.capacities.contains(&0) {
-        return Err(ReplayError::BadOptions("need at least one policy and positive capacities".into()));
+        return Err(ReplayError::BadOptions(
+            "need at least one policy and positive capacities".into(),
+        ));
     }
     if opts.block_bytes == 0 || opts.block_bytes > 16 << 20 {
-        return Err(ReplayError::BadOptions(format!("block bytes {} outside 1..=16 MiB", opts.block_bytes)));
+        return Err(ReplayError::BadOptions(format!(
+            "block bytes {} outside 1..=16 MiB",
+            opts.block_bytes
+        )));
     }
     let trace = Trace::load(&opts.trace)?;
     let per_run = trace.accesses();
     let total = per_run * (opts.capacities.len() * opts.policies.len()) as u64;
-    let next = if opts.policies.iter().any(|p| p.is_offline()) { trace.next_uses() } else { Vec::new() };
+    let next = if opts.policies.iter().any(|p| p.is_offline()) {
+        trace.next_uses()
+    } else {
+        Vec::new()
+    };
     let block_size = (opts.block_bytes as u64).div_ceil(4096) * 4096;
     let step_budget = 64;
     let mut report = ReplayReport {
@@ -355,15 +397,21 @@ pub fn run_replay(opts: &ReplayOptions, progress: &mut dyn FnMut(u64, u64)) -> R
     for &policy in &opts.policies {
         for &cap in &opts.capacities {
             let started = std::time::Instant::now();
-            let pool = replay_pool(block_size, cap + step_budget + 2)?;
-            let run_dir = opts.spill_dir.join(format!("{}-{cap}-{}", policy.name(), std::process::id()));
+            let pool = replay_pool(block_size, cap + 4 * step_budget + 4)?;
+            let run_dir =
+                opts.spill_dir
+                    .join(format!("{}-{cap}-{}", policy.name(), std::process::id()));
             let _ = std::fs::remove_dir_all(&run_dir);
             let cfg = TierConfig {
                 pool_blocks: cap,
                 dram_blocks: opts.dram_blocks.unwrap_or((cap / 16).max(16)),
                 policy,
                 spill_dir: opts.with_ssd.then(|| run_dir.clone()),
-                spill: SpillOptions { max_payload: opts.block_bytes, queue_depth: 64, ..Default::default() },
+                spill: SpillOptions {
+                    max_payload: opts.block_bytes,
+                    queue_depth: 64,
+                    ..Default::default()
+                },
                 step_budget,
                 dram_threshold: 4,
             };
@@ -374,7 +422,11 @@ pub fn run_replay(opts: &ReplayOptions, progress: &mut dyn FnMut(u64, u64)) -> R
             let mut t = 0usize;
             let key = |id: u64| Key(u128::from(id) | (1u128 << 127));
             for r in &trace.requests {
-                mem_hits += r.hash_ids.iter().take_while(|id| tiers.in_memory(key(**id))).count() as u64;
+                mem_hits += r
+                    .hash_ids
+                    .iter()
+                    .take_while(|id| tiers.in_memory(key(**id)))
+                    .count() as u64;
                 for id in &r.hash_ids {
                     let at = tiers.locate(key(*id));
                     let Some(first) = at.first() else { break };
@@ -403,7 +455,7 @@ pub fn run_replay(opts: &ReplayOptions, progress: &mut dyn FnMut(u64, u64)) -> R
                     prev = Some(k);
                     t += 1;
                     done += 1;
-                    if done % 4096 == 0 {
+                    if done.is_multiple_of(4096) {
                         progress(done, total);
                     }
                 }
@@ -429,7 +481,11 @@ pub fn run_replay(opts: &ReplayOptions, progress: &mut dyn FnMut(u64, u64)) -> R
                 bytes_pool_to_dram: s.bytes_pool_to_dram,
                 ssd_file_bytes_written: sp.file_bytes_written,
                 ssd_file_bytes_read: sp.file_bytes_read,
-                ssd_mb_per_s: if sp.io_ns == 0 { 0.0 } else { io_bytes as f64 * 1e3 / sp.io_ns as f64 },
+                ssd_mb_per_s: if sp.io_ns == 0 {
+                    0.0
+                } else {
+                    io_bytes as f64 * 1e3 / sp.io_ns as f64
+                },
                 seconds: started.elapsed().as_secs_f64(),
             });
         }
@@ -441,12 +497,18 @@ pub fn run_replay(opts: &ReplayOptions, progress: &mut dyn FnMut(u64, u64)) -> R
 /// A private anonymous pool with one partition of at least `blocks` blocks of `block_size`.
 fn replay_pool(block_size: u64, blocks: usize) -> Result<crate::pool::Pool> {
     use crate::pool::{plan, Pool, PoolConfig};
-    let cfg = PoolConfig { block_size, participants: 2, partitions: Some(1), ..Default::default() };
+    let cfg = PoolConfig {
+        block_size,
+        participants: 2,
+        partitions: Some(1),
+        ..Default::default()
+    };
     let mut size = (2 << 20) + blocks as u64 * (block_size + 256);
     loop {
         let sb = plan(size, &cfg)?;
         if sb.blocks_per_partition as usize >= blocks {
-            let region = crate::region::Region::anonymous(size).map_err(crate::pool::PoolError::from)?;
+            let region =
+                crate::region::Region::anonymous(size).map_err(crate::pool::PoolError::from)?;
             return Ok(Pool::create(std::sync::Arc::new(region), &cfg)?);
         }
         size += size / 8;
@@ -476,7 +538,10 @@ impl ReplayReport {
     }
 
     fn rate(&self, policy: &str, cap: usize) -> Option<f64> {
-        self.results.iter().find(|r| r.policy == policy && r.capacity_blocks == cap).map(|r| r.prefix_hit_rate)
+        self.results
+            .iter()
+            .find(|r| r.policy == policy && r.capacity_blocks == cap)
+            .map(|r| r.prefix_hit_rate)
     }
 
     /// For `cap`: (best online policy, its rate, LRU rate, Belady rate, share of the LRU→Belady
@@ -490,7 +555,11 @@ impl ReplayReport {
             .filter(|r| r.capacity_blocks == cap && r.policy != "belady")
             .max_by(|a, b| a.prefix_hit_rate.total_cmp(&b.prefix_hit_rate))?;
         let gap = opt - lru;
-        let closed = if gap > 0.0 { 100.0 * (best.prefix_hit_rate - lru) / gap } else { 0.0 };
+        let closed = if gap > 0.0 {
+            100.0 * (best.prefix_hit_rate - lru) / gap
+        } else {
+            0.0
+        };
         Some((best.policy.clone(), best.prefix_hit_rate, lru, opt, closed))
     }
 
@@ -501,27 +570,70 @@ impl ReplayReport {
         let mut caps: Vec<usize> = self.results.iter().map(|r| r.capacity_blocks).collect();
         caps.sort_unstable();
         caps.dedup();
-        let (lo, hi) = (*caps.first().unwrap_or(&1) as f64, *caps.last().unwrap_or(&2) as f64);
-        let ymax = self.results.iter().map(|r| r.prefix_hit_rate).fold(10.0f64, f64::max).ceil();
-        let x = |c: f64| ml + (w - ml - mr) * if hi > lo { (c.ln() - lo.ln()) / (hi.ln() - lo.ln()) } else { 0.5 };
+        let (lo, hi) = (
+            *caps.first().unwrap_or(&1) as f64,
+            *caps.last().unwrap_or(&2) as f64,
+        );
+        let ymax = self
+            .results
+            .iter()
+            .map(|r| r.prefix_hit_rate)
+            .fold(10.0f64, f64::max)
+            .ceil();
+        let x = |c: f64| {
+            ml + (w - ml - mr)
+                * if hi > lo {
+                    (c.ln() - lo.ln()) / (hi.ln() - lo.ln())
+                } else {
+                    0.5
+                }
+        };
         let y = |v: f64| h - mb - (h - mt - mb) * v / ymax;
         let mut s = format!(
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{ml}\" y=\"18\">Prefix hit rate (DRAM + CXL pool) vs pool capacity: {}</text>\n",
             xml_escape(&self.trace)
         );
-        s += &format!("<line x1=\"{ml}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", h - mb, w - mr, h - mb);
-        s += &format!("<line x1=\"{ml}\" y1=\"{mt}\" x2=\"{ml}\" y2=\"{}\" stroke=\"black\"/>\n", h - mb);
+        s += &format!(
+            "<line x1=\"{ml}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n",
+            h - mb,
+            w - mr,
+            h - mb
+        );
+        s += &format!(
+            "<line x1=\"{ml}\" y1=\"{mt}\" x2=\"{ml}\" y2=\"{}\" stroke=\"black\"/>\n",
+            h - mb
+        );
         for &c in &caps {
-            s += &format!("<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}k</text>\n", x(c as f64), h - mb + 16.0, c as f64 / 1000.0);
+            s += &format!(
+                "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}k</text>\n",
+                x(c as f64),
+                h - mb + 16.0,
+                c as f64 / 1000.0
+            );
         }
-        s += &format!("<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">capacity (blocks)</text>\n", (ml + w - mr) / 2.0, h - 10.0);
+        s += &format!(
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">capacity (blocks)</text>\n",
+            (ml + w - mr) / 2.0,
+            h - 10.0
+        );
         let steps = 5;
         for i in 0..=steps {
             let v = ymax * i as f64 / steps as f64;
-            s += &format!("<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{v:.0}%</text>\n", ml - 6.0, y(v) + 4.0);
-            s += &format!("<line x1=\"{ml}\" y1=\"{:.1}\" x2=\"{}\" y2=\"{:.1}\" stroke=\"#ddd\"/>\n", y(v), w - mr, y(v));
+            s += &format!(
+                "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{v:.0}%</text>\n",
+                ml - 6.0,
+                y(v) + 4.0
+            );
+            s += &format!(
+                "<line x1=\"{ml}\" y1=\"{:.1}\" x2=\"{}\" y2=\"{:.1}\" stroke=\"#ddd\"/>\n",
+                y(v),
+                w - mr,
+                y(v)
+            );
         }
-        let colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#444444", "#9467bd", "#8c564b"];
+        let colors = [
+            "#1f77b4", "#ff7f0e", "#2ca02c", "#444444", "#9467bd", "#8c564b",
+        ];
         let mut policies: Vec<&str> = Vec::new();
         for r in &self.results {
             if !policies.contains(&r.policy.as_str()) {
@@ -529,19 +641,39 @@ impl ReplayReport {
             }
         }
         for (i, p) in policies.iter().enumerate() {
-            let mut pts: Vec<(usize, f64)> =
-                self.results.iter().filter(|r| r.policy == *p).map(|r| (r.capacity_blocks, r.prefix_hit_rate)).collect();
+            let mut pts: Vec<(usize, f64)> = self
+                .results
+                .iter()
+                .filter(|r| r.policy == *p)
+                .map(|r| (r.capacity_blocks, r.prefix_hit_rate))
+                .collect();
             pts.sort_by_key(|p| p.0);
-            let path: Vec<String> = pts.iter().map(|(c, v)| format!("{:.1},{:.1}", x(*c as f64), y(*v))).collect();
-            let dash = if *p == "belady" { " stroke-dasharray=\"6,4\"" } else { "" };
+            let path: Vec<String> = pts
+                .iter()
+                .map(|(c, v)| format!("{:.1},{:.1}", x(*c as f64), y(*v)))
+                .collect();
+            let dash = if *p == "belady" {
+                " stroke-dasharray=\"6,4\""
+            } else {
+                ""
+            };
             let color = colors[i % colors.len()];
             s += &format!("<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"{dash} points=\"{}\"/>\n", path.join(" "));
             for (c, v) in &pts {
-                s += &format!("<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\"/>\n", x(*c as f64), y(*v));
+                s += &format!(
+                    "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\"/>\n",
+                    x(*c as f64),
+                    y(*v)
+                );
             }
             let ly = mt + 20.0 + 18.0 * i as f64;
             s += &format!("<line x1=\"{}\" y1=\"{ly}\" x2=\"{}\" y2=\"{ly}\" stroke=\"{color}\" stroke-width=\"2\"{dash}/>\n", w - mr + 10.0, w - mr + 34.0);
-            s += &format!("<text x=\"{}\" y=\"{}\">{}</text>\n", w - mr + 40.0, ly + 4.0, xml_escape(p));
+            s += &format!(
+                "<text x=\"{}\" y=\"{}\">{}</text>\n",
+                w - mr + 40.0,
+                ly + 4.0,
+                xml_escape(p)
+            );
         }
         s += "</svg>\n";
         s
@@ -549,7 +681,10 @@ impl ReplayReport {
 }
 
 fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 impl std::fmt::Display for ReplayReport {
@@ -570,7 +705,19 @@ impl std::fmt::Display for ReplayReport {
         writeln!(
             f,
             "{:<13} {:>9} {:>8} {:>8} {:>7} {:>7} {:>7} {:>9} {:>10} {:>10} {:>10} {:>9} {:>7}",
-            "policy", "capacity", "hit %", "sim %", "dram %", "pool %", "ssd %", "+ssd %", "pool>ssd", "ssd>pool", "pool>dram", "ssd MB/s", "secs"
+            "policy",
+            "capacity",
+            "hit %",
+            "sim %",
+            "dram %",
+            "pool %",
+            "ssd %",
+            "+ssd %",
+            "pool>ssd",
+            "ssd>pool",
+            "pool>dram",
+            "ssd MB/s",
+            "secs"
         )?;
         let mib = |b: u64| format!("{:.1}M", b as f64 / (1 << 20) as f64);
         for r in &self.results {

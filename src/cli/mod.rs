@@ -88,6 +88,38 @@ pub fn topo(json: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `cxlkv testbed ...`: runs the test-bed script of the source tree this binary was built from.
+pub fn testbed(args: &[String]) -> Result<ExitCode> {
+    let rel = std::path::Path::new("ndp-emulator/qemu/testbed.sh");
+    let roots = std::env::current_exe()
+        .ok()
+        .into_iter()
+        .flat_map(|e| {
+            e.ancestors()
+                .map(std::path::Path::to_path_buf)
+                .collect::<Vec<_>>()
+        })
+        .chain([std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))]);
+    let script = roots
+        .map(|r| r.join(rel))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            Error::Other(format!(
+                "{} not found next to this binary or in {}",
+                rel.display(),
+                env!("CARGO_MANIFEST_DIR")
+            ))
+        })?;
+    let status = std::process::Command::new("bash")
+        .arg(&script)
+        .args(args)
+        .status()
+        .map_err(|e| Error::Other(format!("run {}: {e}", script.display())))?;
+    Ok(ExitCode::from(
+        status.code().unwrap_or(1).clamp(0, 255) as u8
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

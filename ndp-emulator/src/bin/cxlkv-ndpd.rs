@@ -1,7 +1,7 @@
 //! `cxlkv-ndpd`: the NDP device model as a daemon attached to a pool.
 
 use clap::Parser;
-use cxlkv_ndp::{Device, DeviceConfig};
+use cxlkv_ndp::{Device, DeviceConfig, Engine};
 use cxlkv_runtime::{Backend, Pool, RegionOptions};
 use std::time::Duration;
 
@@ -27,6 +27,18 @@ struct Args {
     /// Hotlist epoch in milliseconds.
     #[arg(long = "hot-epoch-ms", default_value_t = 1000)]
     hot_epoch_ms: u64,
+    /// Compute engine of SCORE_TOPK and GATHER: `rust` (the cxlkv-kernels kernels) or `hls` (the
+    /// HLS kernel of fpga/ compiled as a host library). Results are identical.
+    #[arg(long, default_value = "rust")]
+    engine: Engine,
+    /// Find the pool inside the backend by its superblock (at any 4 KiB-aligned offset) instead
+    /// of expecting it at offset 0: the backing file of a VM guest's memory (QEMU test bed).
+    #[arg(long)]
+    locate: bool,
+    /// Microseconds a worker spins after its last command before sleeping on the doorbell; a
+    /// client in a VM guest cannot wake the host's futex, so the test bed spins longer.
+    #[arg(long = "idle-spin-us")]
+    idle_spin_us: Option<u64>,
 }
 
 fn main() {
@@ -39,7 +51,21 @@ fn main() {
 
 fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let backend: Backend = args.pool.parse()?;
-    let pool = Pool::open_on(&backend, &RegionOptions::default())?;
+    let pool = if args.locate {
+        let (pool, loc) = cxlkv_runtime::locate::open_located(
+            &backend,
+            cxlkv_runtime::locate::SCAN_ALIGN,
+            4096,
+            &RegionOptions::default(),
+        )?;
+        println!(
+            "cxlkv-ndpd: pool found at offset {:#x} ({} bytes)",
+            loc.offset, loc.pool_size
+        );
+        pool
+    } else {
+        Pool::open_on(&backend, &RegionOptions::default())?
+    };
     // Block the stop signals before any thread starts, so that only `sigwait` below takes them.
     let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
     // SAFETY: sigemptyset initializes the set it is given; sigaddset and pthread_sigmask only read
@@ -58,14 +84,19 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         link_bw_gbps: args.link_bw,
         link_latency_ns: args.link_latency,
         hot_epoch: Duration::from_millis(args.hot_epoch_ms.max(1)),
+        engine: args.engine,
+        idle_spin: args
+            .idle_spin_us
+            .map_or(DeviceConfig::default().idle_spin, Duration::from_micros),
         ..DeviceConfig::default()
     };
     let handle = Device::start(pool, cfg)?;
     println!(
-        "cxlkv-ndpd: serving {} (generation {}, {} worker(s))",
+        "cxlkv-ndpd: serving {} (generation {}, {} worker(s), engine {})",
         backend,
         handle.device().generation(),
-        args.workers
+        args.workers,
+        args.engine
     );
     let mut sig = 0;
     // SAFETY: `set` is an initialized signal set; `sig` is a valid out-pointer.

@@ -31,7 +31,11 @@ pub struct DramCache {
 
 impl std::fmt::Debug for DramCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DramCache").field("sets", &self.sets).field("ways", &self.ways).field("len", &self.len()).finish()
+        f.debug_struct("DramCache")
+            .field("sets", &self.sets)
+            .field("ways", &self.ways)
+            .field("len", &self.len())
+            .finish()
     }
 }
 
@@ -67,7 +71,8 @@ impl DramCache {
     }
 
     fn set(&self, key: Key) -> &[Atomic<Entry>] {
-        let s = ((key.lo() ^ key.hi()).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & (self.sets - 1);
+        let s = ((key.lo() ^ key.hi()).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize
+            & (self.sets - 1);
         &self.slots[s * self.ways..(s + 1) * self.ways]
     }
 
@@ -84,7 +89,10 @@ impl DramCache {
                 if e.key == key {
                     out.clear();
                     out.extend_from_slice(&e.bytes);
-                    e.used.store(self.clock.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+                    e.used.store(
+                        self.clock.fetch_add(1, Ordering::Relaxed),
+                        Ordering::Relaxed,
+                    );
                     return true;
                 }
             }
@@ -105,7 +113,11 @@ impl DramCache {
     /// the least recently hit entry. Returns the key it displaced, if any.
     pub fn insert(&self, key: Key, bytes: &[u8]) -> Option<Key> {
         let guard = epoch::pin();
-        let mut new = Owned::new(Entry { key, bytes: bytes.into(), used: AtomicU64::new(self.clock.fetch_add(1, Ordering::Relaxed)) });
+        let mut new = Owned::new(Entry {
+            key,
+            bytes: bytes.into(),
+            used: AtomicU64::new(self.clock.fetch_add(1, Ordering::Relaxed)),
+        });
         loop {
             let set = self.set(key);
             // Choose: the key's own slot, else an empty one, else the least recently hit.
@@ -163,7 +175,16 @@ impl DramCache {
                 // SAFETY: as in `get`.
                 match unsafe { p.as_ref() } {
                     Some(e) if e.key == key => {
-                        if slot.compare_exchange(p, Shared::null(), Ordering::AcqRel, Ordering::Acquire, &guard).is_ok() {
+                        if slot
+                            .compare_exchange(
+                                p,
+                                Shared::null(),
+                                Ordering::AcqRel,
+                                Ordering::Acquire,
+                                &guard,
+                            )
+                            .is_ok()
+                        {
                             // SAFETY: unlinked by our CAS (once); destroyed after current guards.
                             unsafe { guard.defer_destroy(p) };
                             self.len.fetch_sub(1, Ordering::Relaxed);

@@ -92,7 +92,8 @@ pub enum Tier {
 /// Configuration of [`Tiers`].
 #[derive(Clone, Debug)]
 pub struct TierConfig {
-    /// Blocks the pool tier may hold (the partition must have room for this plus `step_budget`).
+    /// Blocks the pool tier may hold (the partition must have room for this plus four
+    /// `step_budget`s).
     pub pool_blocks: usize,
     /// Entries of the DRAM cache (0: no DRAM tier).
     pub dram_blocks: usize,
@@ -199,6 +200,8 @@ struct State {
     /// SSD hits waiting to move to the pool, with the bytes already read.
     to_pool: Vec<(Key, Vec<u8>)>,
     to_dram: Vec<Key>,
+    /// Victims taken out of the pool tier, still in the partition until written to SSD in a batch.
+    demoting: Vec<Key>,
     /// Hints for keys not yet in the pool, applied when they enter it.
     pending_next: HashMap<Key, u64>,
     pending_parent: HashMap<Key, Key>,
@@ -219,7 +222,10 @@ pub struct Tiers {
 
 impl std::fmt::Debug for Tiers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tiers").field("participant", &self.participant.id()).field("cfg", &self.cfg).finish_non_exhaustive()
+        f.debug_struct("Tiers")
+            .field("participant", &self.participant.id())
+            .field("cfg", &self.cfg)
+            .finish_non_exhaustive()
     }
 }
 
@@ -229,12 +235,16 @@ impl Tiers {
     pub fn open(participant: Participant, cfg: TierConfig) -> Result<(Tiers, TierRecovery)> {
         let pool = participant.pool().clone();
         let Some(p) = participant.partition() else {
-            return Err(TierError::Pool(PoolError::NoPartition { participant: participant.id() }));
+            return Err(TierError::Pool(PoolError::NoPartition {
+                participant: participant.id(),
+            }));
         };
         let physical = pool.superblock().blocks_per_partition as usize;
-        if cfg.pool_blocks == 0 || cfg.pool_blocks + cfg.step_budget.max(1) > physical {
+        // Room for the tier, a step's worth of puts ahead of demotion, a batch staged for it and a
+        // step's promotions: the partition itself must never have to evict.
+        if cfg.pool_blocks == 0 || cfg.pool_blocks + 4 * cfg.step_budget.max(1) > physical {
             return Err(TierError::BadConfig(format!(
-                "pool tier of {} blocks plus a step budget of {} does not fit a partition of {physical} blocks",
+                "pool tier of {} blocks plus four step budgets of {} does not fit a partition of {physical} blocks",
                 cfg.pool_blocks, cfg.step_budget
             )));
         }
@@ -242,9 +252,11 @@ impl Tiers {
         let slots = physical + 1;
         let mut st = State {
             slots: SlotMap::new(slots),
-            policy: cfg.policy.build(slots),
+            // Tuned for the tier's size (as the simulator's), sized for the whole partition.
+            policy: cfg.policy.build_for(cfg.pool_blocks + 1, slots),
             to_pool: Vec::new(),
             to_dram: Vec::new(),
+            demoting: Vec::new(),
             pending_next: HashMap::new(),
             pending_parent: HashMap::new(),
             stats: TierStats::default(),
@@ -262,7 +274,10 @@ impl Tiers {
         }
         let spill = match &cfg.spill_dir {
             Some(dir) => {
-                std::fs::create_dir_all(dir).map_err(|e| TierError::Io { path: dir.clone(), source: e })?;
+                std::fs::create_dir_all(dir).map_err(|e| TierError::Io {
+                    path: dir.clone(),
+                    source: e,
+                })?;
                 let (mut sf, srec) = SpillFile::open(&SpillFile::path_for(dir, p), cfg.spill)?;
                 rec.spill = srec;
                 for k in sf.keys() {
@@ -277,7 +292,16 @@ impl Tiers {
         };
         let dram = (cfg.dram_blocks > 0).then(|| DramCache::new(cfg.dram_blocks));
         let hotness = Hotness::new((cfg.pool_blocks as u64).max(1024));
-        let t = Tiers { participant, dram, spill, state: Mutex::new(st), hotness, physical_blocks: physical, cfg, fault: AtomicU8::new(0) };
+        let t = Tiers {
+            participant,
+            dram,
+            spill,
+            state: Mutex::new(st),
+            hotness,
+            physical_blocks: physical,
+            cfg,
+            fault: AtomicU8::new(0),
+        };
         Ok((t, rec))
     }
 
@@ -286,7 +310,9 @@ impl Tiers {
     }
 
     fn spill(&self) -> Option<MutexGuard<'_, SpillFile>> {
-        self.spill.as_ref().map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
+        self.spill
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// The participant whose partition is the pool tier.
@@ -319,7 +345,7 @@ impl Tiers {
         self.spill().map(|s| s.direct())
     }
 
-    /// Blocks the pool tier holds now.
+    /// Blocks the pool tier holds now (not counting those staged for demotion).
     pub fn pool_len(&self) -> usize {
         self.state().slots.len()
     }
@@ -331,7 +357,11 @@ impl Tiers {
     }
 
     fn fault_point(&self, at: FaultPoint) {
-        if self.fault.compare_exchange(at as u8, 0, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+        if self
+            .fault
+            .compare_exchange(at as u8, 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
             panic!("injected tiering crash at {at:?}");
         }
     }
@@ -342,16 +372,19 @@ impl Tiers {
         if self.dram.as_ref().is_some_and(|d| d.contains(key)) {
             v.push(Tier::Dram);
         }
-        if self.state().slots.get(key).is_some() {
+        let st = self.state();
+        if st.slots.get(key).is_some() || st.demoting.contains(&key) {
             v.push(Tier::Pool);
         }
+        drop(st);
         if self.spill().is_some_and(|s| s.contains(key)) {
             v.push(Tier::Ssd);
         }
         v
     }
 
-    /// True when `key` is in a memory tier (DRAM or pool): a prefix hit without I/O.
+    /// True when `key` is held by the pool tier (so also any DRAM replica): a prefix hit without
+    /// I/O. Blocks staged for demotion are no longer held, though still readable until flushed.
     pub fn in_memory(&self, key: Key) -> bool {
         self.state().slots.get(key).is_some()
     }
@@ -362,10 +395,11 @@ impl Tiers {
     /// inline first: backpressure, so the partition never has to evict on its own.
     pub fn put(&self, key: Key, bytes: &[u8], parent: Option<Key>) -> Result<()> {
         let mut st = self.state();
-        let limit = (self.cfg.pool_blocks + self.cfg.step_budget.max(1)).min(self.physical_blocks - 1);
-        if st.slots.get(key).is_none() && st.slots.len() >= limit {
+        let limit =
+            (self.cfg.pool_blocks + self.cfg.step_budget.max(1)).min(self.physical_blocks - 1);
+        if st.slots.get(key).is_none() && st.slots.len() + st.demoting.len() >= limit {
             drop(st);
-            self.demote(usize::MAX)?;
+            self.demote(usize::MAX, true)?;
             st = self.state();
         }
         self.participant.put(key, bytes)?;
@@ -377,6 +411,7 @@ impl Tiers {
         }
         // A queued promotion of the key carries the bytes it had on SSD: stale now.
         st.to_pool.retain(|(k, _)| *k != key);
+        st.demoting.retain(|k| *k != key);
         if let Some(p) = parent {
             st.pending_parent.insert(key, p);
         }
@@ -453,6 +488,10 @@ impl Tiers {
             let mut st = self.state();
             if let Some(s) = st.slots.get(key) {
                 st.policy.touch(s);
+            } else if let Some(i) = st.demoting.iter().position(|k| *k == key) {
+                // Staged for demotion but not yet written: back into the tier, as a new block.
+                st.demoting.remove(i);
+                Self::admit(&mut st, key);
             }
             if hot && self.dram.is_some() && !st.to_dram.contains(&key) {
                 st.to_dram.push(key);
@@ -487,13 +526,15 @@ impl Tiers {
     /// copy up to `step_budget` hot pool blocks into DRAM.
     pub fn step(&self) -> Result<StepReport> {
         let budget = self.cfg.step_budget.max(1);
-        let mut r = StepReport::default();
-        r.promoted_to_pool = self.promote_to_pool(budget)?;
-        let (d, x) = self.demote(budget)?;
-        r.demoted = d;
-        r.dropped = x;
-        r.promoted_to_dram = self.promote_to_dram(budget)?;
-        Ok(r)
+        let promoted_to_pool = self.promote_to_pool(budget)?;
+        let (demoted, dropped) = self.demote(budget, false)?;
+        let promoted_to_dram = self.promote_to_dram(budget)?;
+        Ok(StepReport {
+            promoted_to_pool,
+            promoted_to_dram,
+            demoted,
+            dropped,
+        })
     }
 
     fn promote_to_pool(&self, budget: usize) -> Result<usize> {
@@ -503,6 +544,10 @@ impl Tiers {
         let mut done = 0;
         for (key, bytes) in batch {
             if st.slots.get(key).is_some() {
+                continue;
+            }
+            if st.slots.len() + st.demoting.len() + 1 >= self.physical_blocks {
+                st.to_pool.push((key, bytes)); // no room until a demotion batch is flushed
                 continue;
             }
             let mut sp = self.spill();
@@ -523,31 +568,42 @@ impl Tiers {
         Ok(done)
     }
 
-    /// Demotes victims while the pool tier is over its size, at most `budget`; returns (moved to
-    /// SSD, dropped).
-    fn demote(&self, budget: usize) -> Result<(usize, usize)> {
+    /// Picks victims while the pool tier is over its size (at most `budget`) and stages them for
+    /// demotion; writes staged blocks to SSD in batches of `step_budget` (all of them if
+    /// `flush_all`). Returns (moved to SSD, dropped).
+    fn demote(&self, budget: usize, flush_all: bool) -> Result<(usize, usize)> {
         let mut st = self.state();
-        let mut victims: Vec<(u32, Key)> = Vec::new();
-        while st.slots.len() - victims.len() > self.cfg.pool_blocks && victims.len() < budget {
+        let mut picked = 0;
+        while st.slots.len() > self.cfg.pool_blocks && picked < budget {
             let Some(v) = st.policy.victim() else { break };
-            victims.push((v, st.slots.id(v)));
+            let key = st.slots.release(v);
+            if let Some(d) = &self.dram {
+                d.remove(key);
+            }
+            // Still in the partition until flushed; a get before then takes it back.
+            st.demoting.push(key);
+            picked += 1;
         }
-        if victims.is_empty() {
+        let batch = self.cfg.step_budget.max(1);
+        if st.demoting.is_empty() || (st.demoting.len() < batch && !flush_all) {
             return Ok((0, 0));
         }
-        let mut payloads = Vec::with_capacity(victims.len());
-        for &(_, key) in &victims {
+        let n = if flush_all { st.demoting.len() } else { batch };
+        let keys: Vec<Key> = st.demoting.drain(..n).collect();
+        let mut payloads = Vec::with_capacity(keys.len());
+        for &key in &keys {
             payloads.push(self.participant.get(key)?.map(|(b, _)| b));
         }
         let mut moved = 0;
         if let Some(mut sp) = self.spill() {
-            let items: Vec<(Key, &[u8])> =
-                victims.iter().zip(&payloads).filter_map(|((_, k), b)| b.as_deref().map(|b| (*k, b))).collect();
+            let items: Vec<(Key, &[u8])> = keys
+                .iter()
+                .zip(&payloads)
+                .filter_map(|(k, b)| b.as_deref().map(|b| (*k, b)))
+                .collect();
             if let Err(e) = sp.write_batch(&items) {
-                // Nothing moved: the victims stay in the pool tier.
-                for &(v, _) in &victims {
-                    st.policy.insert(v);
-                }
+                // Nothing moved: the blocks stay staged in the pool.
+                st.demoting.extend(keys);
                 return Err(e);
             }
             moved = items.len();
@@ -555,16 +611,17 @@ impl Tiers {
             st.stats.demoted_to_ssd += moved as u64;
         }
         self.fault_point(FaultPoint::AfterSpillWrite);
-        for &(v, key) in &victims {
-            if let Some(d) = &self.dram {
-                d.remove(key);
-            }
+        for &key in &keys {
             self.participant.delete(key)?;
-            st.slots.release(v);
         }
-        let dropped = victims.len() - moved;
+        let dropped = keys.len() - moved;
         st.stats.dropped += dropped as u64;
         Ok((moved, dropped))
+    }
+
+    /// Writes every block staged for demotion to SSD now.
+    pub fn flush(&self) -> Result<()> {
+        self.demote(0, true).map(|_| ())
     }
 
     fn promote_to_dram(&self, budget: usize) -> Result<usize> {
@@ -612,7 +669,10 @@ impl Tiers {
                 }
             })
             .expect("spawn tiering thread");
-        TieringThread { stop, handle: Some(handle) }
+        TieringThread {
+            stop,
+            handle: Some(handle),
+        }
     }
 }
 

@@ -124,7 +124,12 @@ pub struct SpillOptions {
 
 impl Default for SpillOptions {
     fn default() -> Self {
-        SpillOptions { max_payload: 256 << 10, queue_depth: 32, compress: true, direct: true }
+        SpillOptions {
+            max_payload: 256 << 10,
+            queue_depth: 32,
+            compress: true,
+            direct: true,
+        }
     }
 }
 
@@ -144,7 +149,11 @@ pub struct SpillFile {
 
 impl std::fmt::Debug for SpillFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SpillFile").field("path", &self.path).field("records", &self.index.len()).field("direct", &self.direct).finish()
+        f.debug_struct("SpillFile")
+            .field("path", &self.path)
+            .field("records", &self.index.len())
+            .field("direct", &self.direct)
+            .finish()
     }
 }
 
@@ -160,9 +169,20 @@ impl SpillFile {
 
     /// Opens (creating if absent) the spill file at `path` and recovers its index.
     pub fn open(path: &Path, opts: SpillOptions) -> Result<(SpillFile, SpillRecovery)> {
-        let io = |e: std::io::Error| TierError::Io { path: path.to_path_buf(), source: e };
+        let io = |e: std::io::Error| TierError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        };
         let mut direct = opts.direct;
-        let open = |flags: i32| OpenOptions::new().read(true).write(true).create(true).truncate(false).custom_flags(flags).open(path);
+        let open = |flags: i32| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .custom_flags(flags)
+                .open(path)
+        };
         let file = match open(if direct { libc::O_DIRECT } else { 0 }) {
             Ok(f) => f,
             Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
@@ -171,7 +191,9 @@ impl SpillFile {
             }
             Err(e) => return Err(io(e)),
         };
-        let max_pages = pages_for(lz4_flex::block::get_maximum_output_size(opts.max_payload).max(opts.max_payload));
+        let max_pages = pages_for(
+            lz4_flex::block::get_maximum_output_size(opts.max_payload).max(opts.max_payload),
+        );
         let ring = Ring::new(opts.queue_depth, max_pages as usize * ALIGN).map_err(io)?;
         let mut sf = SpillFile {
             path: path.to_path_buf(),
@@ -208,7 +230,9 @@ impl SpillFile {
             }
             let pages = pages_for(h.stored_len as usize);
             let ok = h.header_crc == h.compute_crc()
-                && (h.stored_len as usize) <= lz4_flex::block::get_maximum_output_size(self.opts.max_payload).max(self.opts.max_payload)
+                && (h.stored_len as usize)
+                    <= lz4_flex::block::get_maximum_output_size(self.opts.max_payload)
+                        .max(self.opts.max_payload)
                 && (h.raw_len as usize) <= self.opts.max_payload
                 && SpillCodec::from_code(h.codec).is_some()
                 && page + u64::from(pages) <= total
@@ -222,7 +246,15 @@ impl SpillFile {
                 page += 1;
                 continue;
             }
-            valid.push((h.seq, Extent { page, pages, seq: h.seq }, Key::from_parts(h.key_lo, h.key_hi)));
+            valid.push((
+                h.seq,
+                Extent {
+                    page,
+                    pages,
+                    seq: h.seq,
+                },
+                Key::from_parts(h.key_lo, h.key_hi),
+            ));
             page += u64::from(pages);
         }
         let mut used = vec![false; total as usize];
@@ -248,7 +280,10 @@ impl SpillFile {
             while p < used.len() && !used[p] {
                 p += 1;
             }
-            self.free.entry((p - start) as u32).or_default().push(start as u64);
+            self.free
+                .entry((p - start) as u32)
+                .or_default()
+                .push(start as u64);
         }
         Ok(rec)
     }
@@ -302,7 +337,10 @@ impl SpillFile {
                 self.free.remove(&size);
             }
             if size > pages {
-                self.free.entry(size - pages).or_default().push(page + u64::from(pages));
+                self.free
+                    .entry(size - pages)
+                    .or_default()
+                    .push(page + u64::from(pages));
             }
             return page;
         }
@@ -324,7 +362,10 @@ impl SpillFile {
             let mut placed = Vec::with_capacity(chunk.len());
             for (i, &(key, bytes)) in chunk.iter().enumerate() {
                 if bytes.len() > self.opts.max_payload {
-                    return Err(TierError::TooLarge { len: bytes.len(), max: self.opts.max_payload });
+                    return Err(TierError::TooLarge {
+                        len: bytes.len(),
+                        max: self.opts.max_payload,
+                    });
                 }
                 let buf_len = self.ring.buffer_len();
                 let (codec, stored_len) = {
@@ -333,7 +374,10 @@ impl SpillFile {
                     let mut codec = SpillCodec::Raw;
                     let mut stored = bytes.len();
                     if self.opts.compress {
-                        if let Ok(n) = lz4_flex::block::compress_into(bytes, &mut buf[SPILL_HEADER_SIZE..buf_len]) {
+                        if let Ok(n) = lz4_flex::block::compress_into(
+                            bytes,
+                            &mut buf[SPILL_HEADER_SIZE..buf_len],
+                        ) {
                             if pages_for(n) < raw_pages {
                                 codec = SpillCodec::Lz4;
                                 stored = n;
@@ -341,7 +385,8 @@ impl SpillFile {
                         }
                     }
                     if codec == SpillCodec::Raw {
-                        buf[SPILL_HEADER_SIZE..SPILL_HEADER_SIZE + bytes.len()].copy_from_slice(bytes);
+                        buf[SPILL_HEADER_SIZE..SPILL_HEADER_SIZE + bytes.len()]
+                            .copy_from_slice(bytes);
                     }
                     (codec, stored)
                 };
@@ -365,18 +410,31 @@ impl SpillFile {
                 h.header_crc = h.compute_crc();
                 buf[..SPILL_HEADER_SIZE].copy_from_slice(as_bytes(&h));
                 let page = self.allocate(pages);
-                ops.push(Op { buf: i, len: end, offset: page * PAGE, write: true });
+                ops.push(Op {
+                    buf: i,
+                    len: end,
+                    offset: page * PAGE,
+                    write: true,
+                });
                 placed.push((key, Extent { page, pages, seq }, bytes.len(), codec));
             }
             let t = std::time::Instant::now();
             let res = self.ring.run(self.file.as_raw_fd(), &ops);
             self.stats.io_ns += t.elapsed().as_nanos() as u64;
-            let res = res.map_err(|e| TierError::Io { path: self.path.clone(), source: e })?;
+            let res = res.map_err(|e| TierError::Io {
+                path: self.path.clone(),
+                source: e,
+            })?;
             let mut failed = None;
             for ((op, r), (key, ext, raw, codec)) in ops.iter().zip(&res).zip(placed) {
                 if *r != op.len as i32 {
                     self.release(ext);
-                    failed.get_or_insert(TierError::ShortIo { path: self.path.clone(), offset: op.offset, expected: op.len, result: *r });
+                    failed.get_or_insert(TierError::ShortIo {
+                        path: self.path.clone(),
+                        offset: op.offset,
+                        expected: op.len,
+                        result: *r,
+                    });
                     continue;
                 }
                 if let Some(old) = self.index.insert(key, ext) {
@@ -406,17 +464,30 @@ impl SpillFile {
             let mut which = Vec::new();
             for (i, key) in chunk.iter().enumerate() {
                 if let Some(ext) = self.index.get(key) {
-                    ops.push(Op { buf: ops.len(), len: ext.pages as usize * ALIGN, offset: ext.page * PAGE, write: false });
+                    ops.push(Op {
+                        buf: ops.len(),
+                        len: ext.pages as usize * ALIGN,
+                        offset: ext.page * PAGE,
+                        write: false,
+                    });
                     which.push((c * depth + i, *key, *ext));
                 }
             }
             let t = std::time::Instant::now();
             let res = self.ring.run(self.file.as_raw_fd(), &ops);
             self.stats.io_ns += t.elapsed().as_nanos() as u64;
-            let res = res.map_err(|e| TierError::Io { path: self.path.clone(), source: e })?;
+            let res = res.map_err(|e| TierError::Io {
+                path: self.path.clone(),
+                source: e,
+            })?;
             for ((op, r), (slot, key, ext)) in ops.iter().zip(&res).zip(which) {
                 if *r != op.len as i32 {
-                    return Err(TierError::ShortIo { path: self.path.clone(), offset: op.offset, expected: op.len, result: *r });
+                    return Err(TierError::ShortIo {
+                        path: self.path.clone(),
+                        offset: op.offset,
+                        expected: op.len,
+                        result: *r,
+                    });
                 }
                 self.stats.file_bytes_read += op.len as u64;
                 match decode(self.ring.buf(op.buf), key, ext.seq, self.opts.max_payload) {
@@ -458,7 +529,10 @@ impl SpillFile {
 
     /// Flushes written data to stable storage (fdatasync).
     pub fn sync(&self) -> Result<()> {
-        self.file.sync_data().map_err(|e| TierError::Io { path: self.path.clone(), source: e })
+        self.file.sync_data().map_err(|e| TierError::Io {
+            path: self.path.clone(),
+            source: e,
+        })
     }
 }
 
@@ -473,10 +547,26 @@ impl SpillCodec {
     }
 }
 
+/// LZ4-compresses `data` as spill records do (lz4_flex block format).
+pub fn lz4_compress(data: &[u8]) -> Vec<u8> {
+    lz4_flex::block::compress(data)
+}
+
+/// Decompresses what [`lz4_compress`] made of `raw_len` bytes; `None` if it is not that.
+pub fn lz4_decompress(stored: &[u8], raw_len: usize) -> Option<Vec<u8>> {
+    let mut out = vec![0u8; raw_len];
+    let n = lz4_flex::block::decompress_into(stored, &mut out).ok()?;
+    (n == raw_len).then_some(out)
+}
+
 /// Validates a record read back (header, key, sequence, CRC) and decodes its payload.
 fn decode(buf: &[u8], key: Key, seq: u64, max_payload: usize) -> Option<Vec<u8>> {
     let h: SpillHeader = from_bytes(buf.get(..SPILL_HEADER_SIZE)?);
-    if h.magic != SPILL_MAGIC || h.header_crc != h.compute_crc() || Key::from_parts(h.key_lo, h.key_hi) != key || h.seq != seq {
+    if h.magic != SPILL_MAGIC
+        || h.header_crc != h.compute_crc()
+        || Key::from_parts(h.key_lo, h.key_hi) != key
+        || h.seq != seq
+    {
         return None;
     }
     let stored = buf.get(SPILL_HEADER_SIZE..SPILL_HEADER_SIZE + h.stored_len as usize)?;

@@ -60,7 +60,12 @@ impl AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         // SAFETY: allocated in `new` with this very layout.
-        unsafe { dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.len, ALIGN)) };
+        unsafe {
+            dealloc(
+                self.ptr.as_ptr(),
+                Layout::from_size_align_unchecked(self.len, ALIGN),
+            )
+        };
     }
 }
 
@@ -93,12 +98,22 @@ impl Ring {
         let nbufs = nbufs.clamp(1, 4096);
         let ring = IoUring::new(nbufs.next_power_of_two() as u32)?;
         let bufs: Vec<AlignedBuf> = (0..nbufs).map(|_| AlignedBuf::new(buf_len)).collect();
-        let iovecs: Vec<libc::iovec> =
-            bufs.iter().map(|b| libc::iovec { iov_base: b.ptr.as_ptr().cast(), iov_len: b.len }).collect();
+        let iovecs: Vec<libc::iovec> = bufs
+            .iter()
+            .map(|b| libc::iovec {
+                iov_base: b.ptr.as_ptr().cast(),
+                iov_len: b.len,
+            })
+            .collect();
         // SAFETY: the iovecs describe buffers owned by this Ring, which outlive the registration
         // (the ring is closed, dropping the registration, before the buffers are freed).
         let registered = unsafe { ring.submitter().register_buffers(&iovecs) }.is_ok();
-        Ok(Ring { ring, bufs, registered, poisoned: false })
+        Ok(Ring {
+            ring,
+            bufs,
+            registered,
+            poisoned: false,
+        })
     }
 
     /// True when the buffers are registered (fixed-buffer reads and writes).
@@ -130,26 +145,36 @@ impl Ring {
     /// submission's completions; returns each operation's result (bytes, or `-errno`).
     pub fn run(&mut self, fd: RawFd, ops: &[Op]) -> std::io::Result<Vec<i32>> {
         if self.poisoned {
-            return Err(std::io::Error::other("io_uring ring failed earlier; buffers were leaked"));
+            return Err(std::io::Error::other(
+                "io_uring ring failed earlier; buffers were leaked",
+            ));
         }
         let mut results = vec![0i32; ops.len()];
         for (c, chunk) in ops.chunks(self.bufs.len()).enumerate() {
             let base = c * self.bufs.len();
             for (i, op) in chunk.iter().enumerate() {
-                assert!(op.buf < self.bufs.len() && op.len <= self.bufs[op.buf].len, "op outside its buffer");
+                assert!(
+                    op.buf < self.bufs.len() && op.len <= self.bufs[op.buf].len,
+                    "op outside its buffer"
+                );
                 let ptr = self.bufs[op.buf].ptr.as_ptr();
                 let len = op.len as u32;
                 let fd = types::Fd(fd);
                 let entry = match (op.write, self.registered) {
-                    (true, true) => opcode::WriteFixed::new(fd, ptr, len, op.buf as u16).offset(op.offset).build(),
+                    (true, true) => opcode::WriteFixed::new(fd, ptr, len, op.buf as u16)
+                        .offset(op.offset)
+                        .build(),
                     (true, false) => opcode::Write::new(fd, ptr, len).offset(op.offset).build(),
-                    (false, true) => opcode::ReadFixed::new(fd, ptr, len, op.buf as u16).offset(op.offset).build(),
+                    (false, true) => opcode::ReadFixed::new(fd, ptr, len, op.buf as u16)
+                        .offset(op.offset)
+                        .build(),
                     (false, false) => opcode::Read::new(fd, ptr, len).offset(op.offset).build(),
                 };
                 let entry = entry.user_data((base + i) as u64);
                 // SAFETY: the buffer (owned by self) stays alive and is not touched by us until
                 // this operation's completion is reaped below, before `run` returns.
-                unsafe { self.ring.submission().push(&entry) }.expect("submission queue sized for a chunk");
+                unsafe { self.ring.submission().push(&entry) }
+                    .expect("submission queue sized for a chunk");
             }
             let mut done = 0;
             while done < chunk.len() {

@@ -1,0 +1,35 @@
+// Selects the HLS type headers: the vendor's (Vitis HLS) when they are on the include path, our
+// small compatibility header (fpga/include/hls_compat: hls::stream, the only HLS type the kernel
+// uses; plain C++ integers and floats elsewhere) otherwise or when CXLKV_HLS_COMPAT is set.
+#ifndef CXLKV_HLS_TYPES_H
+#define CXLKV_HLS_TYPES_H
+
+#if !defined(CXLKV_HLS_COMPAT) && defined(__has_include)
+#if __has_include(<hls_stream.h>) && __has_include(<hls_math.h>)
+#define CXLKV_HLS_VENDOR 1
+#endif
+#endif
+
+#ifdef CXLKV_HLS_VENDOR
+#include <hls_math.h>
+#include <hls_stream.h>
+#else
+#include "../include/hls_compat/hls_stream.h"
+#endif
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace cxlkv_hls {
+// Fused multiply-add (one rounding), as Rust's f32::mul_add. hls::fma with the vendor library.
+inline float fused_mul_add(float a, float b, float c) {
+#ifdef CXLKV_HLS_VENDOR
+    return hls::fma(a, b, c);
+#else
+    return std::fma(a, b, c);
+#endif
+}
+}  // namespace cxlkv_hls
+
+#endif

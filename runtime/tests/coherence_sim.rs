@@ -1,0 +1,55 @@
+//! Randomized protocol tests on the non-coherence simulator (docs/COHERENCE.md).
+//!
+//! `CXLKV_SIM_SEEDS=N` runs N seeds per host count instead of the default; the teeth test (needs
+//! the `coherence-teeth` feature: `cargo test -p cxlkv-runtime --features coherence-teeth --test
+//! coherence_sim`) removes each publish/acquire site in turn and requires a violation.
+
+use cxlkv_runtime::sim::{run_sim, sites, SimOptions};
+
+fn seeds(default: u64) -> u64 {
+    std::env::var("CXLKV_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+#[test]
+fn protocol_holds_with_every_site() {
+    for hosts in [2u32, 3, 5, 8] {
+        let r = run_sim(&SimOptions { hosts, seeds: seeds(25), ..Default::default() });
+        println!("{hosts} hosts: {r}");
+        assert!(r.ok(), "{r}");
+        assert!(r.crashes > 0, "no seed crashed a host");
+    }
+}
+
+#[test]
+fn unknown_site_is_refused() {
+    let r = run_sim(&SimOptions { drop_site: Some("nope".into()), ..Default::default() });
+    assert!(!r.ok());
+    assert!(r.error.is_some());
+}
+
+#[cfg(feature = "coherence-teeth")]
+#[test]
+fn every_site_is_needed() {
+    let budget = seeds(400);
+    let mut missed = Vec::new();
+    println!("| site | breaking seed (hosts) | violation |");
+    for site in sites() {
+        let mut found = None;
+        for hosts in [3u32, 2, 5] {
+            let r = run_sim(&SimOptions { hosts, seeds: budget, drop_site: Some(site.into()), ..Default::default() });
+            assert!(r.error.is_none(), "{r}");
+            if let Some(v) = r.violation {
+                found = Some(v);
+                break;
+            }
+        }
+        match found {
+            Some(v) => println!("| {site} | {} ({}) | {} |", v.seed, v.hosts, v.what),
+            None => {
+                println!("| {site} | NOT FOUND in {budget} seeds |");
+                missed.push(site);
+            }
+        }
+    }
+    assert!(missed.is_empty(), "sites whose removal no seed detected: {missed:?}");
+}
