@@ -28,6 +28,12 @@ enum Command {
     /// The main job: a shared-memory pool, several participant processes storing and sharing the
     /// real SmolLM2 KV cache, then a check of the pool.
     Demo(cli::demo::DemoArgs),
+    /// Replay a Mooncake-format KV-cache trace against a real pool with DRAM, pool and SSD tiers,
+    /// per eviction policy and capacity (with Belady's optimum as the reference line).
+    Replay(cli::replay::ReplayArgs),
+    /// The randomized coherence protocol test: simulated hosts share a pool without hardware
+    /// coherence (private write-back caches), with crashes and takeovers.
+    Sim(cli::sim::SimArgs),
     /// Benchmarks with their limits measured in the same run.
     Bench {
         #[command(subcommand)]
@@ -86,6 +92,8 @@ fn main() -> ExitCode {
         Command::Topo { json } => cli::topo(json),
         Command::Pool { command } => cli::pool::run(command),
         Command::Demo(a) => cli::demo::run(&a),
+        Command::Replay(a) => cli::replay::run(&a),
+        Command::Sim(a) => cli::sim::run(&a),
         Command::DemoWorker(a) => cli::demo::worker(&a),
         Command::Testbed { args } => cli::testbed(&args),
         Command::Bench {
@@ -104,7 +112,7 @@ fn main() -> ExitCode {
 fn bench_qk(a: &QkArgs) -> cli::Result<ExitCode> {
     use cxlkv::kernels::bench::{run_qk_bench, QkBenchConfig};
     let dtype = a.dtype.parse().map_err(cli::Error::Usage)?;
-    if a.dim == 0 || a.dim % 16 != 0 || a.dim > 256 {
+    if a.dim == 0 || !a.dim.is_multiple_of(16) || a.dim > 256 {
         return Err(cli::Error::Usage(format!(
             "--dim {} must be a multiple of 16 up to 256",
             a.dim

@@ -11,7 +11,7 @@
 //! Workers are this test binary re-executed with `CXLKV_STRESS_ROLE=worker`.
 
 use cxlkv::runtime::region::{Backend, Region, RegionOptions};
-use cxlkv::runtime::{check, Key, Pool, PoolConfig, PoolError};
+use cxlkv::runtime::{check, CoherenceMode, Key, Pool, PoolConfig, PoolError};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -270,16 +270,29 @@ fn stress_worker_entry() {
 
 #[test]
 fn processes_share_a_pool_through_sigkills() {
-    let name = format!("cxlkv-stress-{}", std::process::id());
+    stress(CoherenceMode::Hardware);
+}
+
+/// The same run on a software-coherent pool: every publish writes lines back (CLWB, CLFLUSHOPT or
+/// CLFLUSH) and every acquire invalidates them, on real memory.
+#[test]
+fn processes_share_a_software_coherent_pool_through_sigkills() {
+    stress(CoherenceMode::Software);
+}
+
+fn stress(coherence: CoherenceMode) {
+    let name = format!("cxlkv-stress-{}-{}", std::process::id(), coherence as u32);
     let spec = format!("shm:{name}");
     let backend: Backend = spec.parse().unwrap();
     let cfg = PoolConfig {
         block_size: BLOCK,
         participants: WORKERS,
         lease: Duration::from_millis(300),
+        coherence,
         ..Default::default()
     };
     let pool = Pool::create_on(&backend, 96 << 20, &cfg, &RegionOptions::default()).unwrap();
+    assert_eq!(pool.superblock().coherence, coherence as u32);
     assert!(
         pool.superblock().blocks_per_partition as u64 >= 4 * KEYS_PER_INCARNATION + 50,
         "no eviction: every committed key must stay"

@@ -71,7 +71,8 @@ pub fn check(pool: &Pool) -> Result<CheckReport> {
     let sb = *pool.superblock();
     let mem = pool.mem();
     let mut r = CheckReport::default();
-    let err = |r: &mut CheckReport, place: String, what: String| r.errors.push(Finding { place, what });
+    let err =
+        |r: &mut CheckReport, place: String, what: String| r.errors.push(Finding { place, what });
 
     // Participant table.
     for q in 0..sb.participants {
@@ -88,7 +89,15 @@ pub fn check(pool: &Pool) -> Result<CheckReport> {
         }
         let part = mem.load_u64(base + slot::PARTITION, Ordering::Relaxed)?;
         if part > u64::from(sb.partitions) {
-            err(&mut r, place.clone(), format!("owns partition {} of {}", part.wrapping_sub(1), sb.partitions));
+            err(
+                &mut r,
+                place.clone(),
+                format!(
+                    "owns partition {} of {}",
+                    part.wrapping_sub(1),
+                    sb.partitions
+                ),
+            );
         }
         for e in 0..PINS_PER_PARTICIPANT {
             let eoff = base + slot::PINS + e * PIN_SIZE;
@@ -97,7 +106,15 @@ pub fn check(pool: &Pool) -> Result<CheckReport> {
             }
             let w = mem.load_u64(eoff + pin::WHERE, Ordering::Relaxed)?;
             if (w >> 32) >= u64::from(sb.partitions) || (w as u32) >= sb.blocks_per_partition {
-                err(&mut r, format!("{place} pin {e}"), format!("names partition {} block {}, outside the pool", w >> 32, w as u32));
+                err(
+                    &mut r,
+                    format!("{place} pin {e}"),
+                    format!(
+                        "names partition {} block {}, outside the pool",
+                        w >> 32,
+                        w as u32
+                    ),
+                );
             }
         }
         let _ = counters::COUNT;
@@ -111,11 +128,23 @@ pub fn check(pool: &Pool) -> Result<CheckReport> {
         let owner = mem.load_u64(base + partition::OWNER, Ordering::Acquire)?;
         let holder = (owner & 0xffff_ffff) as u32;
         if holder > sb.participants {
-            err(&mut r, format!("partition {p}"), format!("owner word names participant {} of {}", holder - 1, sb.participants));
+            err(
+                &mut r,
+                format!("partition {p}"),
+                format!(
+                    "owner word names participant {} of {}",
+                    holder - 1,
+                    sb.participants
+                ),
+            );
         }
         let next_seq = mem.load_u64(base + partition::NEXT_SEQ, Ordering::Relaxed)?;
         if next_seq > crate::format::MAX_SEQ {
-            err(&mut r, format!("partition {p}"), format!("next sequence number {next_seq:#x} does not fit an index entry"));
+            err(
+                &mut r,
+                format!("partition {p}"),
+                format!("next sequence number {next_seq:#x} does not fit an index entry"),
+            );
         }
         let mut referenced = vec![u32::MAX; nblocks];
         let mask = sb.index_slots - 1;
@@ -130,18 +159,35 @@ pub fn check(pool: &Pool) -> Result<CheckReport> {
             if slotv.entry == ENTRY_EMPTY || slotv.entry == ENTRY_TOMBSTONE {
                 continue;
             }
-            let Some((b, seq)) = decode_entry(slotv.entry) else { continue };
+            let Some((b, seq)) = decode_entry(slotv.entry) else {
+                continue;
+            };
             if b as usize >= nblocks {
-                err(&mut r, place, format!("entry points at block {b} of {nblocks}"));
+                err(
+                    &mut r,
+                    place,
+                    format!("entry points at block {b} of {nblocks}"),
+                );
                 continue;
             }
             if referenced[b as usize] != u32::MAX {
-                err(&mut r, place, format!("block {b} is also indexed by slot {}", referenced[b as usize]));
+                err(
+                    &mut r,
+                    place,
+                    format!(
+                        "block {b} is also indexed by slot {}",
+                        referenced[b as usize]
+                    ),
+                );
                 continue;
             }
             referenced[b as usize] = s;
             if seq >= next_seq.max(1) {
-                err(&mut r, place.clone(), format!("sequence {seq} not below the partition's next sequence {next_seq}"));
+                err(
+                    &mut r,
+                    place.clone(),
+                    format!("sequence {seq} not below the partition's next sequence {next_seq}"),
+                );
             }
             let key = Key::from_parts(slotv.key_lo, slotv.key_hi);
             // The key must be reachable: no empty slot between its home and here.
@@ -150,7 +196,13 @@ pub fn check(pool: &Pool) -> Result<CheckReport> {
             while i != s {
                 let e = mem.load_u64(pool.index_slot_off(p, i) + 24, Ordering::Relaxed)?;
                 if e == ENTRY_EMPTY {
-                    err(&mut r, place.clone(), format!("key {key} unreachable: empty slot {i} on its probe path from {home}"));
+                    err(
+                        &mut r,
+                        place.clone(),
+                        format!(
+                            "key {key} unreachable: empty slot {i} on its probe path from {home}"
+                        ),
+                    );
                     break;
                 }
                 i = (i + 1) & mask;
@@ -162,11 +214,23 @@ pub fn check(pool: &Pool) -> Result<CheckReport> {
                 continue;
             }
             if Key::from_parts(h.key_lo, h.key_hi) != key || h.seq != seq {
-                err(&mut r, hplace, format!("header names key {} seq {}, index says key {key} seq {seq}", Key::from_parts(h.key_lo, h.key_hi), h.seq));
+                err(
+                    &mut r,
+                    hplace,
+                    format!(
+                        "header names key {} seq {}, index says key {key} seq {seq}",
+                        Key::from_parts(h.key_lo, h.key_hi),
+                        h.seq
+                    ),
+                );
                 continue;
             }
             if h.len > sb.block_size || Codec::from_code(h.codec).is_none() {
-                err(&mut r, hplace, format!("length {} or codec {} invalid", h.len, h.codec));
+                err(
+                    &mut r,
+                    hplace,
+                    format!("length {} or codec {} invalid", h.len, h.codec),
+                );
                 continue;
             }
             let mut buf = vec![0u8; h.len as usize];

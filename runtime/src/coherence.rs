@@ -114,11 +114,15 @@ pub unsafe fn write_back(ptr: *const u8, len: usize, kind: FlushKind) {
             // contract), and these instructions only move that line between cache and memory.
             unsafe {
                 match kind {
-                    FlushKind::Clwb => core::arch::asm!("clwb [{0}]", in(reg) p, options(nostack, preserves_flags)),
+                    FlushKind::Clwb => {
+                        core::arch::asm!("clwb [{0}]", in(reg) p, options(nostack, preserves_flags))
+                    }
                     FlushKind::ClflushOpt => {
                         core::arch::asm!("clflushopt [{0}]", in(reg) p, options(nostack, preserves_flags))
                     }
-                    FlushKind::Clflush => core::arch::asm!("clflush [{0}]", in(reg) p, options(nostack, preserves_flags)),
+                    FlushKind::Clflush => {
+                        core::arch::asm!("clflush [{0}]", in(reg) p, options(nostack, preserves_flags))
+                    }
                     FlushKind::Fence => {}
                 }
             }
@@ -159,7 +163,9 @@ pub unsafe fn invalidate(ptr: *const u8, len: usize, kind: FlushKind) {
                     FlushKind::Clwb | FlushKind::ClflushOpt => {
                         core::arch::asm!("clflushopt [{0}]", in(reg) p, options(nostack, preserves_flags))
                     }
-                    FlushKind::Clflush => core::arch::asm!("clflush [{0}]", in(reg) p, options(nostack, preserves_flags)),
+                    FlushKind::Clflush => {
+                        core::arch::asm!("clflush [{0}]", in(reg) p, options(nostack, preserves_flags))
+                    }
                     FlushKind::Fence => {}
                 }
             }
@@ -319,7 +325,7 @@ mod tests {
     fn lines_cover_the_range() {
         assert_eq!(lines(64 as *const u8, 64), (64, 1));
         assert_eq!(lines(65 as *const u8, 64), (64, 2));
-        assert_eq!(lines(0 as *const u8, 1), (0, 1));
+        assert_eq!(lines(std::ptr::null(), 1), (0, 1));
     }
 
     #[test]

@@ -101,7 +101,10 @@ pub fn as_bytes<T: Plain>(v: &T) -> &[u8] {
 
 /// A plain value from the first `size_of::<T>()` bytes of `bytes` (which must be that long).
 pub fn from_bytes<T: Plain>(bytes: &[u8]) -> T {
-    assert!(bytes.len() >= std::mem::size_of::<T>(), "short buffer for plain value");
+    assert!(
+        bytes.len() >= std::mem::size_of::<T>(),
+        "short buffer for plain value"
+    );
     // SAFETY: length checked above; T: Plain is valid for every bit pattern; read_unaligned copes
     // with any alignment of the byte buffer.
     unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) }
@@ -258,8 +261,15 @@ pub mod counters {
     /// Number of counters.
     pub const COUNT: u64 = 7;
     /// Names, in index order.
-    pub const NAMES: [&str; COUNT as usize] =
-        ["puts", "hits", "misses", "retries", "evictions", "deletes", "pins"];
+    pub const NAMES: [&str; COUNT as usize] = [
+        "puts",
+        "hits",
+        "misses",
+        "retries",
+        "evictions",
+        "deletes",
+        "pins",
+    ];
 }
 
 /// Word offsets of one pin entry (32 bytes). `seq` is written last (Release) and cleared first.
@@ -275,8 +285,10 @@ pub mod pin {
 pub mod partition {
     /// `generation << 32 | (participant + 1)`; participant part 0 = unowned.
     pub const OWNER: u64 = 0;
-    /// Next block sequence number to hand out (monotonic across owners).
-    pub const NEXT_SEQ: u64 = 8;
+    /// Next block sequence number to hand out (monotonic across owners). In its own cache line:
+    /// the owner writes it, while a successor writes `OWNER` (one writer per line, which
+    /// non-coherent memory needs: a stale dirty line written back would undo a takeover).
+    pub const NEXT_SEQ: u64 = 64;
 }
 
 /// Index slot (32 bytes): a seqlock-protected mapping key → block. Accessed word by word as
@@ -312,7 +324,10 @@ pub fn decode_entry(entry: u64) -> Option<(u32, u64)> {
     if entry == ENTRY_EMPTY || entry == ENTRY_TOMBSTONE {
         None
     } else {
-        Some(((entry & MAX_BLOCKS_PER_PARTITION) as u32, entry >> ENTRY_BLOCK_BITS))
+        Some((
+            (entry & MAX_BLOCKS_PER_PARTITION) as u32,
+            entry >> ENTRY_BLOCK_BITS,
+        ))
     }
 }
 
@@ -392,6 +407,11 @@ pub struct KvLayout {
 // SAFETY: repr(C), fields without padding (layout test), integers only.
 unsafe impl Plain for KvLayout {}
 
+// The participant slot's regions fit and are line-aligned: checked at compile time.
+const _: () = assert!(slot::HOTLIST < PARTICIPANT_SLOT_SIZE);
+const _: () = assert!(slot::PINS.is_multiple_of(LINE));
+const _: () = assert!(slot::COUNTERS + counters::COUNT * 8 <= slot::PINS);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -464,13 +484,6 @@ mod tests {
         assert_eq!(offset_of!(KvLayout, v_off), 44);
         assert_eq!(offset_of!(KvLayout, bounds_off), 48);
         assert_eq!(offset_of!(KvLayout, reserved1), 52);
-    }
-
-    #[test]
-    fn participant_slot_fits() {
-        assert!(slot::HOTLIST < PARTICIPANT_SLOT_SIZE);
-        assert_eq!(slot::PINS % LINE, 0);
-        assert!(slot::COUNTERS + counters::COUNT * 8 <= slot::PINS);
     }
 
     #[test]

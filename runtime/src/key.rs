@@ -54,7 +54,9 @@ impl KeyChain {
         seed.extend_from_slice(model.as_bytes());
         seed.extend_from_slice(&layer_first.to_le_bytes());
         seed.extend_from_slice(&layer_last.to_le_bytes());
-        KeyChain { prev: Key(xxh3_128(&seed)) }
+        KeyChain {
+            prev: Key(xxh3_128(&seed)),
+        }
     }
 
     /// The key of the next chunk, holding `tokens`; advances the chain.
@@ -70,7 +72,10 @@ impl KeyChain {
 
     /// Keys of `tokens` split into chunks of `chunk` tokens (the last may be shorter).
     pub fn keys(mut self, tokens: &[u32], chunk: usize) -> Vec<Key> {
-        tokens.chunks(chunk.max(1)).map(|c| self.next_chunk(c)).collect()
+        tokens
+            .chunks(chunk.max(1))
+            .map(|c| self.next_chunk(c))
+            .collect()
     }
 }
 

@@ -43,8 +43,13 @@ impl KvShape {
     /// Bytes of the whole typed payload.
     pub fn payload_bytes(&self) -> Option<usize> {
         let t = self.tensor_bytes()?;
-        let bounds = (self.kv_heads as usize).checked_mul(self.head_dim as usize)?.checked_mul(8)?;
-        LAYOUT_SIZE.checked_add(t)?.checked_add(t)?.checked_add(bounds)
+        let bounds = (self.kv_heads as usize)
+            .checked_mul(self.head_dim as usize)?
+            .checked_mul(8)?;
+        LAYOUT_SIZE
+            .checked_add(t)?
+            .checked_add(t)?
+            .checked_add(bounds)
     }
 }
 
@@ -55,11 +60,19 @@ pub fn encode(shape: &KvShape, k: &[u8], v: &[u8]) -> Result<Vec<u8>> {
     if shape.kv_heads == 0 || shape.head_dim == 0 || shape.tokens == 0 {
         return Err(bad(format!("empty shape {shape:?}")));
     }
-    let t = shape.tensor_bytes().ok_or_else(|| bad("shape overflows".into()))?;
+    let t = shape
+        .tensor_bytes()
+        .ok_or_else(|| bad("shape overflows".into()))?;
     if k.len() != t || v.len() != t {
-        return Err(bad(format!("K has {} bytes and V {}, the shape needs {t} each", k.len(), v.len())));
+        return Err(bad(format!(
+            "K has {} bytes and V {}, the shape needs {t} each",
+            k.len(),
+            v.len()
+        )));
     }
-    let total = shape.payload_bytes().ok_or_else(|| bad("shape overflows".into()))?;
+    let total = shape
+        .payload_bytes()
+        .ok_or_else(|| bad("shape overflows".into()))?;
     let layout = KvLayout {
         dtype: shape.dtype as u32,
         layer: shape.layer,
@@ -116,10 +129,16 @@ impl<'a> KvBlock<'a> {
     pub fn parse(payload: &'a [u8]) -> Result<KvBlock<'a>> {
         let bad = |m: String| PoolError::BadKvBlock(m);
         if payload.len() < LAYOUT_SIZE {
-            return Err(bad(format!("payload of {} bytes is shorter than its layout", payload.len())));
+            return Err(bad(format!(
+                "payload of {} bytes is shorter than its layout",
+                payload.len()
+            )));
         }
         let l: KvLayout = format::from_bytes(payload);
-        let dtype = u8::try_from(l.dtype).ok().and_then(DType::from_code).ok_or_else(|| bad(format!("unknown dtype code {}", l.dtype)))?;
+        let dtype = u8::try_from(l.dtype)
+            .ok()
+            .and_then(DType::from_code)
+            .ok_or_else(|| bad(format!("unknown dtype code {}", l.dtype)))?;
         let shape = KvShape {
             dtype,
             layer: l.layer,
@@ -129,11 +148,21 @@ impl<'a> KvBlock<'a> {
             sequence: l.sequence,
             token_offset: l.token_offset,
         };
-        let t = shape.tensor_bytes().ok_or_else(|| bad("shape overflows".into()))?;
-        let total = shape.payload_bytes().ok_or_else(|| bad("shape overflows".into()))?;
+        let t = shape
+            .tensor_bytes()
+            .ok_or_else(|| bad("shape overflows".into()))?;
+        let total = shape
+            .payload_bytes()
+            .ok_or_else(|| bad("shape overflows".into()))?;
         let expect = (LAYOUT_SIZE, LAYOUT_SIZE + t, LAYOUT_SIZE + 2 * t);
-        if (l.k_off as usize, l.v_off as usize, l.bounds_off as usize) != expect || total != payload.len() || t == 0 {
-            return Err(bad(format!("layout {l:?} does not match a payload of {} bytes", payload.len())));
+        if (l.k_off as usize, l.v_off as usize, l.bounds_off as usize) != expect
+            || total != payload.len()
+            || t == 0
+        {
+            return Err(bad(format!(
+                "layout {l:?} does not match a payload of {} bytes",
+                payload.len()
+            )));
         }
         Ok(KvBlock {
             shape,
@@ -146,9 +175,14 @@ impl<'a> KvBlock<'a> {
     /// Key bounds of head `h`: (min, max) per dimension.
     pub fn head_bounds(&self, h: usize) -> (Vec<f32>, Vec<f32>) {
         let d = self.shape.head_dim as usize;
-        let f = |i: usize| f32::from_le_bytes(self.bounds[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+        let f = |i: usize| {
+            f32::from_le_bytes(self.bounds[4 * i..4 * i + 4].try_into().expect("4 bytes"))
+        };
         let base = h * 2 * d;
-        ((0..d).map(|i| f(base + i)).collect(), (0..d).map(|i| f(base + d + i)).collect())
+        (
+            (0..d).map(|i| f(base + i)).collect(),
+            (0..d).map(|i| f(base + d + i)).collect(),
+        )
     }
 }
 
@@ -159,10 +193,25 @@ mod tests {
 
     #[test]
     fn encode_parse_round_trip_with_bounds() {
-        let shape = KvShape { dtype: DType::F16, layer: 3, kv_heads: 2, head_dim: 4, tokens: 3, sequence: 9, token_offset: 48 };
+        let shape = KvShape {
+            dtype: DType::F16,
+            layer: 3,
+            kv_heads: 2,
+            head_dim: 4,
+            tokens: 3,
+            sequence: 9,
+            token_offset: 48,
+        };
         let vals: Vec<f32> = (0..24).map(|i| (i as f32 - 10.0) * 0.5).collect();
-        let k: Vec<u8> = vals.iter().flat_map(|&x| f32_to_f16(x).to_le_bytes()).collect();
-        let v: Vec<u8> = vals.iter().rev().flat_map(|&x| f32_to_f16(x).to_le_bytes()).collect();
+        let k: Vec<u8> = vals
+            .iter()
+            .flat_map(|&x| f32_to_f16(x).to_le_bytes())
+            .collect();
+        let v: Vec<u8> = vals
+            .iter()
+            .rev()
+            .flat_map(|&x| f32_to_f16(x).to_le_bytes())
+            .collect();
         let p = encode(&shape, &k, &v).unwrap();
         let b = KvBlock::parse(&p).unwrap();
         assert_eq!(b.shape, shape);

@@ -29,12 +29,15 @@ pub mod stats;
 pub mod tier;
 pub mod topo;
 
-pub use format::{Codec, CoherenceMode};
 pub use check::{check, CheckReport};
+pub use format::{Codec, CoherenceMode};
 pub use key::{Key, KeyChain};
 pub use kv::{KvBlock, KvShape};
 pub use mem::SharedMemory;
-pub use participant::{AttachOptions, RawPin, RawReservation, CRASH_SITES, Participant, ParticipantStats, PinnedBlock, Reservation};
+pub use participant::{
+    AttachOptions, Participant, ParticipantStats, PinnedBlock, RawPin, RawReservation, Reservation,
+    CRASH_SITES,
+};
 pub use pool::{BlockInfo, BlockRef, Location, Pool, PoolConfig, PoolError};
-pub use stats::{pool_stats, PoolStats};
 pub use region::{Backend, HugePages, Region, RegionOptions};
+pub use stats::{pool_stats, PoolStats};

@@ -50,8 +50,11 @@ pub fn check_range(offset: u64, len: u64, size: u64) -> Result<usize> {
 
 #[inline]
 fn check_atomic(offset: u64, width: u64, size: u64) -> Result<usize> {
-    if offset % width != 0 {
-        return Err(MemError::Misaligned { offset, align: width });
+    if !offset.is_multiple_of(width) {
+        return Err(MemError::Misaligned {
+            offset,
+            align: width,
+        });
     }
     check_range(offset, width, size)
 }
@@ -175,7 +178,9 @@ impl RawMemory {
         current: u64,
         new: u64,
     ) -> Result<std::result::Result<u64, u64>> {
-        Ok(self.atomic(offset)?.compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire))
+        Ok(self
+            .atomic(offset)?
+            .compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire))
     }
 
     pub(crate) fn raw_range(&self, offset: u64, len: u64) -> Result<*mut u8> {

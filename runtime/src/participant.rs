@@ -10,11 +10,11 @@
 //! lease, the next participant that attaches takes its partition over by bumping the partition's
 //! generation, repairs any index slot left mid-update, and keeps every committed block readable.
 
+use crate::coherence::{self, Site};
 use crate::format::{
     self, counters, decode_entry, encode_entry, partition, pin, read_plain, slot, BlockHeader,
     Codec, ENTRY_EMPTY, ENTRY_TOMBSTONE, INDEX_SLOT_SIZE, PINS_PER_PARTICIPANT, PIN_SIZE,
 };
-use crate::coherence::{self, Site};
 use crate::key::Key;
 use crate::policy::{EvictionPolicy, Lru};
 use crate::pool::{now_ns, BlockInfo, Location, Pool, PoolError, Probe, Result, SliceBuf};
@@ -33,7 +33,10 @@ pub struct AttachOptions {
 
 impl Default for AttachOptions {
     fn default() -> Self {
-        AttachOptions { heartbeat: true, own_partition: true }
+        AttachOptions {
+            heartbeat: true,
+            own_partition: true,
+        }
     }
 }
 
@@ -94,6 +97,10 @@ pub struct Participant {
     counters: [AtomicU64; counters::COUNT as usize],
     pin_used: Mutex<u64>,
     fenced: Arc<AtomicBool>,
+    /// Time (`now_ns`) of the last heartbeat this participant wrote.
+    last_beat: Arc<AtomicU64>,
+    /// The pool is software-coherent: a participant whose own lease lapsed fences itself.
+    self_fencing: bool,
     heartbeat: Option<(mpsc::Sender<()>, std::thread::JoinHandle<()>)>,
     /// What attaching found and did (takeover, repaired slots), for reports.
     pub recovery: Recovery,
@@ -116,8 +123,12 @@ pub struct Recovery {
 
 fn new_token(id: u32) -> u64 {
     let k = Key::from_bytes(
-        &[now_ns().to_le_bytes(), u64::from(std::process::id()).to_le_bytes(), u64::from(id).to_le_bytes()]
-            .concat(),
+        &[
+            now_ns().to_le_bytes(),
+            u64::from(std::process::id()).to_le_bytes(),
+            u64::from(id).to_le_bytes(),
+        ]
+        .concat(),
     );
     k.lo() | 1
 }
@@ -155,14 +166,19 @@ impl Participant {
     pub fn attach_slot(pool: &Pool, slot_id: u32, opts: AttachOptions) -> Result<Participant> {
         let sb = *pool.superblock();
         if slot_id >= sb.participants {
-            return Err(PoolError::BadConfig(format!("slot {slot_id} of {} participants", sb.participants)));
+            return Err(PoolError::BadConfig(format!(
+                "slot {slot_id} of {} participants",
+                sb.participants
+            )));
         }
         let mem = pool.mem();
         // Pairs with the publish of the slot by its previous holder (SlotWrite, HeartbeatWrite).
         coherence::acquire(mem, Site::LivenessRead, pool.slot_off(slot_id), 64);
         let off = pool.slot_off(slot_id) + slot::TOKEN;
         if mem.load_u64(off, Ordering::Acquire)? != 0 && !participant_dead(pool, slot_id)? {
-            return Err(PoolError::BadConfig(format!("slot {slot_id} is held by a live participant")));
+            return Err(PoolError::BadConfig(format!(
+                "slot {slot_id} is held by a live participant"
+            )));
         }
         let token = new_token(slot_id);
         mem.store_u64(off, token, Ordering::Relaxed)?;
@@ -170,19 +186,35 @@ impl Participant {
     }
 
     /// Initializes claimed slot `id` and claims a partition (`fixed`: exactly that one, no CAS).
-    fn init_slot(pool: &Pool, id: u32, token: u64, opts: AttachOptions, fixed: Option<u32>) -> Result<Participant> {
+    fn init_slot(
+        pool: &Pool,
+        id: u32,
+        token: u64,
+        opts: AttachOptions,
+        fixed: Option<u32>,
+    ) -> Result<Participant> {
         let mem = pool.mem();
         let base = pool.slot_off(id);
         // Wrapping: the word is shared memory and may hold anything (a corrupt u64::MAX panicked).
-        let generation = mem.load_u64(base + slot::GENERATION, Ordering::Relaxed)?.wrapping_add(1);
+        let generation = mem
+            .load_u64(base + slot::GENERATION, Ordering::Relaxed)?
+            .wrapping_add(1);
         mem.store_u64(base + slot::GENERATION, generation, Ordering::Relaxed)?;
-        mem.store_u64(base + slot::PID, u64::from(std::process::id()), Ordering::Relaxed)?;
+        mem.store_u64(
+            base + slot::PID,
+            u64::from(std::process::id()),
+            Ordering::Relaxed,
+        )?;
         mem.store_u64(base + slot::PARTITION, 0, Ordering::Relaxed)?;
         for c in 0..counters::COUNT {
             mem.store_u64(base + slot::COUNTERS + 8 * c, 0, Ordering::Relaxed)?;
         }
         for p in 0..PINS_PER_PARTICIPANT {
-            mem.store_u64(base + slot::PINS + p * PIN_SIZE + pin::SEQ, 0, Ordering::Relaxed)?;
+            mem.store_u64(
+                base + slot::PINS + p * PIN_SIZE + pin::SEQ,
+                0,
+                Ordering::Relaxed,
+            )?;
         }
         // Heartbeat last, Release: a reader that sees it fresh sees the slot initialized.
         mem.store_u64(base + slot::HEARTBEAT, now_ns(), Ordering::Release)?;
@@ -199,6 +231,9 @@ impl Participant {
             counters: Default::default(),
             pin_used: Mutex::new(0),
             fenced: Arc::new(AtomicBool::new(false)),
+            last_beat: Arc::new(AtomicU64::new(now_ns())),
+            self_fencing: format::CoherenceMode::from_code(pool.superblock().coherence)
+                == Some(format::CoherenceMode::Software),
             heartbeat: None,
             recovery: Recovery::default(),
         };
@@ -242,7 +277,11 @@ impl Participant {
             }
             prev = Some(q);
         }
-        mem.store_u64(my_slot + slot::PARTITION, u64::from(p) + 1, Ordering::SeqCst)?;
+        mem.store_u64(
+            my_slot + slot::PARTITION,
+            u64::from(p) + 1,
+            Ordering::SeqCst,
+        )?;
         // Pairs with the LivenessRead acquire in `orphaned` of other hosts.
         coherence::publish(mem, Site::SlotWrite, my_slot + slot::PARTITION, 8);
         let gen = (word >> 32).wrapping_add(1) & 0xffff_ffff;
@@ -279,7 +318,11 @@ impl Participant {
             }
             // Announce the intent first so that nobody judges the partition orphaned between our
             // claim and our slot saying so. Pairs with the load in `orphaned`.
-            mem.store_u64(my_slot + slot::PARTITION, u64::from(p) + 1, Ordering::SeqCst)?;
+            mem.store_u64(
+                my_slot + slot::PARTITION,
+                u64::from(p) + 1,
+                Ordering::SeqCst,
+            )?;
             coherence::publish(mem, Site::SlotWrite, my_slot + slot::PARTITION, 8);
             let gen = (word >> 32).wrapping_add(1) & 0xffff_ffff;
             let new = (gen << 32) | u64::from(self.id + 1);
@@ -321,12 +364,43 @@ impl Participant {
 
     /// This participant's counters.
     pub fn stats(&self) -> ParticipantStats {
-        ParticipantStats::from_array(std::array::from_fn(|i| self.counters[i].load(Ordering::Relaxed)))
+        ParticipantStats::from_array(std::array::from_fn(|i| {
+            self.counters[i].load(Ordering::Relaxed)
+        }))
+    }
+
+    /// On a software-coherent pool, true (and fenced for good) once this participant's own lease
+    /// has lapsed: a successor may have taken its slot and partition over, and without cross-host
+    /// coherence every further write to either could undo the successor's (two writers of one
+    /// cache line). A live participant's heartbeat thread never lets this happen.
+    fn lease_lost(&self) -> bool {
+        if self.fenced.load(Ordering::Relaxed) {
+            return true;
+        }
+        let lapsed = self.self_fencing
+            && now_ns().saturating_sub(self.last_beat.load(Ordering::Relaxed))
+                > self.pool.superblock().lease_ns;
+        if lapsed {
+            self.fenced.store(true, Ordering::Relaxed);
+        }
+        lapsed
+    }
+
+    fn fenced_error(&self) -> PoolError {
+        PoolError::Fenced {
+            partition: self.partition().unwrap_or(0),
+            generation: (self.owner_word >> 32) as u32,
+        }
     }
 
     fn owner(&self) -> Result<MutexGuard<'_, OwnerState>> {
-        let m = self.owner.as_ref().ok_or(PoolError::NoPartition { participant: self.id })?;
+        let m = self.owner.as_ref().ok_or(PoolError::NoPartition {
+            participant: self.id,
+        })?;
         let st = m.lock().unwrap_or_else(|e| e.into_inner());
+        if self.self_fencing && self.lease_lost() {
+            return Err(self.fenced_error());
+        }
         self.check_fence(st.partition)?;
         Ok(st)
     }
@@ -338,7 +412,10 @@ impl Participant {
         let word = self.pool.mem().load_u64(off, Ordering::Acquire)?;
         if word != self.owner_word || self.fenced.load(Ordering::Relaxed) {
             self.fenced.store(true, Ordering::Relaxed);
-            return Err(PoolError::Fenced { partition: p, generation: (word >> 32) as u32 });
+            return Err(PoolError::Fenced {
+                partition: p,
+                generation: (word >> 32) as u32,
+            });
         }
         Ok(())
     }
@@ -351,15 +428,29 @@ impl Participant {
 
     /// Stores a typed KV block (K and V `[kv_heads][tokens][head_dim]` of `shape.dtype`) under
     /// `key`; the key bounds are computed here so scorers can prune the block.
-    pub fn put_kv(&self, key: Key, shape: &crate::kv::KvShape, k: &[u8], v: &[u8]) -> Result<Location> {
+    pub fn put_kv(
+        &self,
+        key: Key,
+        shape: &crate::kv::KvShape,
+        k: &[u8],
+        v: &[u8],
+    ) -> Result<Location> {
         let payload = crate::kv::encode(shape, k, v)?;
         self.put_with_codec(key, Codec::KvV1, &payload)
     }
 
-    pub(crate) fn put_with_codec(&self, key: Key, codec: Codec, payload: &[u8]) -> Result<Location> {
+    pub(crate) fn put_with_codec(
+        &self,
+        key: Key,
+        codec: Codec,
+        payload: &[u8],
+    ) -> Result<Location> {
         let cap = self.pool.block_size();
         if payload.len() as u64 > cap {
-            return Err(PoolError::PayloadTooLarge { len: payload.len() as u64, capacity: cap });
+            return Err(PoolError::PayloadTooLarge {
+                len: payload.len() as u64,
+                capacity: cap,
+            });
         }
         let mut st = self.owner()?;
         let block = self.allocate(&mut st)?;
@@ -383,7 +474,15 @@ impl Participant {
         }
         let mut st = self.owner()?;
         let block = self.allocate(&mut st)?;
-        Ok(Reservation { participant: self, partition: st.partition, block, key, len, codec, done: false })
+        Ok(Reservation {
+            participant: self,
+            partition: st.partition,
+            block,
+            key,
+            len,
+            codec,
+            done: false,
+        })
     }
 
     /// Takes a free block, reusing deferred ones whose pins are gone, else evicting.
@@ -393,7 +492,11 @@ impl Participant {
         }
         if !st.deferred.is_empty() {
             let pins = self.live_pins(st.partition)?;
-            if let Some(i) = st.deferred.iter().position(|(b, s)| !pins.contains(&(*b, *s))) {
+            if let Some(i) = st
+                .deferred
+                .iter()
+                .position(|(b, s)| !pins.contains(&(*b, *s)))
+            {
                 return Ok(st.deferred.swap_remove(i).0);
             }
         }
@@ -427,7 +530,15 @@ impl Participant {
     }
 
     /// Writes header and index entry for a filled block; the last step of put and commit.
-    fn finish_commit(&self, st: &mut OwnerState, key: Key, block: u32, codec: Codec, len: u64, crc: u32) -> Result<Location> {
+    fn finish_commit(
+        &self,
+        st: &mut OwnerState,
+        key: Key,
+        block: u32,
+        codec: Codec,
+        len: u64,
+        crc: u32,
+    ) -> Result<Location> {
         let pool = &self.pool;
         let mem = pool.mem();
         let p = st.partition;
@@ -437,7 +548,11 @@ impl Participant {
         }
         let seq = st.next_seq;
         st.next_seq += 1;
-        mem.store_u64(pool.partition_off(p) + partition::NEXT_SEQ, st.next_seq, Ordering::Relaxed)?;
+        mem.store_u64(
+            pool.partition_off(p) + partition::NEXT_SEQ,
+            st.next_seq,
+            Ordering::Relaxed,
+        )?;
         let mut h = BlockHeader {
             key_lo: key.lo(),
             key_hi: key.hi(),
@@ -501,7 +616,13 @@ impl Participant {
             }
         }
         self.count(counters::PUTS, 1);
-        Ok(Location { partition: p, slot: s, version: 0, block, seq })
+        Ok(Location {
+            partition: p,
+            slot: s,
+            version: 0,
+            block,
+            seq,
+        })
     }
 
     /// The owner's view of one of its slots (no concurrent writer, so no seqlock loop).
@@ -510,35 +631,63 @@ impl Participant {
         let m = self.pool.mem();
         Ok((
             m.load_u64(off, Ordering::Relaxed)?,
-            Key::from_parts(m.load_u64(off + 8, Ordering::Relaxed)?, m.load_u64(off + 16, Ordering::Relaxed)?),
+            Key::from_parts(
+                m.load_u64(off + 8, Ordering::Relaxed)?,
+                m.load_u64(off + 16, Ordering::Relaxed)?,
+            ),
             m.load_u64(off + 24, Ordering::Relaxed)?,
         ))
     }
 
     /// Removes `block`'s index entry at `slot`.
     fn unindex(&self, st: &mut OwnerState, block: u32, slot: u32) -> Result<()> {
+        // Backward-shift deletion (Knuth's Algorithm R), so that eviction churn leaves no
+        // tombstones behind and probe paths stay short. Invariant kept at every step for readers:
+        // a live key stays findable from its home slot. The hole is a tombstone while the shift
+        // runs (probes continue past it); an entry moves to the hole only if the hole lies on its
+        // probe path, and it is written there before its old slot becomes the new hole. A reader
+        // that raced a move may see a miss and retry; it never sees wrong data (the seqlock).
         let p = st.partition;
-        let n = self.pool.superblock().index_slots;
-        let next = (slot + 1) & (n - 1);
-        // A slot whose successor is empty ends every probe path through it, so it can become empty
-        // instead of a tombstone; then so can tombstones right before it.
-        let (_, _, next_entry) = self.own_slot(p, next)?;
-        if next_entry == ENTRY_EMPTY {
-            write_slot(&self.pool, p, slot, Key(0), ENTRY_EMPTY)?;
-            let mut s = slot;
-            loop {
-                s = s.wrapping_sub(1) & (n - 1);
-                let (_, _, e) = self.own_slot(p, s)?;
-                if e != ENTRY_TOMBSTONE || s == slot {
-                    break;
-                }
-                write_slot(&self.pool, p, s, Key(0), ENTRY_EMPTY)?;
-            }
-        } else {
-            write_slot(&self.pool, p, slot, Key(0), ENTRY_TOMBSTONE)?;
-        }
+        let mask = self.pool.superblock().index_slots - 1;
+        write_slot(&self.pool, p, slot, Key(0), ENTRY_TOMBSTONE)?;
         st.indexed[block as usize] = None;
         st.policy.remove(block);
+        let mut hole = slot;
+        let mut j = slot;
+        loop {
+            j = (j + 1) & mask;
+            if j == slot {
+                break; // wrapped around a table with no empty slot
+            }
+            let (_, key, entry) = self.own_slot(p, j)?;
+            if entry == ENTRY_EMPTY {
+                break;
+            }
+            let Some((b, seq)) = decode_entry(entry) else {
+                continue;
+            };
+            let home = self.pool.home_slot(key);
+            // Keys whose home lies cyclically in (hole, j] do not pass through the hole.
+            let home_after_hole = if hole <= j {
+                hole < home && home <= j
+            } else {
+                home > hole || home <= j
+            };
+            if home_after_hole {
+                continue;
+            }
+            write_slot(&self.pool, p, hole, key, entry)?;
+            if let Some(e) = st.indexed.get_mut(b as usize) {
+                *e = Some((hole, seq));
+            }
+            write_slot(&self.pool, p, j, Key(0), ENTRY_TOMBSTONE)?;
+            hole = j;
+        }
+        // Every entry between the hole and the empty slot that ended the scan has its home after
+        // the hole, so no probe path needs the hole: it becomes empty.
+        if j != slot {
+            write_slot(&self.pool, p, hole, Key(0), ENTRY_EMPTY)?;
+        }
         Ok(())
     }
 
@@ -560,7 +709,10 @@ impl Participant {
                 Ok(true)
             }
             Probe::Absent | Probe::Busy => match self.pool.locate(key)? {
-                Some(loc) => Err(PoolError::NotOwner { key, partition: loc.partition }),
+                Some(loc) => Err(PoolError::NotOwner {
+                    key,
+                    partition: loc.partition,
+                }),
                 None => Ok(false),
             },
         }
@@ -579,7 +731,9 @@ impl Participant {
     /// with the needed size if `buf` is too small.
     pub fn get_into(&self, key: Key, buf: &mut [u8]) -> Result<Option<BlockInfo>> {
         let mut retries = 0;
-        let r = self.pool.read_validated(key, &mut SliceBuf(buf), &mut retries);
+        let r = self
+            .pool
+            .read_validated(key, &mut SliceBuf(buf), &mut retries);
         self.after_get(&r, retries);
         r
     }
@@ -591,9 +745,14 @@ impl Participant {
         match r {
             Ok(Some(info)) => {
                 self.count(counters::HITS, 1);
-                if let (Some(m), true) = (&self.owner, Some(info.location.partition) == self.partition()) {
+                if let (Some(m), true) = (
+                    &self.owner,
+                    Some(info.location.partition) == self.partition(),
+                ) {
                     let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
-                    if st.indexed[info.location.block as usize].map(|(_, s)| s) == Some(info.location.seq) {
+                    if st.indexed[info.location.block as usize].map(|(_, s)| s)
+                        == Some(info.location.seq)
+                    {
                         st.policy.touch(info.location.block);
                     }
                 }
@@ -611,6 +770,9 @@ impl Participant {
     /// Pins the block under `key`: while the pin is held (and this participant is alive) its
     /// owner will not reuse the block, so the returned view stays valid for zero-copy reads.
     pub fn pin(&self, key: Key) -> Result<Option<PinnedBlock<'_>>> {
+        if self.self_fencing && self.lease_lost() {
+            return Err(self.fenced_error());
+        }
         let entry = {
             let mut used = self.pin_used.lock().unwrap_or_else(|e| e.into_inner());
             let free = (!*used).trailing_zeros() as u64;
@@ -641,7 +803,9 @@ impl Participant {
         let mem = pool.mem();
         let eoff = pool.slot_off(self.id) + slot::PINS + entry * PIN_SIZE;
         for _ in 0..crate::pool::READ_RETRIES {
-            let Some(loc) = pool.locate(key)? else { return Ok(None) };
+            let Some(loc) = pool.locate(key)? else {
+                return Ok(None);
+            };
             let where_ = (u64::from(loc.partition) << 32) | u64::from(loc.block);
             mem.store_u64(eoff + pin::WHERE, where_, Ordering::Relaxed)?;
             mem.store_u64(eoff + pin::SEQ, loc.seq, Ordering::Release)?;
@@ -649,19 +813,27 @@ impl Participant {
             coherence::publish(mem, Site::PinWrite, eoff, PIN_SIZE);
             // Dekker pair with the owner's fence between unindexing a block and reading pins.
             fence(Ordering::SeqCst);
-            let Some(h) = pool.checked_header(key, &loc)? else { continue };
+            let Some(h) = pool.checked_header(key, &loc)? else {
+                continue;
+            };
             // Validate the payload once; after this, the pin keeps it in place.
             let poff = pool.payload_off(loc.partition, loc.block);
             // Pairs with the BlockWrite publish of the payload.
             coherence::acquire(mem, Site::PayloadRead, poff, h.len);
-            if crc_of(mem, poff, h.len)? != h.payload_crc || pool.slot_version(loc.partition, loc.slot)? != loc.version {
+            if crc_of(mem, poff, h.len)? != h.payload_crc
+                || pool.slot_version(loc.partition, loc.slot)? != loc.version
+            {
                 continue;
             }
             let codec = Codec::from_code(h.codec).expect("checked header");
             return Ok(Some(PinnedBlock {
                 participant: self,
                 entry,
-                info: BlockInfo { len: h.len, codec, location: loc },
+                info: BlockInfo {
+                    len: h.len,
+                    codec,
+                    location: loc,
+                },
                 payload_off: poff,
             }));
         }
@@ -674,6 +846,9 @@ impl Participant {
     /// returned pin is held the owner will neither reuse nor rewrite the block, so its payload is
     /// immutable and may be read in place.
     pub fn pin_block(&self, r: &crate::pool::BlockRef) -> Result<Option<PinnedBlock<'_>>> {
+        if self.self_fencing && self.lease_lost() {
+            return Err(self.fenced_error());
+        }
         let entry = {
             let mut used = self.pin_used.lock().unwrap_or_else(|e| e.into_inner());
             let free = (!*used).trailing_zeros() as u64;
@@ -704,7 +879,11 @@ impl Participant {
                 Ok(Some(PinnedBlock {
                     participant: self,
                     entry,
-                    info: BlockInfo { len: r.header.len, codec, location: loc },
+                    info: BlockInfo {
+                        len: r.header.len,
+                        codec,
+                        location: loc,
+                    },
                     payload_off: r.payload_off,
                 }))
             }
@@ -717,9 +896,12 @@ impl Participant {
 
     fn unpin(&self, entry: u64) {
         let off = self.pool.slot_off(self.id) + slot::PINS + entry * PIN_SIZE + pin::SEQ;
-        // Release: our reads of the block happen before the owner may reuse it.
-        let _ = self.pool.mem().store_u64(off, 0, Ordering::Release);
-        coherence::publish(self.pool.mem(), Site::PinWrite, off, 8);
+        // A fenced participant's slot may belong to a successor now (it cleared our pins).
+        if !(self.self_fencing && self.lease_lost()) {
+            // Release: our reads of the block happen before the owner may reuse it.
+            let _ = self.pool.mem().store_u64(off, 0, Ordering::Release);
+            coherence::publish(self.pool.mem(), Site::PinWrite, off, 8);
+        }
         *self.pin_used.lock().unwrap_or_else(|e| e.into_inner()) &= !(1 << entry);
     }
 
@@ -732,7 +914,9 @@ impl Participant {
             let base = pool.slot_off(q);
             // Pairs with the PinWrite publishes of pin holders (and their SlotWrite claims).
             coherence::acquire(mem, Site::PinScanRead, base, format::PARTICIPANT_SLOT_SIZE);
-            if mem.load_u64(base + slot::TOKEN, Ordering::Acquire)? == 0 || participant_dead(pool, q)? {
+            if mem.load_u64(base + slot::TOKEN, Ordering::Acquire)? == 0
+                || participant_dead(pool, q)?
+            {
                 continue;
             }
             for e in 0..PINS_PER_PARTICIPANT {
@@ -756,8 +940,13 @@ impl Participant {
 
     /// Writes a fresh heartbeat now (the heartbeat thread does this every quarter lease).
     pub fn beat(&self) -> Result<()> {
+        if self.self_fencing && self.lease_lost() {
+            return Err(self.fenced_error());
+        }
         let off = self.pool.slot_off(self.id) + slot::HEARTBEAT;
-        self.pool.mem().store_u64(off, now_ns(), Ordering::Release)?;
+        let now = now_ns();
+        self.last_beat.store(now, Ordering::Relaxed);
+        self.pool.mem().store_u64(off, now, Ordering::Release)?;
         // Pairs with the LivenessRead acquire of whoever judges this participant's liveness.
         coherence::publish(self.pool.mem(), Site::HeartbeatWrite, off, 8);
         Ok(())
@@ -766,7 +955,12 @@ impl Participant {
     /// Number of blocks indexed in this participant's partition.
     pub fn live_blocks(&self) -> usize {
         self.owner.as_ref().map_or(0, |m| {
-            m.lock().unwrap_or_else(|e| e.into_inner()).indexed.iter().filter(|e| e.is_some()).count()
+            m.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .indexed
+                .iter()
+                .filter(|e| e.is_some())
+                .count()
         })
     }
 
@@ -774,6 +968,10 @@ impl Participant {
         if let Some((tx, h)) = self.heartbeat.take() {
             drop(tx);
             let _ = h.join();
+        }
+        if self.self_fencing && self.lease_lost() {
+            // Presumed dead: the slot and partition may be a successor's now; write nothing.
+            return;
         }
         let pool = &self.pool;
         let mem = pool.mem();
@@ -783,6 +981,10 @@ impl Participant {
             // participant to attach adopts them.
             let off = pool.partition_off(p) + partition::OWNER;
             let released = self.owner_word & !0xffff_ffff;
+            // Without cross-host coherence the compare-and-swap below compares against this
+            // host's copy: refresh it first, so a successor's takeover is not undone. Pairs with
+            // the OwnerWrite publish of the successor.
+            coherence::acquire(mem, Site::OwnerRead, off, 8);
             let _ = mem.compare_exchange_u64(off, self.owner_word, released);
             coherence::publish(mem, Site::OwnerWrite, off, 8);
         }
@@ -794,7 +996,11 @@ impl Participant {
             return;
         }
         for e in 0..PINS_PER_PARTICIPANT {
-            let _ = mem.store_u64(base + slot::PINS + e * PIN_SIZE + pin::SEQ, 0, Ordering::Relaxed);
+            let _ = mem.store_u64(
+                base + slot::PINS + e * PIN_SIZE + pin::SEQ,
+                0,
+                Ordering::Relaxed,
+            );
         }
         let _ = mem.store_u64(base + slot::PARTITION, 0, Ordering::Relaxed);
         let _ = mem.compare_exchange_u64(base + slot::TOKEN, self.token, 0);
@@ -872,7 +1078,13 @@ pub(crate) fn crash_point(site: &'static str) {
 }
 
 /// Names of the crash points (see [`crash_point`]), in the order a put reaches them.
-pub const CRASH_SITES: [&str; 5] = ["put:payload", "put:header", "slot:odd", "slot:fields", "put:indexed"];
+pub const CRASH_SITES: [&str; 5] = [
+    "put:payload",
+    "put:header",
+    "slot:odd",
+    "slot:fields",
+    "put:indexed",
+];
 
 /// Seqlock write of one index slot (owner only).
 pub(crate) fn write_slot(pool: &Pool, p: u32, s: u32, key: Key, entry: u64) -> Result<()> {
@@ -906,10 +1118,21 @@ fn recover_partition(pool: &Pool, p: u32, word: u64) -> Result<(OwnerState, Reco
     let mem = pool.mem();
     let nblocks = sb.blocks_per_partition as usize;
     let mut indexed: Vec<Option<(u32, u64)>> = vec![None; nblocks];
-    let mut rec = Recovery { partition: Some(p), ..Default::default() };
+    let mut rec = Recovery {
+        partition: Some(p),
+        ..Default::default()
+    };
     // Pairs with the IndexWrite and BlockWrite publishes of the partition's previous owner.
-    coherence::acquire(mem, Site::RecoveryRead, pool.partition_off(p), sb.payloads_off);
-    let mut max_seq = mem.load_u64(pool.partition_off(p) + partition::NEXT_SEQ, Ordering::Acquire)?;
+    coherence::acquire(
+        mem,
+        Site::RecoveryRead,
+        pool.partition_off(p),
+        sb.payloads_off,
+    );
+    let mut max_seq = mem.load_u64(
+        pool.partition_off(p) + partition::NEXT_SEQ,
+        Ordering::Acquire,
+    )?;
     if max_seq > format::MAX_SEQ {
         // Corrupt: no index entry can hold such a sequence number (and incrementing it overflowed).
         // Restart above the highest live entry found below; its blocks stay valid.
@@ -923,13 +1146,25 @@ fn recover_partition(pool: &Pool, p: u32, word: u64) -> Result<(OwnerState, Reco
         let mid_update = v & 1 == 1;
         let keep = match decode_entry(slot.entry) {
             Some((b, seq)) if (b as usize) < nblocks && indexed[b as usize].is_none() => {
-                let loc = Location { partition: p, slot: s, version: v, block: b, seq };
+                let loc = Location {
+                    partition: p,
+                    slot: s,
+                    version: v,
+                    block: b,
+                    seq,
+                };
                 match pool.checked_header(key, &loc)? {
-                    Some(h) if {
-                        // Pairs with the BlockWrite publish of the previous owner.
-                        coherence::acquire(mem, Site::RecoveryRead, pool.payload_off(p, b), h.len);
-                        crc_of(mem, pool.payload_off(p, b), h.len)? == h.payload_crc
-                    } =>
+                    Some(h)
+                        if {
+                            // Pairs with the BlockWrite publish of the previous owner.
+                            coherence::acquire(
+                                mem,
+                                Site::RecoveryRead,
+                                pool.payload_off(p, b),
+                                h.len,
+                            );
+                            crc_of(mem, pool.payload_off(p, b), h.len)? == h.payload_crc
+                        } =>
                     {
                         indexed[b as usize] = Some((s, seq));
                         max_seq = max_seq.max(seq + 1);
@@ -963,19 +1198,39 @@ fn recover_partition(pool: &Pool, p: u32, word: u64) -> Result<(OwnerState, Reco
     }
     // An entry made empty above may have broken no chain: empties are only created when a slot
     // was empty before the crash (entry unchanged) — tombstones keep chains intact otherwise.
-    let mut by_seq: Vec<(u64, u32)> =
-        indexed.iter().enumerate().filter_map(|(b, e)| e.map(|(_, seq)| (seq, b as u32))).collect();
+    let mut by_seq: Vec<(u64, u32)> = indexed
+        .iter()
+        .enumerate()
+        .filter_map(|(b, e)| e.map(|(_, seq)| (seq, b as u32)))
+        .collect();
     by_seq.sort_unstable();
     let mut policy: Box<dyn EvictionPolicy> = Box::new(Lru::new(nblocks));
     for &(_, b) in &by_seq {
         policy.insert(b);
     }
     rec.blocks = by_seq.len() as u64;
-    let free = (0..nblocks as u32).rev().filter(|b| indexed[*b as usize].is_none()).collect();
+    let free = (0..nblocks as u32)
+        .rev()
+        .filter(|b| indexed[*b as usize].is_none())
+        .collect();
     let next_seq = max_seq.max(1);
-    mem.store_u64(pool.partition_off(p) + partition::NEXT_SEQ, next_seq, Ordering::Relaxed)?;
+    mem.store_u64(
+        pool.partition_off(p) + partition::NEXT_SEQ,
+        next_seq,
+        Ordering::Relaxed,
+    )?;
     let _ = word;
-    Ok((OwnerState { partition: p, free, deferred: Vec::new(), indexed, policy, next_seq }, rec))
+    Ok((
+        OwnerState {
+            partition: p,
+            free,
+            deferred: Vec::new(),
+            indexed,
+            policy,
+            next_seq,
+        },
+        rec,
+    ))
 }
 
 fn spawn_heartbeat(me: &Participant) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
@@ -984,6 +1239,7 @@ fn spawn_heartbeat(me: &Participant) -> (mpsc::Sender<()>, std::thread::JoinHand
     let id = me.id;
     let token = me.token;
     let fenced = me.fenced.clone();
+    let last_beat = me.last_beat.clone();
     let watch = me.partition().map(|p| (p, me.owner_word));
     let period = Duration::from_nanos((pool.superblock().lease_ns / 4).max(1_000_000));
     let h = std::thread::Builder::new()
@@ -1000,10 +1256,16 @@ fn spawn_heartbeat(me: &Participant) -> (mpsc::Sender<()>, std::thread::JoinHand
                 fenced.store(true, Ordering::Relaxed);
                 return;
             }
-            let _ = mem.store_u64(base + slot::HEARTBEAT, now_ns(), Ordering::Release);
+            let now = now_ns();
+            last_beat.store(now, Ordering::Relaxed);
+            let _ = mem.store_u64(base + slot::HEARTBEAT, now, Ordering::Release);
             coherence::publish(mem, Site::HeartbeatWrite, base + slot::HEARTBEAT, 8);
             if let Some((p, word)) = watch {
-                if mem.load_u64(pool.partition_off(p) + partition::OWNER, Ordering::Acquire).ok() != Some(word) {
+                if mem
+                    .load_u64(pool.partition_off(p) + partition::OWNER, Ordering::Acquire)
+                    .ok()
+                    != Some(word)
+                {
                     fenced.store(true, Ordering::Relaxed);
                 }
             }
@@ -1038,27 +1300,36 @@ impl Reservation<'_> {
     pub fn write(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
         crate::mem::check_range(offset, bytes.len() as u64, self.len)?;
         let pool = &self.participant.pool;
-        pool.mem().write(pool.payload_off(self.partition, self.block) + offset, bytes)?;
+        pool.mem()
+            .write(pool.payload_off(self.partition, self.block) + offset, bytes)?;
         Ok(())
     }
 
     /// Pool offset of the reserved payload (what an NDP command names as its buffer; docs/ABI.md).
     pub fn payload_offset(&self) -> u64 {
-        self.participant.pool.payload_off(self.partition, self.block)
+        self.participant
+            .pool
+            .payload_off(self.partition, self.block)
     }
 
     /// Address of the reserved payload for in-place writes (`None` on memory without stable
     /// addresses). Valid until commit or drop; only the reserver may write through it.
     pub fn as_mut_ptr(&self) -> Result<Option<*mut u8>> {
         let pool = &self.participant.pool;
-        Ok(pool.mem().raw_range(pool.payload_off(self.partition, self.block), self.len)?)
+        Ok(pool
+            .mem()
+            .raw_range(pool.payload_off(self.partition, self.block), self.len)?)
     }
 
     /// Checksums the payload in place and publishes the block under its key.
     pub fn commit(mut self) -> Result<Location> {
         self.done = true;
         let p = self.participant;
-        let crc = crc_of(p.pool.mem(), p.pool.payload_off(self.partition, self.block), self.len)?;
+        let crc = crc_of(
+            p.pool.mem(),
+            p.pool.payload_off(self.partition, self.block),
+            self.len,
+        )?;
         let mut st = p.owner()?;
         p.finish_commit(&mut st, self.key, self.block, self.codec, self.len, crc)
     }
@@ -1068,7 +1339,10 @@ impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         if !self.done {
             if let Some(m) = &self.participant.owner {
-                m.lock().unwrap_or_else(|e| e.into_inner()).free.push(self.block);
+                m.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .free
+                    .push(self.block);
             }
         }
     }
@@ -1101,13 +1375,22 @@ impl PinnedBlock<'_> {
     /// Copies payload bytes at `offset` into `dst`.
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         crate::mem::check_range(offset, dst.len() as u64, self.info.len)?;
-        Ok(self.participant.pool.mem().read(self.payload_off + offset, dst)?)
+        Ok(self
+            .participant
+            .pool
+            .mem()
+            .read(self.payload_off + offset, dst)?)
     }
 
     /// Address of the payload for zero-copy readers and DMA registration (`None` on memory without
     /// stable addresses). Valid until the pin is dropped; the memory must only be read.
     pub fn as_ptr(&self) -> Result<Option<*const u8>> {
-        Ok(self.participant.pool.mem().raw_range(self.payload_off, self.info.len)?.map(|p| p as *const u8))
+        Ok(self
+            .participant
+            .pool
+            .mem()
+            .raw_range(self.payload_off, self.info.len)?
+            .map(|p| p as *const u8))
     }
 }
 
@@ -1137,7 +1420,11 @@ impl RawPin {
 impl PinnedBlock<'_> {
     /// Detaches the pin from its borrow; see [`RawPin`].
     pub fn into_raw(self) -> RawPin {
-        let raw = RawPin { entry: self.entry, info: self.info, payload_off: self.payload_off };
+        let raw = RawPin {
+            entry: self.entry,
+            info: self.info,
+            payload_off: self.payload_off,
+        };
         std::mem::forget(self);
         raw
     }
@@ -1170,14 +1457,24 @@ impl Reservation<'_> {
     /// Detaches the reservation from its borrow; see [`RawReservation`].
     pub fn into_raw(mut self) -> RawReservation {
         self.done = true;
-        RawReservation { partition: self.partition, block: self.block, key: self.key, len: self.len, codec: self.codec }
+        RawReservation {
+            partition: self.partition,
+            block: self.block,
+            key: self.key,
+            len: self.len,
+            codec: self.codec,
+        }
     }
 }
 
 impl Participant {
     /// Address of a raw pin's payload (`None` on memory without stable addresses).
     pub fn raw_pin_ptr(&self, pin: &RawPin) -> Result<Option<*const u8>> {
-        Ok(self.pool.mem().raw_range(pin.payload_off, pin.info.len)?.map(|p| p as *const u8))
+        Ok(self
+            .pool
+            .mem()
+            .raw_range(pin.payload_off, pin.info.len)?
+            .map(|p| p as *const u8))
     }
 
     /// Releases a pin taken with [`PinnedBlock::into_raw`].
@@ -1187,17 +1484,36 @@ impl Participant {
 
     /// Address of a raw reservation's payload, for in-place writes.
     pub fn raw_reservation_ptr(&self, r: &RawReservation) -> Result<Option<*mut u8>> {
-        Ok(self.pool.mem().raw_range(self.pool.payload_off(r.partition, r.block), r.len)?)
+        Ok(self
+            .pool
+            .mem()
+            .raw_range(self.pool.payload_off(r.partition, r.block), r.len)?)
     }
 
     /// Commits a reservation taken with [`Reservation::into_raw`].
     pub fn commit_raw(&self, r: RawReservation) -> Result<Location> {
-        Reservation { participant: self, partition: r.partition, block: r.block, key: r.key, len: r.len, codec: r.codec, done: false }
-            .commit()
+        Reservation {
+            participant: self,
+            partition: r.partition,
+            block: r.block,
+            key: r.key,
+            len: r.len,
+            codec: r.codec,
+            done: false,
+        }
+        .commit()
     }
 
     /// Abandons a reservation taken with [`Reservation::into_raw`]; its block is freed.
     pub fn abort_raw(&self, r: RawReservation) {
-        drop(Reservation { participant: self, partition: r.partition, block: r.block, key: r.key, len: r.len, codec: r.codec, done: false });
+        drop(Reservation {
+            participant: self,
+            partition: r.partition,
+            block: r.block,
+            key: r.key,
+            len: r.len,
+            codec: r.codec,
+            done: false,
+        });
     }
 }

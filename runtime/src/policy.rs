@@ -52,7 +52,12 @@ pub enum PolicyKind {
 
 impl PolicyKind {
     /// Every policy, the online ones first and the offline reference last.
-    pub const ALL: [PolicyKind; 4] = [PolicyKind::Lru, PolicyKind::LfuDecay, PolicyKind::PrefixAware, PolicyKind::Belady];
+    pub const ALL: [PolicyKind; 4] = [
+        PolicyKind::Lru,
+        PolicyKind::LfuDecay,
+        PolicyKind::PrefixAware,
+        PolicyKind::Belady,
+    ];
 
     /// Short name: `lru`, `lfu-decay`, `prefix-aware`, `belady`.
     pub fn name(self) -> &'static str {
@@ -94,7 +99,9 @@ impl PolicyKind {
             PolicyKind::Lru => Box::new(Lru::new(blocks)),
             PolicyKind::LfuDecay => Box::new(LfuDecay::new(blocks, half_life)),
             // Tuned on the conversation trace (data/traces): an insertion counts half an access.
-            PolicyKind::PrefixAware => Box::new(PrefixAware::new(blocks, half_life).with_insert_weight(0.5)),
+            PolicyKind::PrefixAware => {
+                Box::new(PrefixAware::new(blocks, half_life).with_insert_weight(0.5))
+            }
             PolicyKind::Belady => Box::new(Belady::new(blocks)),
         }
     }
@@ -121,7 +128,13 @@ pub struct Lru {
 impl Lru {
     /// An empty LRU over `blocks` blocks.
     pub fn new(blocks: usize) -> Lru {
-        Lru { prev: vec![NIL; blocks], next: vec![NIL; blocks], linked: vec![false; blocks], head: NIL, tail: NIL }
+        Lru {
+            prev: vec![NIL; blocks],
+            next: vec![NIL; blocks],
+            linked: vec![false; blocks],
+            head: NIL,
+            tail: NIL,
+        }
     }
 
     fn unlink(&mut self, b: u32) {
@@ -130,8 +143,16 @@ impl Lru {
             return;
         }
         let (p, n) = (self.prev[i], self.next[i]);
-        if p == NIL { self.head = n } else { self.next[p as usize] = n }
-        if n == NIL { self.tail = p } else { self.prev[n as usize] = p }
+        if p == NIL {
+            self.head = n
+        } else {
+            self.next[p as usize] = n
+        }
+        if n == NIL {
+            self.tail = p
+        } else {
+            self.prev[n as usize] = p
+        }
         self.linked[i] = false;
     }
 
@@ -188,7 +209,12 @@ const RENORM_EXP: f64 = 900.0;
 
 impl DecayedScores {
     fn new(blocks: usize, half_life: f64) -> Self {
-        DecayedScores { score: vec![0.0; blocks], now: 0, half_life: half_life.max(1.0), offset: 0.0 }
+        DecayedScores {
+            score: vec![0.0; blocks],
+            now: 0,
+            half_life: half_life.max(1.0),
+            offset: 0.0,
+        }
     }
 
     /// Advances time by one access and returns that access's weight, or `None` when every score
@@ -235,14 +261,21 @@ pub struct LfuDecay {
 impl LfuDecay {
     /// An empty policy over `blocks` blocks; a count halves every `half_life` accesses.
     pub fn new(blocks: usize, half_life: f64) -> LfuDecay {
-        LfuDecay { s: DecayedScores::new(blocks, half_life), tracked: vec![false; blocks], order: BTreeSet::new() }
+        LfuDecay {
+            s: DecayedScores::new(blocks, half_life),
+            tracked: vec![false; blocks],
+            order: BTreeSet::new(),
+        }
     }
 
     fn bump(&mut self, block: u32, fresh: bool) {
         let mut rebuilt = false;
         let w = self.s.next_weight(&mut rebuilt);
         if rebuilt {
-            self.order = (0..self.tracked.len() as u32).filter(|b| self.tracked[*b as usize]).map(|b| self.s.key(b)).collect();
+            self.order = (0..self.tracked.len() as u32)
+                .filter(|b| self.tracked[*b as usize])
+                .map(|b| self.s.key(b))
+                .collect();
         }
         self.order.remove(&self.s.key(block));
         let i = block as usize;
@@ -321,7 +354,11 @@ impl PrefixAware {
         let k = self.s.key(block);
         self.all.remove(&k);
         let was_leaf = self.leaves.remove(&k);
-        self.s.score[i] = if fresh { w * self.insert_weight } else { self.s.score[i] + w };
+        self.s.score[i] = if fresh {
+            w * self.insert_weight
+        } else {
+            self.s.score[i] + w
+        };
         let k = self.s.key(block);
         self.all.insert(k);
         if was_leaf || (fresh && self.children[i] == 0) {
@@ -403,7 +440,11 @@ impl EvictionPolicy for PrefixAware {
     }
     fn link(&mut self, child: u32, parent: u32) {
         let (c, p) = (child as usize, parent as usize);
-        if child == parent || !self.tracked[c] || !self.tracked[p] || self.parent[c] == (parent, self.gen[p]) {
+        if child == parent
+            || !self.tracked[c]
+            || !self.tracked[p]
+            || self.parent[c] == (parent, self.gen[p])
+        {
             return;
         }
         self.unlink_parent(child);
@@ -427,7 +468,11 @@ pub struct Belady {
 impl Belady {
     /// An empty policy over `blocks` blocks.
     pub fn new(blocks: usize) -> Belady {
-        Belady { next: vec![u64::MAX; blocks], tracked: vec![false; blocks], order: BTreeSet::new() }
+        Belady {
+            next: vec![u64::MAX; blocks],
+            tracked: vec![false; blocks],
+            order: BTreeSet::new(),
+        }
     }
 }
 

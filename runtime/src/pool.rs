@@ -9,13 +9,13 @@
 //! and accept only if its version is still `v`. Anything else is retried a bounded number of times
 //! and then reported as a miss, so a torn, stale or foreign copy is never returned.
 
+use crate::coherence::{self, Site};
 use crate::format::{
-    self, decode_entry, read_plain, BlockHeader, Codec, CoherenceMode, Superblock, BLOCK_HEADER_SIZE,
-    DEVICE_AREA_SIZE, ENTRY_EMPTY, ENTRY_TOMBSTONE, INDEX_SLOT_SIZE, MAGIC,
+    self, decode_entry, read_plain, BlockHeader, Codec, CoherenceMode, Superblock,
+    BLOCK_HEADER_SIZE, DEVICE_AREA_SIZE, ENTRY_EMPTY, ENTRY_TOMBSTONE, INDEX_SLOT_SIZE, MAGIC,
     MAX_BLOCKS_PER_PARTITION, PAGE, PARTICIPANT_SLOT_SIZE, PARTITION_HEADER_SIZE, SUPERBLOCK_SIZE,
     VERSION_MAJOR, VERSION_MINOR,
 };
-use crate::coherence::{self, Site};
 use crate::key::Key;
 use crate::mem::{MemError, SharedMemory};
 use crate::region::{Backend, Region, RegionError, RegionOptions};
@@ -169,22 +169,39 @@ fn round_up(x: u64, a: u64) -> Option<u64> {
 
 /// Byte layout of a partition holding `blocks` blocks: (index_off, headers_off, payloads_off, size).
 fn partition_layout(blocks: u64, block_size: u64) -> Option<(u64, u64, u64, u64, u64)> {
-    let slots = (blocks.checked_mul(2)?).max(2).checked_next_power_of_two()?;
+    let slots = (blocks.checked_mul(2)?)
+        .max(2)
+        .checked_next_power_of_two()?;
     let index_off = PARTITION_HEADER_SIZE;
-    let headers_off = round_up(index_off.checked_add(slots.checked_mul(INDEX_SLOT_SIZE)?)?, PAGE)?;
-    let payloads_off = round_up(headers_off.checked_add(blocks.checked_mul(BLOCK_HEADER_SIZE)?)?, PAGE)?;
-    let size = round_up(payloads_off.checked_add(blocks.checked_mul(block_size)?)?, PAGE)?;
+    let headers_off = round_up(
+        index_off.checked_add(slots.checked_mul(INDEX_SLOT_SIZE)?)?,
+        PAGE,
+    )?;
+    let payloads_off = round_up(
+        headers_off.checked_add(blocks.checked_mul(BLOCK_HEADER_SIZE)?)?,
+        PAGE,
+    )?;
+    let size = round_up(
+        payloads_off.checked_add(blocks.checked_mul(block_size)?)?,
+        PAGE,
+    )?;
     Some((slots, index_off, headers_off, payloads_off, size))
 }
 
 /// Plans the superblock of a pool of `size` bytes.
 pub fn plan(size: u64, cfg: &PoolConfig) -> Result<Superblock> {
     let bad = |m: String| Err(PoolError::BadConfig(m));
-    if cfg.block_size == 0 || cfg.block_size % PAGE != 0 {
-        return bad(format!("block size {} is not a positive multiple of 4096", cfg.block_size));
+    if cfg.block_size == 0 || !cfg.block_size.is_multiple_of(PAGE) {
+        return bad(format!(
+            "block size {} is not a positive multiple of 4096",
+            cfg.block_size
+        ));
     }
     if cfg.participants == 0 || cfg.participants > 4096 {
-        return bad(format!("participants must be 1..=4096, got {}", cfg.participants));
+        return bad(format!(
+            "participants must be 1..=4096, got {}",
+            cfg.participants
+        ));
     }
     let partitions = cfg.partitions.unwrap_or(cfg.participants);
     if partitions == 0 || partitions > 4096 {
@@ -200,7 +217,10 @@ pub fn plan(size: u64, cfg: &PoolConfig) -> Result<Superblock> {
     let per_partition = size.saturating_sub(partition_off) / u64::from(partitions) / PAGE * PAGE;
     let fits = |b: u64| partition_layout(b, cfg.block_size).is_some_and(|l| l.4 <= per_partition);
     // Largest block count that fits: binary search over [0, per_partition / block_size].
-    let (mut lo, mut hi) = (0u64, (per_partition / cfg.block_size).min(MAX_BLOCKS_PER_PARTITION));
+    let (mut lo, mut hi) = (
+        0u64,
+        (per_partition / cfg.block_size).min(MAX_BLOCKS_PER_PARTITION),
+    );
     while lo < hi {
         let mid = lo + (hi - lo).div_ceil(2);
         if fits(mid) {
@@ -251,13 +271,15 @@ thread_local! {
     /// The simulated clock of a non-coherence simulator host thread ([`crate::sim`]), if any.
     pub(crate) static SIM_CLOCK: std::cell::RefCell<Option<Arc<std::sync::atomic::AtomicU64>>> =
         const { std::cell::RefCell::new(None) };
+    /// How far this simulated host's clock runs ahead of the simulation's (a stalled host).
+    pub(crate) static SIM_SKEW: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// Nanoseconds since the Unix epoch (the clock of heartbeats; hosts sharing a pool must keep
 /// their clocks synchronized within a small fraction of the lease).
 pub fn now_ns() -> u64 {
     if let Some(t) = SIM_CLOCK.with(|c| c.borrow().as_ref().map(|c| c.load(Ordering::Relaxed))) {
-        return t;
+        return t + SIM_SKEW.with(|s| s.get());
     }
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -272,7 +294,13 @@ fn random_uuid() -> [u8; 16] {
             return u;
         }
     }
-    let k = Key::from_bytes(&[now_ns().to_le_bytes(), u64::from(std::process::id()).to_le_bytes()].concat());
+    let k = Key::from_bytes(
+        &[
+            now_ns().to_le_bytes(),
+            u64::from(std::process::id()).to_le_bytes(),
+        ]
+        .concat(),
+    );
     k.0.to_le_bytes()
 }
 
@@ -282,28 +310,39 @@ pub fn validate_superblock(sb: &Superblock, mem_size: u64) -> Result<()> {
         return Err(PoolError::BadMagic { found: sb.magic });
     }
     if sb.version_major != VERSION_MAJOR {
-        return Err(PoolError::UnsupportedVersion { major: sb.version_major, minor: sb.version_minor });
+        return Err(PoolError::UnsupportedVersion {
+            major: sb.version_major,
+            minor: sb.version_minor,
+        });
     }
     let computed = sb.compute_crc();
     if computed != sb.crc {
-        return Err(PoolError::SuperblockCrc { stored: sb.crc, computed });
+        return Err(PoolError::SuperblockCrc {
+            stored: sb.crc,
+            computed,
+        });
     }
     // The one word of the superblock outside its CRC must be zero, so that no flipped byte of the
     // 256-byte superblock goes unnoticed (it used to be ignored).
     if sb.reserved2 != 0 {
-        return Err(PoolError::Geometry(format!("reserved word after the CRC is {:#x}, expected 0", sb.reserved2)));
+        return Err(PoolError::Geometry(format!(
+            "reserved word after the CRC is {:#x}, expected 0",
+            sb.reserved2
+        )));
     }
     CoherenceMode::from_code(sb.coherence).ok_or(PoolError::UnsupportedCoherence(sb.coherence))?;
     // Recompute the geometry from the counts and require the stored offsets to match exactly: a
     // superblock that passes is one `plan` could have written, so every derived offset is sane.
     let geo = |m: &str| PoolError::Geometry(m.to_string());
-    if sb.block_size == 0 || sb.block_size % PAGE != 0 {
+    if sb.block_size == 0 || !sb.block_size.is_multiple_of(PAGE) {
         return Err(geo("block size is not a positive multiple of 4096"));
     }
-    if sb.participants == 0 || sb.participants > 4096 || sb.partitions == 0 || sb.partitions > 4096 {
+    if sb.participants == 0 || sb.participants > 4096 || sb.partitions == 0 || sb.partitions > 4096
+    {
         return Err(geo("participant or partition count out of range"));
     }
-    if sb.blocks_per_partition == 0 || u64::from(sb.blocks_per_partition) > MAX_BLOCKS_PER_PARTITION {
+    if sb.blocks_per_partition == 0 || u64::from(sb.blocks_per_partition) > MAX_BLOCKS_PER_PARTITION
+    {
         return Err(geo("blocks per partition out of range"));
     }
     let (slots, index_off, headers_off, payloads_off, stride) =
@@ -325,7 +364,9 @@ pub fn validate_superblock(sb: &Superblock, mem_size: u64) -> Result<()> {
     ];
     for (name, found, want) in expect {
         if found != want {
-            return Err(PoolError::Geometry(format!("{name} is {found}, expected {want}")));
+            return Err(PoolError::Geometry(format!(
+                "{name} is {found}, expected {want}"
+            )));
         }
     }
     let pool_size = stride
@@ -333,10 +374,16 @@ pub fn validate_superblock(sb: &Superblock, mem_size: u64) -> Result<()> {
         .and_then(|v| v.checked_add(partition_off))
         .ok_or_else(|| geo("pool size overflows"))?;
     if sb.pool_size != pool_size {
-        return Err(PoolError::Geometry(format!("pool_size is {}, expected {pool_size}", sb.pool_size)));
+        return Err(PoolError::Geometry(format!(
+            "pool_size is {}, expected {pool_size}",
+            sb.pool_size
+        )));
     }
     if pool_size > mem_size {
-        return Err(PoolError::Truncated { size: mem_size, needed: pool_size });
+        return Err(PoolError::Truncated {
+            size: mem_size,
+            needed: pool_size,
+        });
     }
     if sb.lease_ns < 1_000_000 {
         return Err(geo("lease shorter than 1 ms"));
@@ -413,7 +460,10 @@ pub(crate) struct SliceBuf<'a>(pub(crate) &'a mut [u8]);
 impl ReadBuf for SliceBuf<'_> {
     fn sized(&mut self, len: usize) -> Result<&mut [u8]> {
         let capacity = self.0.len() as u64;
-        self.0.get_mut(..len).ok_or(PoolError::BufferTooSmall { needed: len as u64, capacity })
+        self.0.get_mut(..len).ok_or(PoolError::BufferTooSmall {
+            needed: len as u64,
+            capacity,
+        })
     }
 }
 
@@ -431,7 +481,10 @@ pub(crate) struct PoolInner {
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pool").field("backend", &self.inner.backend).field("superblock", &self.inner.sb).finish()
+        f.debug_struct("Pool")
+            .field("backend", &self.inner.backend)
+            .field("superblock", &self.inner.sb)
+            .finish()
     }
 }
 
@@ -442,7 +495,11 @@ impl Pool {
         let sb = plan(mem.size(), cfg)?;
         mem.set_coherence(cfg.coherence);
         mem.fill(0, SUPERBLOCK_SIZE, 0)?;
-        mem.fill(sb.participant_table_off, u64::from(sb.participants) * PARTICIPANT_SLOT_SIZE, 0)?;
+        mem.fill(
+            sb.participant_table_off,
+            u64::from(sb.participants) * PARTICIPANT_SLOT_SIZE,
+            0,
+        )?;
         mem.fill(sb.device_area_off, sb.device_area_size, 0)?;
         for p in 0..sb.partitions {
             let base = sb.partition_off + u64::from(p) * sb.partition_stride;
@@ -455,13 +512,22 @@ impl Pool {
         // the acquire in `open`.
         format::write_plain(&*mem, 0, &sb)?;
         coherence::publish(&*mem, Site::SuperblockWrite, 0, SUPERBLOCK_SIZE);
-        Ok(Pool { inner: Arc::new(PoolInner { mem, sb, backend: None }) })
+        Ok(Pool {
+            inner: Arc::new(PoolInner {
+                mem,
+                sb,
+                backend: None,
+            }),
+        })
     }
 
     /// Opens an existing pool in `mem`, validating its superblock.
     pub fn open(mem: Arc<dyn SharedMemory>) -> Result<Pool> {
         if mem.size() < MIN_POOL_FOR_SB {
-            return Err(PoolError::Truncated { size: mem.size(), needed: MIN_POOL_FOR_SB });
+            return Err(PoolError::Truncated {
+                size: mem.size(),
+                needed: MIN_POOL_FOR_SB,
+            });
         }
         // The mode is not known before the superblock is read: invalidate it as software
         // coherence does (harmless on coherent memory). Pairs with the publish of the superblock
@@ -471,11 +537,22 @@ impl Pool {
         let sb: Superblock = read_plain(&*mem, 0)?;
         validate_superblock(&sb, mem.size())?;
         mem.set_coherence(CoherenceMode::from_code(sb.coherence).expect("validated"));
-        Ok(Pool { inner: Arc::new(PoolInner { mem, sb, backend: None }) })
+        Ok(Pool {
+            inner: Arc::new(PoolInner {
+                mem,
+                sb,
+                backend: None,
+            }),
+        })
     }
 
     /// Creates memory on `backend` of `size` bytes and formats a pool in it.
-    pub fn create_on(backend: &Backend, size: u64, cfg: &PoolConfig, opts: &RegionOptions) -> Result<Pool> {
+    pub fn create_on(
+        backend: &Backend,
+        size: u64,
+        cfg: &PoolConfig,
+        opts: &RegionOptions,
+    ) -> Result<Pool> {
         // Plan first so a bad configuration creates no file.
         plan(size, cfg)?;
         let region = Region::create(backend, size, opts)?;
@@ -536,11 +613,15 @@ impl Pool {
     }
 
     pub(crate) fn header_off(&self, p: u32, block: u32) -> u64 {
-        self.partition_off(p) + self.inner.sb.block_headers_off + u64::from(block) * BLOCK_HEADER_SIZE
+        self.partition_off(p)
+            + self.inner.sb.block_headers_off
+            + u64::from(block) * BLOCK_HEADER_SIZE
     }
 
     pub(crate) fn payload_off(&self, p: u32, block: u32) -> u64 {
-        self.partition_off(p) + self.inner.sb.payloads_off + u64::from(block) * self.inner.sb.block_size
+        self.partition_off(p)
+            + self.inner.sb.payloads_off
+            + u64::from(block) * self.inner.sb.block_size
     }
 
     pub(crate) fn home_slot(&self, key: Key) -> u32 {
@@ -593,18 +674,28 @@ impl Pool {
         let start = self.home_slot(key);
         for i in 0..n {
             let slot = (start + i) & mask;
-            let Some((version, k, entry)) = self.read_slot(p, slot)? else { return Ok(Probe::Busy) };
+            let Some((version, k, entry)) = self.read_slot(p, slot)? else {
+                return Ok(Probe::Busy);
+            };
             match entry {
                 ENTRY_EMPTY => return Ok(Probe::Absent),
                 ENTRY_TOMBSTONE => continue,
                 _ if k != key => continue,
                 _ => {
-                    let Some((block, seq)) = decode_entry(entry) else { continue };
+                    let Some((block, seq)) = decode_entry(entry) else {
+                        continue;
+                    };
                     if block >= self.inner.sb.blocks_per_partition {
                         // A corrupt entry: treat as absent rather than read outside the partition.
                         return Ok(Probe::Absent);
                     }
-                    return Ok(Probe::Found(Location { partition: p, slot, version, block, seq }));
+                    return Ok(Probe::Found(Location {
+                        partition: p,
+                        slot,
+                        version,
+                        block,
+                        seq,
+                    }));
                 }
             }
         }
@@ -646,9 +737,16 @@ impl Pool {
 
     /// The optimistic read loop: returns the block's info with its payload in `dst`, or `None` on
     /// a miss, also after [`READ_RETRIES`] failed validations, each counted in `retries`.
-    pub(crate) fn read_validated(&self, key: Key, dst: &mut dyn ReadBuf, retries: &mut u64) -> Result<Option<BlockInfo>> {
+    pub(crate) fn read_validated(
+        &self,
+        key: Key,
+        dst: &mut dyn ReadBuf,
+        retries: &mut u64,
+    ) -> Result<Option<BlockInfo>> {
         for _ in 0..READ_RETRIES {
-            let Some(loc) = self.locate(key)? else { return Ok(None) };
+            let Some(loc) = self.locate(key)? else {
+                return Ok(None);
+            };
             let Some(h) = self.checked_header(key, &loc)? else {
                 *retries += 1;
                 continue;
@@ -675,7 +773,11 @@ impl Pool {
                 continue;
             }
             let codec = Codec::from_code(h.codec).expect("checked in header");
-            return Ok(Some(BlockInfo { len: h.len, codec, location: loc }));
+            return Ok(Some(BlockInfo {
+                len: h.len,
+                codec,
+                location: loc,
+            }));
         }
         Ok(None)
     }
@@ -698,10 +800,17 @@ impl Pool {
     /// [`Pool::still_valid`] afterwards (or hold a pin) before trusting what it computed.
     pub fn block_ref(&self, key: Key) -> Result<Option<BlockRef>> {
         for _ in 0..READ_RETRIES {
-            let Some(loc) = self.locate(key)? else { return Ok(None) };
+            let Some(loc) = self.locate(key)? else {
+                return Ok(None);
+            };
             if let Some(header) = self.checked_header(key, &loc)? {
                 let payload_off = self.payload_off(loc.partition, loc.block);
-                return Ok(Some(BlockRef { key, location: loc, header, payload_off }));
+                return Ok(Some(BlockRef {
+                    key,
+                    location: loc,
+                    header,
+                    payload_off,
+                }));
             }
         }
         Ok(None)
@@ -717,7 +826,10 @@ impl Pool {
     pub fn verify_payload(&self, r: &BlockRef) -> Result<bool> {
         // Pairs with the publish of the payload in the owner's commit.
         coherence::acquire(self.mem(), Site::PayloadRead, r.payload_off, r.header.len);
-        Ok(crate::participant::crc_of(self.mem(), r.payload_off, r.header.len)? == r.header.payload_crc)
+        Ok(
+            crate::participant::crc_of(self.mem(), r.payload_off, r.header.len)?
+                == r.header.payload_crc,
+        )
     }
 
     /// Offset of a partition's first byte (for tools and the device; see docs/FORMAT.md).

@@ -29,12 +29,12 @@
 //! Every backend that cannot work on this machine says why through [`RegionError::Unavailable`];
 //! none falls back silently to another.
 
+use crate::coherence::{self, Coherence, FlushKind};
 use crate::mem::{self, RawMemory, SharedMemory};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use crate::coherence::{self, Coherence, FlushKind};
 use std::sync::atomic::{fence, AtomicU8, Ordering};
 use thiserror::Error;
 
@@ -280,7 +280,7 @@ fn unavailable(backend: &Backend, why: impl Into<String>) -> RegionError {
 }
 
 fn check_aligned(what: &'static str, value: u64, align: u64) -> Result<()> {
-    if value % align == 0 {
+    if value.is_multiple_of(align) {
         Ok(())
     } else {
         Err(RegionError::Misaligned { what, value, align })
@@ -799,7 +799,8 @@ impl Region {
 
     /// The coherence this region's publish and acquire implement.
     pub fn coherence(&self) -> Coherence {
-        self.flush_kind().map_or(Coherence::Hardware, Coherence::Software)
+        self.flush_kind()
+            .map_or(Coherence::Hardware, Coherence::Software)
     }
 
     fn base(&self) -> *mut u8 {

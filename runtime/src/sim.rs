@@ -61,7 +61,9 @@ impl SimBacking {
         let n = size.div_ceil(LINE) * LINE;
         let mut r = Rng::new(seed ^ 0xbac1);
         let bytes = (0..n / 8).flat_map(|_| r.next().to_le_bytes()).collect();
-        Arc::new(SimBacking { bytes: Mutex::new(bytes) })
+        Arc::new(SimBacking {
+            bytes: Mutex::new(bytes),
+        })
     }
 
     fn load_line(&self, line: u64) -> [u8; 64] {
@@ -109,7 +111,12 @@ impl SharedMemory for SimBacking {
         aligned(offset)?;
         self.write(offset, &value.to_le_bytes())
     }
-    fn compare_exchange_u64(&self, offset: u64, current: u64, new: u64) -> mem::Result<Result<u64, u64>> {
+    fn compare_exchange_u64(
+        &self,
+        offset: u64,
+        current: u64,
+        new: u64,
+    ) -> mem::Result<Result<u64, u64>> {
         let v = self.load_u64(offset, Ordering::SeqCst)?;
         if v == current {
             self.store_u64(offset, new, Ordering::SeqCst)?;
@@ -139,6 +146,8 @@ struct Sched {
     cv: Condvar,
     started: AtomicBool,
     clock: Arc<AtomicU64>,
+    /// Simulated nanoseconds per yield point.
+    tick: u64,
 }
 
 struct SchedState {
@@ -161,7 +170,7 @@ impl Sched {
         if !self.started.load(Ordering::Relaxed) {
             return;
         }
-        self.clock.fetch_add(1, Ordering::Relaxed);
+        self.clock.fetch_add(self.tick, Ordering::Relaxed);
         let mut g = lock(&self.state);
         let sw = g.switch;
         if g.rng.below(sw) != 0 {
@@ -174,6 +183,23 @@ impl Sched {
             while g.current != me {
                 g = self.cv.wait(g).unwrap_or_else(|e| e.into_inner());
             }
+        }
+    }
+
+    /// Hands the baton to another runnable host, if any (a stalled host waiting for something).
+    fn yield_forced(&self, me: usize) {
+        let mut g = lock(&self.state);
+        let others: Vec<usize> = (0..g.runnable.len())
+            .filter(|&i| i != me && g.runnable[i])
+            .collect();
+        if others.is_empty() {
+            return;
+        }
+        let next = others[g.rng.below(others.len() as u64) as usize];
+        g.current = next;
+        self.cv.notify_all();
+        while g.current != me {
+            g = self.cv.wait(g).unwrap_or_else(|e| e.into_inner());
         }
     }
 
@@ -215,12 +241,21 @@ pub struct SimHost {
     cache: Mutex<HostCache>,
     rng: Mutex<Rng>,
     sched: Option<Arc<Sched>>,
+    /// A scheduled step writes a random dirty line back with probability 1 / `evict`.
+    evict: u64,
 }
 
 impl SimHost {
     /// A host over `backing` with an empty cache, not scheduled (runs whenever called).
     pub fn new(backing: Arc<SimBacking>, seed: u64) -> SimHost {
-        SimHost { id: 0, backing, cache: Mutex::default(), rng: Mutex::new(Rng::new(seed)), sched: None }
+        SimHost {
+            id: 0,
+            backing,
+            cache: Mutex::default(),
+            rng: Mutex::new(Rng::new(seed)),
+            sched: None,
+            evict: 32,
+        }
     }
 
     /// Dirty lines not yet written back.
@@ -255,9 +290,14 @@ impl SimHost {
             if self.sched.is_some() {
                 let mut r = lock(&self.rng);
                 // Random, partial, out-of-order write-back of a dirty line ...
-                if r.below(8) == 0 && !c.dirty.is_empty() {
+                if r.below(self.evict) == 0 && !c.dirty.is_empty() {
                     let at = r.next();
-                    let line = c.dirty.range(at % (1 << 20)..).next().or_else(|| c.dirty.iter().next()).copied();
+                    let line = c
+                        .dirty
+                        .range(at % (1 << 20)..)
+                        .next()
+                        .or_else(|| c.dirty.iter().next())
+                        .copied();
                     if let Some(l) = line {
                         c.dirty.remove(&l);
                         let data = c.lines[&l];
@@ -285,16 +325,29 @@ impl SimHost {
     /// Calls `f(line, lo, hi, at)` for every line overlapping `[offset, offset + len)`, filling
     /// the cache from the backing: bytes `lo..hi` of the line are bytes `at..at + hi - lo` of the
     /// access.
-    fn with_lines(&self, offset: u64, len: u64, mut f: impl FnMut(&mut [u8; 64], usize, usize, usize)) {
+    fn with_lines(
+        &self,
+        offset: u64,
+        len: u64,
+        mut f: impl FnMut(&mut [u8; 64], usize, usize, usize),
+    ) {
         if len == 0 {
             return;
         }
         let mut c = lock(&self.cache);
         for l in offset / LINE..=(offset + len - 1) / LINE {
-            let line = c.lines.entry(l).or_insert_with(|| self.backing.load_line(l));
+            let line = c
+                .lines
+                .entry(l)
+                .or_insert_with(|| self.backing.load_line(l));
             let start = offset.max(l * LINE);
             let end = (offset + len).min((l + 1) * LINE);
-            f(line, (start - l * LINE) as usize, (end - l * LINE) as usize, (start - offset) as usize);
+            f(
+                line,
+                (start - l * LINE) as usize,
+                (end - l * LINE) as usize,
+                (start - offset) as usize,
+            );
         }
     }
 
@@ -356,7 +409,12 @@ impl SharedMemory for SimHost {
         aligned(offset)?;
         self.write(offset, &value.to_le_bytes())
     }
-    fn compare_exchange_u64(&self, offset: u64, current: u64, new: u64) -> mem::Result<Result<u64, u64>> {
+    fn compare_exchange_u64(
+        &self,
+        offset: u64,
+        current: u64,
+        new: u64,
+    ) -> mem::Result<Result<u64, u64>> {
         // A non-coherent host's CAS works on its own cached line only.
         let v = self.load_u64(offset, Ordering::SeqCst)?;
         if v == current {
@@ -371,7 +429,11 @@ impl SharedMemory for SimHost {
             return;
         }
         let mut c = lock(&self.cache);
-        let lines: Vec<u64> = c.dirty.range(offset / LINE..=(offset + len - 1) / LINE).copied().collect();
+        let lines: Vec<u64> = c
+            .dirty
+            .range(offset / LINE..=(offset + len - 1) / LINE)
+            .copied()
+            .collect();
         for l in lines {
             c.dirty.remove(&l);
             self.backing.store_line(l, &c.lines[&l]);
@@ -382,7 +444,11 @@ impl SharedMemory for SimHost {
             return;
         }
         let mut c = lock(&self.cache);
-        let lines: Vec<u64> = c.lines.range(offset / LINE..=(offset + len - 1) / LINE).map(|(l, _)| *l).collect();
+        let lines: Vec<u64> = c
+            .lines
+            .range(offset / LINE..=(offset + len - 1) / LINE)
+            .map(|(l, _)| *l)
+            .collect();
         for l in lines {
             let data = c.lines.remove(&l).expect("listed");
             if c.dirty.remove(&l) {
@@ -413,7 +479,13 @@ pub struct SimOptions {
 
 impl Default for SimOptions {
     fn default() -> Self {
-        SimOptions { hosts: 4, seeds: 100, seed_start: 0, drop_site: None, ops: 40 }
+        SimOptions {
+            hosts: 4,
+            seeds: 100,
+            seed_start: 0,
+            drop_site: None,
+            ops: 40,
+        }
     }
 }
 
@@ -459,7 +531,11 @@ impl std::fmt::Display for SimReport {
         if let Some(e) = &self.error {
             return write!(f, "sim: error: {e}");
         }
-        let site = self.dropped.as_deref().map(|s| format!(" (site {s} removed)")).unwrap_or_default();
+        let site = self
+            .dropped
+            .as_deref()
+            .map(|s| format!(" (site {s} removed)"))
+            .unwrap_or_default();
         match &self.violation {
             None => write!(
                 f,
@@ -467,7 +543,11 @@ impl std::fmt::Display for SimReport {
                 self.seeds_run, self.ops, self.crashes
             ),
             Some(v) => {
-                writeln!(f, "sim: VIOLATION{site} at seed {} ({} hosts): {}", v.seed, v.hosts, v.what)?;
+                writeln!(
+                    f,
+                    "sim: VIOLATION{site} at seed {} ({} hosts): {}",
+                    v.seed, v.hosts, v.what
+                )?;
                 writeln!(f, "trace (last {} operations):", v.trace.len())?;
                 for t in &v.trace {
                     writeln!(f, "  {t}")?;
@@ -485,14 +565,21 @@ pub fn sites() -> Vec<&'static str> {
 
 /// Runs the randomized protocol test over `opts.seeds` seeds, stopping at the first violation.
 pub fn run_sim(opts: &SimOptions) -> SimReport {
-    let mut rep =
-        SimReport { seeds_run: 0, crashes: 0, ops: 0, dropped: opts.drop_site.clone(), violation: None, error: None };
+    let mut rep = SimReport {
+        seeds_run: 0,
+        crashes: 0,
+        ops: 0,
+        dropped: opts.drop_site.clone(),
+        violation: None,
+        error: None,
+    };
     let site = match opts.drop_site.as_deref() {
         None => None,
         Some(n) => match Site::from_name(n) {
             Some(s) if cfg!(feature = "coherence-teeth") => Some(s),
             Some(_) => {
-                rep.error = Some("--drop-site needs a build with the coherence-teeth feature".into());
+                rep.error =
+                    Some("--drop-site needs a build with the coherence-teeth feature".into());
                 return rep;
             }
             None => {
@@ -530,12 +617,21 @@ struct Model {
     next_version: u64,
     epoch: u64,
     crashed: Option<usize>,
+    /// The host that stalled past its lease (presumed dead, taken over, then resumed).
+    zombie: Option<usize>,
     taken_over: bool,
+    /// Hosts done with their operations (the end-of-run barrier).
+    done_ops: Vec<bool>,
     finished: Vec<bool>,
     /// Indexed blocks per partition at the end of its owner's run (live owners only).
     live_blocks: BTreeMap<usize, usize>,
     /// Indexed blocks of each host after its last completed operation.
     last_live: Vec<usize>,
+    /// Partition of the pin each host holds, if any.
+    pins: BTreeMap<usize, u32>,
+    /// Per partition: pins held when its owner last completed an operation, plus pins taken
+    /// since (each may have made the owner's operation in flight unindex one more victim).
+    pin_slack: BTreeMap<u32, usize>,
     violation: Option<String>,
     trace: Vec<String>,
     ops: u64,
@@ -557,11 +653,14 @@ impl Model {
 
 struct Ctx {
     hosts: Vec<Arc<SimHost>>,
+    backing: Arc<SimBacking>,
     sched: Arc<Sched>,
     model: Mutex<Model>,
     keys: usize,
     ops: u32,
     crash: Option<usize>,
+    /// `(host, op)`: the host stalls past its lease before that operation.
+    stall: Option<(usize, u32)>,
     seed: u64,
     site: Option<Site>,
     stop: AtomicBool,
@@ -574,14 +673,26 @@ struct SeedOutcome {
 }
 
 fn key_of(h: usize, i: usize) -> Key {
-    Key::from_bytes(&[b"sim".as_slice(), &(h as u64).to_le_bytes(), &(i as u64).to_le_bytes()].concat())
+    Key::from_bytes(
+        &[
+            b"sim".as_slice(),
+            &(h as u64).to_le_bytes(),
+            &(i as u64).to_le_bytes(),
+        ]
+        .concat(),
+    )
 }
 
 /// The bytes a put of version `v` stores under key `(h, i)`.
 fn payload(h: usize, i: usize, v: u64) -> Vec<u8> {
     let mut r = Rng::new(v.wrapping_mul(31) ^ ((h as u64) << 40) ^ ((i as u64) << 20));
     let len = 24 + r.below(600) as usize;
-    let mut b: Vec<u8> = [(h as u64).to_le_bytes(), (i as u64).to_le_bytes(), v.to_le_bytes()].concat();
+    let mut b: Vec<u8> = [
+        (h as u64).to_le_bytes(),
+        (i as u64).to_le_bytes(),
+        v.to_le_bytes(),
+    ]
+    .concat();
     b.extend((24..len).map(|_| r.next() as u8));
     b
 }
@@ -602,7 +713,9 @@ fn run_seed(hosts: usize, seed: u64, ops: u32, site: Option<Site>) -> SeedOutcom
         coherence: CoherenceMode::Software,
     };
     let blocks = 3 + rng.below(3);
-    let base = crate::pool::plan(64 << 20, &cfg).expect("plan").partition_off;
+    let base = crate::pool::plan(64 << 20, &cfg)
+        .expect("plan")
+        .partition_off;
     let size = base + hosts as u64 * (blocks + 3) * 4096;
     let backing = SimBacking::new(size, seed);
     let clock = Arc::new(AtomicU64::new(1_000_000_000));
@@ -616,13 +729,23 @@ fn run_seed(hosts: usize, seed: u64, ops: u32, site: Option<Site>) -> SeedOutcom
         cv: Condvar::new(),
         started: AtomicBool::new(false),
         clock: clock.clone(),
+        // A lease lasts about 12000 yield points per host: several operations of every host.
+        tick: LEASE_NS / (12000 * hosts as u64),
     });
-    let crash = (rng.below(2) == 0).then(|| rng.below(hosts as u64) as usize);
+    // A third of the seeds crash a host, a third stall one past its lease (a zombie owner).
+    let fate = rng.below(3);
+    let victim = rng.below(hosts as u64) as usize;
+    let crash = (fate == 1).then_some(victim);
+    // Caches that write dirty lines back often (a busy host) or rarely (an idle one).
+    let evict = [16, 256, 4096][rng.below(3) as usize];
+    let stall = (fate == 2).then(|| (victim, rng.below(u64::from(ops)) as u32));
+    let successor = (fate != 0).then_some(victim);
     let hs: Vec<Arc<SimHost>> = (0..hosts)
         .map(|h| {
             let mut host = SimHost::new(backing.clone(), seed ^ (h as u64 + 1) << 32);
             host.id = h;
             host.sched = Some(sched.clone());
+            host.evict = evict;
             if crash == Some(h) {
                 lock(&host.cache).crash_at = Some(200 + rng.below(6000));
             }
@@ -632,17 +755,24 @@ fn run_seed(hosts: usize, seed: u64, ops: u32, site: Option<Site>) -> SeedOutcom
     // Every host touched the memory before it was formatted: its cache holds stale lines of the
     // superblock and the participant table.
     for h in &hs {
-        let mut buf = vec![0u8; (4096 * (hosts + 1)) as usize];
+        let mut buf = vec![0u8; 4096 * (hosts + 1)];
         let _ = h.read(0, &mut buf);
     }
     let keys = blocks as usize + 2;
     let ctx = Arc::new(Ctx {
         hosts: hs.clone(),
+        backing: backing.clone(),
         sched: sched.clone(),
-        model: Mutex::new(Model { finished: vec![false; hosts], last_live: vec![0; hosts], ..Default::default() }),
+        model: Mutex::new(Model {
+            finished: vec![false; hosts],
+            done_ops: vec![false; hosts],
+            last_live: vec![0; hosts],
+            ..Default::default()
+        }),
         keys,
         ops,
-        crash,
+        crash: successor,
+        stall,
         seed,
         site,
         stop: AtomicBool::new(false),
@@ -660,7 +790,12 @@ fn run_seed(hosts: usize, seed: u64, ops: u32, site: Option<Site>) -> SeedOutcom
         return SeedOutcome {
             ops: 0,
             crashed: false,
-            violation: Some(Violation { seed, hosts: hosts as u32, what: format!("create failed: {e}"), trace: vec![] }),
+            violation: Some(Violation {
+                seed,
+                hosts: hosts as u32,
+                what: format!("create failed: {e}"),
+                trace: vec![],
+            }),
         };
     }
     sched.started.store(true, Ordering::SeqCst);
@@ -675,15 +810,18 @@ fn run_seed(hosts: usize, seed: u64, ops: u32, site: Option<Site>) -> SeedOutcom
                     #[cfg(feature = "coherence-teeth")]
                     crate::coherence::set_drop_site(ctx.site);
                     ctx.sched.wait_turn(h);
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| host_main(&ctx, h)));
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        host_main(&ctx, h)
+                    }));
                     match r {
                         Ok(()) => {}
                         Err(p) if p.is::<SimCrash>() => {
                             let mut m = lock(&ctx.model);
                             m.crashed = Some(h);
-                            m.epoch += 1;
+                            m.done_ops[h] = true;
                             m.log(format!("host {h}: CRASH (unpublished lines dropped)"));
-                            ctx.sched.clock.fetch_add(2 * LEASE_NS, Ordering::SeqCst);
+                            // Time passes: the dead host's last heartbeat is older than a lease.
+                            age_heartbeat(&ctx, h);
                         }
                         Err(p) => {
                             let msg = p
@@ -721,6 +859,17 @@ fn run_seed(hosts: usize, seed: u64, ops: u32, site: Option<Site>) -> SeedOutcom
     }
 }
 
+/// Makes host `h`'s published heartbeat older than a lease (time passed without it beating).
+fn age_heartbeat(ctx: &Ctx, h: usize) {
+    let now = ctx.sched.clock.load(Ordering::SeqCst);
+    let off = crate::format::SUPERBLOCK_SIZE
+        + h as u64 * crate::format::PARTICIPANT_SLOT_SIZE
+        + crate::format::slot::HEARTBEAT;
+    let _ = ctx
+        .backing
+        .store_u64(off, now.saturating_sub(2 * LEASE_NS), Ordering::SeqCst);
+}
+
 /// Checks a get's result for key `(kh, ki)`: a miss, or exactly a version committed no earlier
 /// than `lo` and started no later than the end of the get.
 fn check_read(ctx: &Ctx, who: &str, kh: usize, ki: usize, lo: (u64, bool), bytes: Option<&[u8]>) {
@@ -729,7 +878,10 @@ fn check_read(ctx: &Ctx, who: &str, kh: usize, ki: usize, lo: (u64, bool), bytes
     match bytes {
         None => m.log(format!("{who}: get ({kh},{ki}) miss")),
         Some(b) => match version_of(kh, ki, b) {
-            None => m.fail(format!("{who}: get ({kh},{ki}) returned {} bytes that no put wrote", b.len())),
+            None => m.fail(format!(
+                "{who}: get ({kh},{ki}) returned {} bytes that no put wrote",
+                b.len()
+            )),
             Some(v) if v < lo.0 || (v == lo.0 && lo.1) || v > hi => m.fail(format!(
                 "{who}: get ({kh},{ki}) returned version {v}, but version {} ({}) was committed before the get",
                 lo.0,
@@ -751,7 +903,11 @@ fn host_main(ctx: &Ctx, h: usize) {
         Ok(p) => p,
         Err(e) => return fail(format!("{who}: open: {e}")),
     };
-    let opts = AttachOptions { heartbeat: false, own_partition: true };
+    let opts = AttachOptions {
+        heartbeat: false,
+        own_partition: true,
+    };
+    let attach_time = ctx.sched.clock.load(Ordering::SeqCst);
     let me = match Participant::attach_slot(&pool, h as u32, opts.clone()) {
         Ok(p) => p,
         Err(e) => return fail(format!("{who}: attach: {e}")),
@@ -764,9 +920,43 @@ fn host_main(ctx: &Ctx, h: usize) {
     let mut pin: Option<(PinnedBlock<'_>, Vec<u8>, u64, u32)> = None;
     let successor_of = ctx.crash.filter(|&c| (c + 1) % ctx.hosts.len() == h);
     let mut op = 0u32;
+    let mut owner = true;
+    // Attaching wrote a heartbeat.
+    let mut last_beat = attach_time;
+    // True once this host's own lease lapsed (a long operation, e.g. gets spinning on a dead
+    // writer's slot, starved the beats): a software-coherent participant then fences itself.
+    let lapsed = |last_beat: u64| {
+        ctx.sched
+            .clock
+            .load(Ordering::SeqCst)
+            .saturating_sub(last_beat)
+            > LEASE_NS
+    };
+    // Some hosts only read (they never scan pins, so nothing but their own publishes moves their
+    // slot's lines to memory).
+    let reader = rng.below(3) == 0;
     loop {
         if ctx.stop.load(Ordering::SeqCst) {
             return;
+        }
+        if ctx.stall == Some((h, op)) && owner {
+            // Stall past the lease: presumed dead and taken over by the successor, then resume as
+            // a zombie that must find itself fenced.
+            {
+                let mut m = lock(&ctx.model);
+                m.crashed = Some(h);
+                m.zombie = Some(h);
+                m.epoch += 1;
+                m.log(format!("{who}: STALL past its lease"));
+            }
+            // Its clock ran on past the lease while it stalled, and the others saw no heartbeat.
+            crate::pool::SIM_SKEW.with(|s| s.set(s.get() + 2 * LEASE_NS));
+            age_heartbeat(ctx, h);
+            while !lock(&ctx.model).taken_over && !ctx.stop.load(Ordering::SeqCst) {
+                ctx.sched.yield_forced(h);
+            }
+            lock(&ctx.model).log(format!("{who}: resumes after the takeover"));
+            owner = false;
         }
         // Takeover by the designated successor once the crash happened.
         if let Some(c) = successor_of {
@@ -780,8 +970,11 @@ fn host_main(ctx: &Ctx, h: usize) {
                         let mut m = lock(&ctx.model);
                         let rec = p.recovery.clone();
                         m.log(format!("{who}: takeover of {c}: {rec:?}"));
+                        // The crashed owner's operation in flight may have unindexed one block per
+                        // pin it found on a victim, plus one.
+                        let slack = 1 + m.pin_slack.get(&(c as u32)).copied().unwrap_or(0);
                         let before = m.last_live[c];
-                        if (rec.blocks as usize) + 1 < before {
+                        if (rec.blocks as usize) + slack < before {
                             m.fail(format!(
                                 "{who}: takeover of {c} recovered {} blocks; {before} were committed and indexed",
                                 rec.blocks
@@ -801,8 +994,22 @@ fn host_main(ctx: &Ctx, h: usize) {
         }
         op += 1;
         lock(&ctx.model).ops += 1;
-        if let Err(e) = me.beat() {
-            return fail(format!("{who}: beat: {e}"));
+        // Beat now and then, and always first after the clock jumped past a lease (a live host's
+        // heartbeat thread would have kept its lease fresh).
+        let now = ctx.sched.clock.load(Ordering::SeqCst);
+        let prev_beat = last_beat;
+        if rng.below(4) == 0 || now.saturating_sub(last_beat) > LEASE_NS / 4 {
+            last_beat = now;
+            match me.beat() {
+                Ok(()) => {}
+                Err(PoolError::Fenced { .. }) if !owner || lapsed(prev_beat) => {
+                    if owner {
+                        lock(&ctx.model).log(format!("{who}: own lease lapsed; fenced itself"));
+                        owner = false;
+                    }
+                }
+                Err(e) => return fail(format!("{who}: beat: {e}")),
+            }
         }
         // A held pin: its block must not have been reused while the pin's lease is live.
         if let Some((p, bytes, epoch, left)) = pin.take() {
@@ -816,18 +1023,29 @@ fn host_main(ctx: &Ctx, h: usize) {
                 return fail(format!("{who}: pinned read: {e}"));
             }
             let m_epoch = lock(&ctx.model).epoch;
-            if m_epoch == epoch && now != bytes {
-                return fail(format!("{who}: pinned block {loc:?} was reused while pinned"));
+            // Only while the pin's lease is live (this host's heartbeat fresh).
+            if m_epoch == epoch && !lapsed(prev_beat) && owner && now != bytes {
+                return fail(format!(
+                    "{who}: pinned block {loc:?} was reused while pinned"
+                ));
             }
             if left > 0 {
                 pin = Some((p, bytes, epoch, left - 1));
+            } else {
+                lock(&ctx.model).pins.remove(&h);
             }
         }
-        let choice = rng.below(10);
+        let mut choice = rng.below(10);
+        if reader && choice < 4 {
+            choice += 4;
+        }
         let (kh, ki) = if choice < 4 {
             (h, rng.below(ctx.keys as u64) as usize)
         } else {
-            (rng.below(ctx.hosts.len() as u64) as usize, rng.below(ctx.keys as u64) as usize)
+            (
+                rng.below(ctx.hosts.len() as u64) as usize,
+                rng.below(ctx.keys as u64) as usize,
+            )
         };
         let key = key_of(kh, ki);
         match choice {
@@ -840,13 +1058,26 @@ fn host_main(ctx: &Ctx, h: usize) {
                     v
                 };
                 match me.put(key, &payload(kh, ki, v)) {
+                    Ok(_) if !owner => {
+                        return fail(format!(
+                            "{who}: put ({kh},{ki}) committed after its partition was taken over"
+                        ));
+                    }
+                    Err(PoolError::Fenced { .. }) if !owner || lapsed(last_beat) => {
+                        owner = false;
+                        lock(&ctx.model).log(format!("{who}: put ({kh},{ki}) fenced"));
+                    }
                     Ok(_) => {
                         let mut m = lock(&ctx.model);
                         m.committed.insert((kh, ki), (v, false));
                         m.last_live[h] = me.live_blocks();
                         m.log(format!("{who}: put ({kh},{ki}) v{v}"));
                     }
-                    Err(PoolError::PartitionFull(_)) => lock(&ctx.model).log(format!("{who}: put ({kh},{ki}) full")),
+                    Err(PoolError::PartitionFull(_)) => {
+                        let mut m = lock(&ctx.model);
+                        m.last_live[h] = me.live_blocks();
+                        m.log(format!("{who}: put ({kh},{ki}) full"));
+                    }
                     Err(e) => return fail(format!("{who}: put ({kh},{ki}) v{v}: {e}")),
                 }
             }
@@ -859,6 +1090,15 @@ fn host_main(ctx: &Ctx, h: usize) {
                     v
                 };
                 match me.delete(key) {
+                    Ok(_) if !owner => {
+                        return fail(format!(
+                            "{who}: delete ({kh},{ki}) ran after its partition was taken over"
+                        ));
+                    }
+                    Err(PoolError::Fenced { .. }) if !owner || lapsed(last_beat) => {
+                        owner = false;
+                        lock(&ctx.model).log(format!("{who}: delete ({kh},{ki}) fenced"));
+                    }
                     Ok(found) => {
                         let mut m = lock(&ctx.model);
                         m.committed.insert((kh, ki), (v, true));
@@ -869,7 +1109,11 @@ fn host_main(ctx: &Ctx, h: usize) {
                 }
             }
             4..=7 => {
-                let lo = lock(&ctx.model).committed.get(&(kh, ki)).copied().unwrap_or((0, false));
+                let lo = lock(&ctx.model)
+                    .committed
+                    .get(&(kh, ki))
+                    .copied()
+                    .unwrap_or((0, false));
                 match me.get(key) {
                     Ok(r) => check_read(ctx, &who, kh, ki, lo, r.as_ref().map(|(b, _)| &b[..])),
                     Err(e) => return fail(format!("{who}: get ({kh},{ki}): {e}")),
@@ -879,7 +1123,11 @@ fn host_main(ctx: &Ctx, h: usize) {
                 if pin.is_some() {
                     continue;
                 }
-                let lo = lock(&ctx.model).committed.get(&(kh, ki)).copied().unwrap_or((0, false));
+                let lo = lock(&ctx.model)
+                    .committed
+                    .get(&(kh, ki))
+                    .copied()
+                    .unwrap_or((0, false));
                 match me.pin(key) {
                     Ok(Some(p)) => {
                         let mut b = vec![0u8; p.len() as usize];
@@ -887,25 +1135,102 @@ fn host_main(ctx: &Ctx, h: usize) {
                             return fail(format!("{who}: pinned read: {e}"));
                         }
                         check_read(ctx, &format!("{who} (pin)"), kh, ki, lo, Some(&b));
-                        let epoch = lock(&ctx.model).epoch;
+                        let epoch = {
+                            let mut m = lock(&ctx.model);
+                            let part = p.info().location.partition;
+                            m.pins.insert(h, part);
+                            *m.pin_slack.entry(part).or_default() += 1;
+                            m.epoch
+                        };
                         pin = Some((p, b, epoch, 1 + rng.below(4) as u32));
                     }
                     Ok(None) => check_read(ctx, &format!("{who} (pin)"), kh, ki, lo, None),
                     Err(PoolError::PinTableFull(_)) => {}
+                    Err(PoolError::Fenced { .. }) if !owner || lapsed(last_beat) => owner = false,
                     Err(e) => return fail(format!("{who}: pin ({kh},{ki}): {e}")),
                 }
             }
         }
-        if lock(&ctx.model).violation.is_some() {
+        let mut m = lock(&ctx.model);
+        let held = m.pins.values().filter(|&&p| p == h as u32).count();
+        m.pin_slack.insert(h as u32, held);
+        if m.violation.is_some() {
             ctx.stop.store(true, Ordering::SeqCst);
             return;
         }
     }
     drop(pin);
-    let mut m = lock(&ctx.model);
-    m.live_blocks.insert(h, me.live_blocks());
-    if let (Some(a), Some(c)) = (&adopter, successor_of) {
-        m.live_blocks.insert(c, a.live_blocks());
+    {
+        let mut m = lock(&ctx.model);
+        if owner {
+            m.live_blocks.insert(h, me.live_blocks());
+        }
+        if let (Some(a), Some(c)) = (&adopter, successor_of) {
+            m.live_blocks.insert(c, a.live_blocks());
+        }
+        m.done_ops[h] = true;
+    }
+    // Barrier: wait (yielding) until every host is done, then read every live owner's keys
+    // through this host's own (possibly stale) cache.
+    loop {
+        if ctx.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        if lock(&ctx.model).done_ops.iter().all(|&d| d) {
+            break;
+        }
+        let _ = mem.load_u64(0, Ordering::Relaxed);
+    }
+    check_owners(ctx, &who, &pool);
+}
+
+/// Every live owner's keys, read by `pool`'s host: each hit is the latest committed version, and
+/// the hits are exactly the blocks the owner holds indexed.
+fn check_owners(ctx: &Ctx, who: &str, pool: &Pool) {
+    let (owners, committed, started, crashed) = {
+        let m = lock(&ctx.model);
+        (
+            m.live_blocks.clone(),
+            m.committed.clone(),
+            m.started.clone(),
+            m.crashed,
+        )
+    };
+    let mut fail = None;
+    'owners: for (&h, &n) in &owners {
+        let mut hits = 0;
+        for i in 0..ctx.keys {
+            let (v, deleted) = committed.get(&(h, i)).copied().unwrap_or((0, false));
+            let started = started.get(&(h, i)).copied().unwrap_or(0);
+            match pool.get(key_of(h, i)) {
+                Ok(None) => {}
+                Ok(Some((b, _))) => {
+                    hits += 1;
+                    let got = version_of(h, i, &b);
+                    let inflight = crashed == Some(h) && got == Some(started);
+                    if (got != Some(v) || deleted) && !inflight {
+                        fail = Some(format!(
+                            "{who}: final read of ({h},{i}) finds {got:?}, latest committed is v{v} (deleted={deleted})"
+                        ));
+                        break 'owners;
+                    }
+                }
+                Err(e) => {
+                    fail = Some(format!("{who}: final get ({h},{i}): {e}"));
+                    break 'owners;
+                }
+            }
+        }
+        if hits != n {
+            fail = Some(format!(
+                "{who}: partition {h}'s owner holds {n} blocks indexed, this host reads {hits}"
+            ));
+            break;
+        }
+    }
+    if let Some(f) = fail {
+        lock(&ctx.model).fail(f);
+        ctx.stop.store(true, Ordering::SeqCst);
     }
 }
 
@@ -931,7 +1256,9 @@ fn final_check(ctx: &Ctx, backing: &Arc<SimBacking>, _cfg: &PoolConfig) {
                     let got = version_of(h, i, &b);
                     let crashed_inflight = m.crashed == Some(h) && got == Some(started);
                     if (got != Some(v) || deleted) && !crashed_inflight {
-                        m.fail(format!("checker: key ({h},{i}) reads {got:?}, latest committed is v{v} (deleted={deleted})"));
+                        m.fail(format!(
+                            "checker: key ({h},{i}) reads {got:?}, latest committed is v{v} (deleted={deleted})"
+                        ));
                         return;
                     }
                 }
@@ -939,7 +1266,9 @@ fn final_check(ctx: &Ctx, backing: &Arc<SimBacking>, _cfg: &PoolConfig) {
             }
         }
         if hits != n {
-            m.fail(format!("checker: partition {h}'s owner holds {n} blocks indexed, readers find {hits}"));
+            m.fail(format!(
+                "checker: partition {h}'s owner holds {n} blocks indexed, readers find {hits}"
+            ));
             return;
         }
     }

@@ -102,5 +102,8 @@ pub fn pool_stats(pool: &Pool) -> Result<PoolStats> {
             next_seq: mem.load_u64(base + partition::NEXT_SEQ, Ordering::Relaxed)?,
         });
     }
-    Ok(PoolStats { participants, partitions })
+    Ok(PoolStats {
+        participants,
+        partitions,
+    })
 }

@@ -74,7 +74,11 @@ fn payload(key: Key, version: u64, len: usize) -> Vec<u8> {
 
 /// A typed KV block for `key`: shape and K/V derived from the key; returns (shape, k, v).
 fn kv_parts(key: Key, i: u64) -> (KvShape, Vec<u8>, Vec<u8>) {
-    let dtype = if i % 2 == 0 { DType::F32 } else { DType::Bf16 };
+    let dtype = if i.is_multiple_of(2) {
+        DType::F32
+    } else {
+        DType::Bf16
+    };
     let mut shape = KvShape {
         dtype,
         layer: i as u32,
@@ -197,7 +201,7 @@ fn build_image(name: &'static str, seed: u64, torn: bool) -> Image {
     let mut rng = Rng::new(seed);
     let mut keys = Vec::new();
     let put = |owner: &Participant, key: Key, i: u64, version: u64, rng: &mut Rng| {
-        if i % 3 == 0 {
+        if i.is_multiple_of(3) {
             let (shape, k, v) = kv_parts(key, i + version);
             owner.put_kv(key, &shape, &k, &v).unwrap();
             (kv::encode(&shape, &k, &v).unwrap(), Codec::KvV1)

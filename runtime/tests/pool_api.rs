@@ -1,7 +1,9 @@
 //! The pool's safe API on anonymous memory: puts, gets, replacement, eviction, pins, deletes,
 //! prefix lookups, takeover of a dead participant, and typed errors for misuse.
 
-use cxlkv_runtime::{AttachOptions, Key, KeyChain, Participant, Pool, PoolConfig, PoolError, Region};
+use cxlkv_runtime::{
+    AttachOptions, Key, KeyChain, Participant, Pool, PoolConfig, PoolError, Region,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,7 +56,9 @@ fn get_into_reports_needed_size() {
     a.put(k, &[7u8; 3000]).unwrap();
     let mut small = [0u8; 100];
     match a.get_into(k, &mut small) {
-        Err(PoolError::BufferTooSmall { needed, capacity }) => assert_eq!((needed, capacity), (3000, 100)),
+        Err(PoolError::BufferTooSmall { needed, capacity }) => {
+            assert_eq!((needed, capacity), (3000, 100))
+        }
         other => panic!("expected BufferTooSmall, got {other:?}"),
     }
     let mut big = [0u8; 4096];
@@ -67,7 +71,9 @@ fn full_partition_evicts_lru_but_never_pinned() {
     let pool = pool(4 << 20, 4096, 1, 1000);
     let a = pool.attach().unwrap();
     let cap = pool.superblock().blocks_per_partition as usize;
-    let keys: Vec<Key> = (0..cap as u64).map(|i| Key::from_bytes(&i.to_le_bytes())).collect();
+    let keys: Vec<Key> = (0..cap as u64)
+        .map(|i| Key::from_bytes(&i.to_le_bytes()))
+        .collect();
     for &k in &keys {
         a.put(k, &payload(k, 100)).unwrap();
     }
@@ -78,7 +84,10 @@ fn full_partition_evicts_lru_but_never_pinned() {
     a.put(extra, &payload(extra, 100)).unwrap();
     assert!(a.get(keys[0]).unwrap().is_some(), "recently used survives");
     assert!(a.get(keys[1]).unwrap().is_some(), "pinned survives");
-    assert!(a.get(keys[2]).unwrap().is_none(), "LRU unpinned block evicted");
+    assert!(
+        a.get(keys[2]).unwrap().is_none(),
+        "LRU unpinned block evicted"
+    );
     let mut buf = vec![0u8; 100];
     pinned.read(0, &mut buf).unwrap();
     assert_eq!(buf, payload(keys[1], 100));
@@ -116,7 +125,10 @@ fn lookup_prefix_counts_leading_keys() {
     }
     assert_eq!(pool.lookup_prefix(&chain).unwrap(), 3);
     assert_eq!(pool.lookup_prefix(&chain[..2]).unwrap(), 2);
-    assert!(matches!(pool.lookup_prefix(&[]), Err(PoolError::EmptyKeyChain)));
+    assert!(matches!(
+        pool.lookup_prefix(&[]),
+        Err(PoolError::EmptyKeyChain)
+    ));
 }
 
 #[test]
@@ -124,13 +136,35 @@ fn misuse_returns_typed_errors() {
     let pool = pool(4 << 20, 4096, 1, 1000);
     let a = pool.attach().unwrap();
     let k = Key::from_bytes(b"big");
-    assert!(matches!(a.put(k, &vec![0u8; 4097]), Err(PoolError::PayloadTooLarge { len: 4097, capacity: 4096 })));
-    assert!(matches!(pool.attach(), Err(PoolError::NoFreeParticipant(1))));
-    let cfg = PoolConfig { block_size: 1000, ..Default::default() };
-    assert!(matches!(Pool::create(Arc::new(Region::anonymous(1 << 20).unwrap()), &cfg), Err(PoolError::BadConfig(_))));
+    assert!(matches!(
+        a.put(k, &vec![0u8; 4097]),
+        Err(PoolError::PayloadTooLarge {
+            len: 4097,
+            capacity: 4096
+        })
+    ));
+    assert!(matches!(
+        pool.attach(),
+        Err(PoolError::NoFreeParticipant(1))
+    ));
+    let cfg = PoolConfig {
+        block_size: 1000,
+        ..Default::default()
+    };
+    assert!(matches!(
+        Pool::create(Arc::new(Region::anonymous(1 << 20).unwrap()), &cfg),
+        Err(PoolError::BadConfig(_))
+    ));
     let reader = pool.clone();
     drop(a);
-    let r = Participant::attach(&reader, AttachOptions { own_partition: false, ..Default::default() }).unwrap();
+    let r = Participant::attach(
+        &reader,
+        AttachOptions {
+            own_partition: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert!(matches!(r.put(k, b"x"), Err(PoolError::NoPartition { .. })));
 }
 
@@ -142,24 +176,35 @@ fn reserve_commit_and_abandon() {
     let mut r = a.reserve(k, 6000, cxlkv_runtime::Codec::Raw).unwrap();
     r.write(0, &[1u8; 3000]).unwrap();
     r.write(3000, &[2u8; 3000]).unwrap();
-    assert!(r.write(5999, &[0u8; 2]).is_err(), "write past the reservation");
+    assert!(
+        r.write(5999, &[0u8; 2]).is_err(),
+        "write past the reservation"
+    );
     assert!(a.get(k).unwrap().is_none(), "not visible before commit");
     r.commit().unwrap();
     let (v, _) = a.get(k).unwrap().unwrap();
     assert_eq!(&v[..3000], &[1u8; 3000][..]);
     assert_eq!(&v[3000..], &[2u8; 3000][..]);
     let before = a.live_blocks();
-    drop(a.reserve(Key::from_bytes(b"abandoned"), 10, cxlkv_runtime::Codec::Raw).unwrap());
+    drop(
+        a.reserve(Key::from_bytes(b"abandoned"), 10, cxlkv_runtime::Codec::Raw)
+            .unwrap(),
+    );
     assert_eq!(a.live_blocks(), before);
 }
 
 #[test]
 fn dead_participant_is_taken_over_and_its_blocks_stay() {
     let pool = pool(8 << 20, 4096, 2, 20);
-    let no_hb = AttachOptions { heartbeat: false, ..Default::default() };
+    let no_hb = AttachOptions {
+        heartbeat: false,
+        ..Default::default()
+    };
     let a = Participant::attach(&pool, no_hb.clone()).unwrap();
     let b = pool.attach().unwrap();
-    let keys: Vec<Key> = (0..10u64).map(|i| Key::from_bytes(&i.to_le_bytes())).collect();
+    let keys: Vec<Key> = (0..10u64)
+        .map(|i| Key::from_bytes(&i.to_le_bytes()))
+        .collect();
     for &k in &keys {
         a.put(k, &payload(k, 1000)).unwrap();
     }
@@ -167,7 +212,11 @@ fn dead_participant_is_taken_over_and_its_blocks_stay() {
     std::mem::forget(a); // dies without detaching
     std::thread::sleep(Duration::from_millis(60));
     let c = pool.attach().unwrap();
-    assert_eq!(c.partition(), Some(pa), "takes over the dead participant's partition");
+    assert_eq!(
+        c.partition(),
+        Some(pa),
+        "takes over the dead participant's partition"
+    );
     assert_eq!(c.recovery.blocks, 10);
     for &k in &keys {
         assert_eq!(b.get(k).unwrap().unwrap().0, payload(k, 1000));
@@ -181,12 +230,54 @@ fn dead_participant_is_taken_over_and_its_blocks_stay() {
 #[test]
 fn open_sees_what_create_wrote() {
     let region = Arc::new(Region::anonymous(8 << 20).unwrap());
-    let pool = Pool::create(region.clone(), &PoolConfig { block_size: 4096, participants: 2, ..Default::default() }).unwrap();
+    let pool = Pool::create(
+        region.clone(),
+        &PoolConfig {
+            block_size: 4096,
+            participants: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let a = pool.attach().unwrap();
     a.put(Key(5), b"persisted").unwrap();
     drop(a);
     let again = Pool::open(region).unwrap();
     assert_eq!(again.get(Key(5)).unwrap().unwrap().0, b"persisted");
     let b = again.attach().unwrap();
-    assert_eq!(b.recovery.blocks, 1, "a new owner adopts a released partition");
+    assert_eq!(
+        b.recovery.blocks, 1,
+        "a new owner adopts a released partition"
+    );
+}
+
+#[test]
+fn eviction_churn_leaves_no_tombstones_and_every_key_findable() {
+    let pool = pool(4 << 20, 4096, 1, 1000);
+    let a = pool.attach().unwrap();
+    let cap = pool.superblock().blocks_per_partition as u64;
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..cap * 20 {
+        let key = Key::from_bytes(&i.to_le_bytes());
+        a.put(key, &payload(key, 64)).unwrap();
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        if rng.is_multiple_of(5) {
+            // Deletes mixed in: holes anywhere in the clusters.
+            let victim = Key::from_bytes(&(rng % (i + 1)).to_le_bytes());
+            let _ = a.delete(victim).unwrap();
+        }
+    }
+    let st = cxlkv_runtime::pool_stats(&pool).unwrap();
+    assert_eq!(
+        st.partitions[0].tombstones, 0,
+        "backward-shift deletion leaves no tombstones"
+    );
+    let live = st.partitions[0].blocks;
+    assert_eq!(live as usize, a.live_blocks());
+    // Every indexed key is findable (the checker verifies reachability from its home slot).
+    let report = cxlkv_runtime::check(&pool).unwrap();
+    assert!(report.ok(), "{report}");
+    assert_eq!(report.blocks_checked, live);
 }

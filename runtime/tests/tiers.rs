@@ -27,7 +27,7 @@ fn payload(key: u64, version: u64, len: usize) -> Vec<u8> {
     let mut r = Rng(key.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ version ^ 1);
     let mut v: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
     // Half of the blocks are compressible (runs), half are not.
-    if key % 2 == 0 {
+    if key.is_multiple_of(2) {
         for (i, b) in v.iter_mut().enumerate() {
             if i % 64 >= 8 {
                 *b = 0;

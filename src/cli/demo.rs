@@ -455,10 +455,10 @@ fn store_chunks(me: &Participant, t: &Tensors, from: usize, to: usize) -> Result
     let mut blocks = 0;
     for (li, &layer) in LAYERS.iter().enumerate() {
         let keys = t.keys(layer, to);
-        for c in from / CHUNK..to.div_ceil(CHUNK) {
+        for (c, key) in keys.iter().enumerate().skip(from / CHUNK) {
             let (t0, t1) = (c * CHUNK, ((c + 1) * CHUNK).min(to));
             let (k, v) = t.chunk(li, t0, t1);
-            me.put_kv(keys[c], &t.shape(layer, t0, t1), &k, &v)?;
+            me.put_kv(*key, &t.shape(layer, t0, t1), &k, &v)?;
             bytes += (k.len() + v.len()) as u64;
             blocks += 1;
         }

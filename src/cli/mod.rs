@@ -2,6 +2,8 @@
 
 pub mod demo;
 pub mod pool;
+pub mod replay;
+pub mod sim;
 
 use std::process::ExitCode;
 
