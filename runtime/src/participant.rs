@@ -773,15 +773,7 @@ impl Participant {
         if self.self_fencing && self.lease_lost() {
             return Err(self.fenced_error());
         }
-        let entry = {
-            let mut used = self.pin_used.lock().unwrap_or_else(|e| e.into_inner());
-            let free = (!*used).trailing_zeros() as u64;
-            if free >= PINS_PER_PARTICIPANT {
-                return Err(PoolError::PinTableFull(PINS_PER_PARTICIPANT));
-            }
-            *used |= 1 << free;
-            free
-        };
+        let entry = self.take_pin_entry()?;
         match self.pin_in(entry, key) {
             Ok(Some(pinned)) => {
                 self.count(counters::PINS, 1);
@@ -849,15 +841,7 @@ impl Participant {
         if self.self_fencing && self.lease_lost() {
             return Err(self.fenced_error());
         }
-        let entry = {
-            let mut used = self.pin_used.lock().unwrap_or_else(|e| e.into_inner());
-            let free = (!*used).trailing_zeros() as u64;
-            if free >= PINS_PER_PARTICIPANT {
-                return Err(PoolError::PinTableFull(PINS_PER_PARTICIPANT));
-            }
-            *used |= 1 << free;
-            free
-        };
+        let entry = self.take_pin_entry()?;
         let loc = r.location;
         let eoff = self.pool.slot_off(self.id) + slot::PINS + entry * PIN_SIZE;
         let mem = self.pool.mem();
@@ -892,6 +876,17 @@ impl Participant {
                 other.map(|_| None)
             }
         }
+    }
+
+    /// Reserves a free entry of this participant's pin table (released by `unpin`).
+    fn take_pin_entry(&self) -> Result<u64> {
+        let mut used = self.pin_used.lock().unwrap_or_else(|e| e.into_inner());
+        let free = (!*used).trailing_zeros() as u64;
+        if free >= PINS_PER_PARTICIPANT {
+            return Err(PoolError::PinTableFull(PINS_PER_PARTICIPANT));
+        }
+        *used |= 1 << free;
+        Ok(free)
     }
 
     fn unpin(&self, entry: u64) {
