@@ -6,6 +6,10 @@
  * it computes the same key chain, asks the pool for the longest cached prefix, pins those chunks
  * (zero copy) and checks every byte, then parks its own new chunk.
  *
+ * Then it asks the near-data device for top-k attention scores over a typed KV sequence: with
+ * $CXLKV_NDPD naming the cxlkv-ndpd binary it starts the device on the pool first; the answer
+ * must equal the host reference, and the gathered value rows must equal what was stored.
+ *
  * Build: cc -I ffi/include ffi/examples/engine.c -L target/debug -lcxlkv -o engine
  * Run:   ./engine            (exit status 0 on success)
  */
@@ -13,7 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cxlkv.h"
@@ -107,6 +113,105 @@ static int request_b(const char *spec) {
     return 0;
 }
 
+
+/* ---- near-data top-k over a typed KV sequence -------------------------------------------- */
+
+#define NDP_BLOCKS 4
+#define NDP_TOKENS 64 /* per block */
+#define NDP_DIM 64
+#define NDP_GROUP 3
+#define NDP_K 16
+
+/* IEEE binary16 bits of a float (round to nearest even; normal range, as used here). */
+static uint16_t f16_bits(float f) {
+    union { float f; uint32_t u; } v = {f};
+    uint32_t sign = (v.u >> 16) & 0x8000u, exp = (v.u >> 23) & 0xffu, man = v.u & 0x7fffffu;
+    if (exp == 0) return (uint16_t)sign;
+    int e = (int)exp - 127 + 15;
+    if (e <= 0) return (uint16_t)sign; /* flush tiny values to zero */
+    if (e >= 31) return (uint16_t)(sign | 0x7c00u);
+    uint32_t r = ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) r++;
+    return (uint16_t)(sign | r);
+}
+
+static float sample(uint64_t *x) {
+    *x ^= *x << 13; *x ^= *x >> 7; *x ^= *x << 17;
+    return (float)((*x >> 40) % 2001) / 1000.0f - 1.0f; /* [-1, 1] */
+}
+
+static int ndp_topk(const char *spec, cxlkv_participant *a) {
+    /* Park a 256-token sequence of one KV head as 4 typed blocks (what an engine's decode offloads). */
+    static uint16_t k[NDP_BLOCKS][NDP_TOKENS * NDP_DIM], v[NDP_BLOCKS][NDP_TOKENS * NDP_DIM];
+    cxlkv_block_ref blocks[NDP_BLOCKS];
+    uint64_t x = 12345;
+    for (int b = 0; b < NDP_BLOCKS; b++) {
+        for (int i = 0; i < NDP_TOKENS * NDP_DIM; i++) {
+            k[b][i] = f16_bits(sample(&x));
+            v[b][i] = f16_bits(sample(&x));
+        }
+        cxlkv_kv_shape shape = {CXLKV_DTYPE_F16, 5, 1, NDP_DIM, NDP_TOKENS, 42, (uint64_t)b * NDP_TOKENS};
+        char name[32];
+        snprintf(name, sizeof name, "seq42-block%d", b);
+        CHECK(cxlkv_key_from_bytes((const uint8_t *)name, strlen(name), &blocks[b].key));
+        blocks[b].token_offset = shape.token_offset;
+        CHECK(cxlkv_participant_put_kv(a, &blocks[b].key, &shape, (const uint8_t *)k[b], sizeof k[b],
+                                       (const uint8_t *)v[b], sizeof v[b]));
+    }
+    float q[NDP_GROUP * NDP_DIM];
+    for (int i = 0; i < NDP_GROUP * NDP_DIM; i++) q[i] = sample(&x);
+
+    /* Start the device on the pool, as its own process, when we know where it is. */
+    pid_t device = -1;
+    const char *ndpd = getenv("CXLKV_NDPD");
+    if (ndpd && *ndpd) {
+        device = fork();
+        if (device == 0) {
+            execl(ndpd, ndpd, "--pool", spec, (char *)NULL);
+            perror("exec cxlkv-ndpd");
+            _exit(127);
+        }
+    }
+    cxlkv_device *dev = NULL;
+    CHECK(cxlkv_device_open(a, 2000, &dev));
+    cxlkv_score_request req = {q, NDP_GROUP, NDP_DIM, blocks, NDP_BLOCKS, 42, 5, 0, CXLKV_DTYPE_F16, NDP_K,
+                               CXLKV_SCORE_GATHER_V};
+    uint32_t idx[NDP_GROUP * NDP_K], ref_idx[NDP_GROUP * NDP_K];
+    float sc[NDP_GROUP * NDP_K], ref_sc[NDP_GROUP * NDP_K];
+    static uint16_t vals[NDP_GROUP * NDP_K * NDP_DIM];
+    size_t n = 0, ref_n = 0;
+    cxlkv_ndp_stats st, ref_st;
+    /* The device needs a moment to come up; until then the client answers on the host. */
+    for (int tries = 0; tries < 200; tries++) {
+        CHECK(cxlkv_device_score_topk(dev, &req, idx, sc, NDP_GROUP * NDP_K, (uint8_t *)vals, sizeof vals, &n, &st));
+        if (st.on_device || device < 0) break;
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    req.flags = (req.flags | CXLKV_SCORE_HOST) & ~(uint32_t)CXLKV_SCORE_GATHER_V;
+    CHECK(cxlkv_device_score_topk(dev, &req, ref_idx, ref_sc, NDP_GROUP * NDP_K, NULL, 0, &ref_n, &ref_st));
+    if (n != NDP_K || ref_n != n || memcmp(idx, ref_idx, sizeof idx) != 0 || memcmp(sc, ref_sc, sizeof sc) != 0) {
+        fprintf(stderr, "engine: NDP top-k differs from the host reference\n");
+        return 1;
+    }
+    for (size_t i = 0; i < NDP_GROUP * n; i++) { /* gathered rows are the stored V rows of the hits */
+        uint32_t t = idx[i];
+        if (memcmp(&vals[i * NDP_DIM], &v[t / NDP_TOKENS][(t % NDP_TOKENS) * NDP_DIM], NDP_DIM * 2) != 0) {
+            fprintf(stderr, "engine: gathered row of token %u differs\n", t);
+            return 1;
+        }
+    }
+    printf("engine: NDP top-%zu of %d queries over %d tokens computed %s: %llu link bytes vs %llu for a host scan; equal to the host reference\n",
+           n, NDP_GROUP, NDP_BLOCKS * NDP_TOKENS, st.on_device ? "on the device" : "on the host (no device)",
+           (unsigned long long)st.link_bytes, (unsigned long long)ref_st.link_bytes);
+    CHECK(cxlkv_device_close(dev));
+    if (device > 0) {
+        kill(device, SIGTERM);
+        waitpid(device, NULL, 0);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--request-b") == 0) return request_b(argv[2]);
     char spec[64];
@@ -165,6 +270,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "engine: request B process failed (status %d)\n", status);
         return 1;
     }
+
+    if (ndp_topk(spec, a)) return 1;
 
     cxlkv_stats st;
     CHECK(cxlkv_participant_stats(a, &st));

@@ -7,7 +7,7 @@
  * Ownership: every handle comes from one function and is released by one function
  * (cxlkv_pool_create/_open -> cxlkv_pool_close; cxlkv_participant_attach -> _detach;
  * cxlkv_participant_pin -> cxlkv_pinned_release; cxlkv_participant_reserve ->
- * cxlkv_reservation_commit/_abort). Out-parameters are written only on success, except the
+ * cxlkv_reservation_commit/_abort; cxlkv_device_open -> cxlkv_device_close). Out-parameters are written only on success, except the
  * needed size stored with CXLKV_ERR_BUFFER_TOO_SMALL. Released or foreign handles are detected
  * and return CXLKV_ERR_INVALID_HANDLE. No call aborts the process. */
 
@@ -24,6 +24,27 @@
 
 // Version of this C ABI; bumped on any incompatible change.
 #define CXLKV_ABI_VERSION 1
+
+// Element types (`cxlkv_kv_shape::dtype`, `cxlkv_score_request::dtype`).
+#define CXLKV_DTYPE_F16 1
+
+// bfloat16.
+#define CXLKV_DTYPE_BF16 2
+
+// IEEE binary32.
+#define CXLKV_DTYPE_F32 3
+
+// `cxlkv_score_request::flags`: one list for the group's maximum score instead of one per query.
+#define CXLKV_SCORE_GROUP_MAX 1
+
+// `cxlkv_score_request::flags`: skip blocks whose key bounds cannot reach the k-th score (exact).
+#define CXLKV_SCORE_PRUNE 2
+
+// `cxlkv_score_request::flags`: also return the value rows of the hits.
+#define CXLKV_SCORE_GATHER_V 4
+
+// `cxlkv_score_request::flags`: compute on the host (the reference path), not on the device.
+#define CXLKV_SCORE_HOST 8
 
 // Result codes. The numbers are stable.
 enum cxlkv_result
@@ -73,6 +94,9 @@ typedef enum cxlkv_result cxlkv_result;
 typedef uint32_t cxlkv_result;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
+
+// An open NDP device client (opaque); owns a reference to its participant.
+typedef struct cxlkv_device cxlkv_device;
 
 // An attached participant (opaque).
 typedef struct cxlkv_participant cxlkv_participant;
@@ -139,6 +163,76 @@ typedef struct cxlkv_stats {
   // Pins taken.
   uint64_t pins;
 } cxlkv_stats;
+
+// Shape of a typed KV block (`cxlkv_participant_put_kv`).
+typedef struct cxlkv_kv_shape {
+  // `CXLKV_DTYPE_*` of K and V.
+  uint32_t dtype;
+  // Model layer.
+  uint32_t layer;
+  // KV heads in the block.
+  uint32_t kv_heads;
+  // Elements per head vector.
+  uint32_t head_dim;
+  // Tokens in the block.
+  uint32_t tokens;
+  // Sequence id (engine-chosen).
+  uint64_t sequence;
+  // Position of the block's first token in its sequence.
+  uint64_t token_offset;
+} cxlkv_kv_shape;
+
+// A typed block named in a device request: its key and the position of its first token.
+typedef struct cxlkv_block_ref {
+  // The block's key.
+  struct cxlkv_key key;
+  // Token offset its layout must carry.
+  uint64_t token_offset;
+} cxlkv_block_ref;
+
+// A SCORE_TOPK request (`cxlkv_device_score_topk`).
+typedef struct cxlkv_score_request {
+  // `group × dim` f32 query vectors of one GQA group.
+  const float *queries;
+  // Queries in the group.
+  uint32_t group;
+  // Head dimension.
+  uint32_t dim;
+  // Blocks of one sequence, in any order.
+  const struct cxlkv_block_ref *blocks;
+  // Number of blocks.
+  size_t nblocks;
+  // Sequence id the blocks must carry.
+  uint64_t sequence;
+  // Layer the blocks must carry.
+  uint32_t layer;
+  // KV head to score.
+  uint32_t kv_head;
+  // `CXLKV_DTYPE_*` of the blocks.
+  uint32_t dtype;
+  // Hits per list.
+  uint32_t k;
+  // `CXLKV_SCORE_*` flags.
+  uint32_t flags;
+} cxlkv_score_request;
+
+// What a device call cost and who computed it.
+typedef struct cxlkv_ndp_stats {
+  // 1 when the device computed the result, 0 when the host did.
+  uint32_t on_device;
+  // Blocks whose keys were read.
+  uint32_t blocks_scanned;
+  // Blocks skipped on their bounds.
+  uint32_t blocks_pruned;
+  // Zero.
+  uint32_t reserved;
+  // Bytes that crossed the link, either path (commands, results, or a host scan's reads).
+  uint64_t link_bytes;
+  // Key bytes the scanner read.
+  uint64_t bytes_scanned;
+  // Wall time from submit to result, nanoseconds.
+  uint64_t elapsed_ns;
+} cxlkv_ndp_stats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -282,6 +376,63 @@ cxlkv_result cxlkv_reservation_commit(struct cxlkv_reservation *r);
 
 // Abandons a reservation and frees its block; releases the handle. NULL is accepted and ignored.
 cxlkv_result cxlkv_reservation_abort(struct cxlkv_reservation *r);
+
+// Stores a typed KV block under `key`: K and V are `[kv_heads][tokens][head_dim]` elements of
+// `shape->dtype` (`k_len` and `v_len` bytes each); per-head key bounds are computed here so the
+// device can prune. Thread-safe.
+cxlkv_result cxlkv_participant_put_kv(const struct cxlkv_participant *p,
+                                      const struct cxlkv_key *key,
+                                      const struct cxlkv_kv_shape *shape,
+                                      const uint8_t *k,
+                                      size_t k_len,
+                                      const uint8_t *v,
+                                      size_t v_len);
+
+// Opens a client of the pool's NDP device for this participant (its queue pair); `timeout_ms` is
+// how long a command may take before the client computes it on the host instead (0: 2000 ms).
+// Works, falling back to the host, when no device runs. Release with `cxlkv_device_close`. A
+// device handle may be used from several threads (calls are serialized). Thread-safe.
+cxlkv_result cxlkv_device_open(const struct cxlkv_participant *p,
+                               uint32_t timeout_ms,
+                               struct cxlkv_device **out);
+
+// Closes a device client. NULL is accepted and ignored. Not thread-safe with other calls on the
+// same handle.
+cxlkv_result cxlkv_device_close(struct cxlkv_device *d);
+
+// Top-k attention scores over typed blocks, computed by the near-data device (or by the host
+// when the device is absent, late, or `CXLKV_SCORE_HOST` is set: same answer). Lists: one per
+// query, or one with `CXLKV_SCORE_GROUP_MAX`; `n = min(k, tokens)` hits per list, best first, are
+// written to `indices[list * n + i]` and `scores[...]` (capacity `cap` entries each); with
+// `CXLKV_SCORE_GATHER_V`, their value rows (`dim` elements of `dtype`) to `values` (capacity
+// `values_cap` bytes). `*per_list` receives `n`; `stats` may be NULL. Too-small arrays return
+// `CXLKV_ERR_BUFFER_TOO_SMALL` (nothing written). Thread-safe.
+cxlkv_result cxlkv_device_score_topk(const struct cxlkv_device *d,
+                                     const struct cxlkv_score_request *req,
+                                     uint32_t *indices,
+                                     float *scores,
+                                     size_t cap,
+                                     uint8_t *values,
+                                     size_t values_cap,
+                                     size_t *per_list,
+                                     struct cxlkv_ndp_stats *stats);
+
+// Gathers the value rows of `tokens[0..ntokens]` (`dim` elements of `dtype` each, token order)
+// from typed blocks of one sequence into `values` (capacity `values_cap` bytes); on the device, or
+// on the host when it is unavailable. `stats` may be NULL. Thread-safe.
+cxlkv_result cxlkv_device_gather(const struct cxlkv_device *d,
+                                 const struct cxlkv_block_ref *blocks,
+                                 size_t nblocks,
+                                 uint64_t sequence,
+                                 uint32_t layer,
+                                 uint32_t kv_head,
+                                 uint32_t dtype,
+                                 uint32_t dim,
+                                 const uint32_t *tokens,
+                                 size_t ntokens,
+                                 uint8_t *values,
+                                 size_t values_cap,
+                                 struct cxlkv_ndp_stats *stats);
 
 #ifdef __cplusplus
 }  // extern "C"

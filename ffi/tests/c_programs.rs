@@ -69,6 +69,10 @@ fn run(cmd: &mut Command, what: &str) -> String {
 }
 
 fn valgrind(bin: &Path, what: &str) {
+    valgrind_env(bin, what, &[]);
+}
+
+fn valgrind_env(bin: &Path, what: &str, env: &[(&str, PathBuf)]) {
     if Command::new("valgrind").arg("--version").output().is_err() {
         // scripts/setup.sh installs valgrind, so CI always runs this part.
         eprintln!("skipped: valgrind not installed; {what} ran without it");
@@ -78,6 +82,8 @@ fn valgrind(bin: &Path, what: &str) {
         Command::new("valgrind")
             .args([
                 "--trace-children=yes",
+                // The device daemon is Rust code tested on its own; valgrind checks the C side.
+                "--trace-children-skip=*cxlkv-ndpd*",
                 "--error-exitcode=99",
                 "--leak-check=full",
             ])
@@ -85,6 +91,7 @@ fn valgrind(bin: &Path, what: &str) {
                 "--show-leak-kinds=definite,indirect,possible",
                 "--errors-for-leak-kinds=definite,indirect,possible",
             ])
+            .envs(env.iter().map(|(k, v)| (*k, v)))
             .arg(bin),
         &format!("{what} under valgrind"),
     );
@@ -102,13 +109,27 @@ fn valgrind(bin: &Path, what: &str) {
     );
 }
 
+/// The device daemon built beside the library (`cargo build --workspace`).
+fn ndpd() -> PathBuf {
+    let d = target_dir().join("cxlkv-ndpd");
+    assert!(
+        d.is_file(),
+        "{} missing: run `cargo build --workspace` before the tests (scripts/test.sh does)",
+        d.display()
+    );
+    d
+}
+
 #[test]
-fn engine_example_shares_a_prefix_between_processes() {
+fn engine_example_shares_a_prefix_and_runs_an_ndp_topk() {
     let bin = compile("examples/engine.c", "engine");
-    let text = run(&mut Command::new(&bin), "engine");
+    let text = run(Command::new(&bin).env("CXLKV_NDPD", ndpd()), "engine");
     assert!(text.contains("reused 12 cached chunks"), "{text}");
+    assert!(text.contains("computed on the device"), "{text}");
+    assert!(text.contains("equal to the host reference"), "{text}");
     assert!(text.contains("engine: OK"), "{text}");
-    valgrind(&bin, "engine");
+    // Under valgrind the device process itself is not traced (--trace-children-skip).
+    valgrind_env(&bin, "engine", &[("CXLKV_NDPD", ndpd())]);
     let _ = std::fs::remove_file(bin);
 }
 

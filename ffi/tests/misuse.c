@@ -185,6 +185,63 @@ int main(void) {
     EXPECT(cxlkv_participant_stats(me, NULL), CXLKV_ERR_NULL);
     EXPECT(cxlkv_participant_stats(me, &st), CXLKV_OK);
 
+    /* Typed KV blocks and the near-data device (no device runs here: the host path answers). */
+    uint16_t kv[2 * 16] = {0};
+    cxlkv_kv_shape shape = {CXLKV_DTYPE_F16, 0, 1, 16, 2, 7, 0};
+    cxlkv_key kvkey = {77, 77};
+    EXPECT(cxlkv_participant_put_kv(NULL, &kvkey, &shape, (uint8_t *)kv, sizeof kv, (uint8_t *)kv, sizeof kv), CXLKV_ERR_INVALID_HANDLE);
+    EXPECT(cxlkv_participant_put_kv(me, &kvkey, NULL, (uint8_t *)kv, sizeof kv, (uint8_t *)kv, sizeof kv), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_participant_put_kv(me, &kvkey, &shape, NULL, sizeof kv, (uint8_t *)kv, sizeof kv), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_participant_put_kv(me, &kvkey, &shape, (uint8_t *)kv, 10, (uint8_t *)kv, sizeof kv), CXLKV_ERR_INVALID_ARG);
+    shape.dtype = 9;
+    EXPECT(cxlkv_participant_put_kv(me, &kvkey, &shape, (uint8_t *)kv, sizeof kv, (uint8_t *)kv, sizeof kv), CXLKV_ERR_INVALID_ARG);
+    shape.dtype = CXLKV_DTYPE_F16;
+    EXPECT(cxlkv_participant_put_kv(me, &kvkey, &shape, (uint8_t *)kv, sizeof kv, (uint8_t *)kv, sizeof kv), CXLKV_OK);
+    cxlkv_device *dev = SENTINEL;
+    EXPECT(cxlkv_device_open(NULL, 0, &dev), CXLKV_ERR_INVALID_HANDLE);
+    EXPECT(cxlkv_device_open(me, 0, NULL), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_device_open(me, 100, &dev), CXLKV_OK);
+    float qv[16] = {1};
+    cxlkv_block_ref bref = {kvkey, 0};
+    cxlkv_score_request sr = {qv, 1, 16, &bref, 1, 7, 0, 0, CXLKV_DTYPE_F16, 2, 0};
+    uint32_t hi[4];
+    float hs[4];
+    size_t per = 99;
+    cxlkv_ndp_stats nst;
+    EXPECT(cxlkv_device_score_topk(NULL, &sr, hi, hs, 4, NULL, 0, &per, &nst), CXLKV_ERR_INVALID_HANDLE);
+    EXPECT(cxlkv_device_score_topk(dev, NULL, hi, hs, 4, NULL, 0, &per, &nst), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_device_score_topk(dev, &sr, NULL, hs, 4, NULL, 0, &per, &nst), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_device_score_topk(dev, &sr, hi, hs, 4, NULL, 0, NULL, &nst), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_device_score_topk(dev, &sr, hi, hs, 1, NULL, 0, &per, &nst), CXLKV_ERR_BUFFER_TOO_SMALL);
+    checks++;
+    if (per != 99) failures++;
+    sr.k = 0;
+    EXPECT(cxlkv_device_score_topk(dev, &sr, hi, hs, 4, NULL, 0, &per, &nst), CXLKV_ERR_INVALID_ARG);
+    sr.k = 2;
+    sr.flags = 0x100;
+    EXPECT(cxlkv_device_score_topk(dev, &sr, hi, hs, 4, NULL, 0, &per, &nst), CXLKV_ERR_INVALID_ARG);
+    sr.flags = CXLKV_SCORE_GATHER_V;
+    EXPECT(cxlkv_device_score_topk(dev, &sr, hi, hs, 4, NULL, 0, &per, &nst), CXLKV_ERR_BUFFER_TOO_SMALL);
+    sr.flags = 0;
+    sr.sequence = 8; /* a block of another sequence */
+    EXPECT(cxlkv_device_score_topk(dev, &sr, hi, hs, 4, NULL, 0, &per, &nst), CXLKV_ERR_INVALID_ARG);
+    sr.sequence = 7;
+    sr.nblocks = 0;
+    EXPECT(cxlkv_device_score_topk(dev, &sr, hi, hs, 4, NULL, 0, &per, &nst), CXLKV_ERR_INVALID_ARG);
+    sr.nblocks = 1;
+    EXPECT(cxlkv_device_score_topk(dev, &sr, hi, hs, 4, NULL, 0, &per, &nst), CXLKV_OK);
+    checks++;
+    if (per != 2 || nst.on_device != 0) failures++;
+    uint32_t tok = 1;
+    uint16_t row[16];
+    EXPECT(cxlkv_device_gather(NULL, &bref, 1, 7, 0, 0, CXLKV_DTYPE_F16, 16, &tok, 1, (uint8_t *)row, sizeof row, NULL), CXLKV_ERR_INVALID_HANDLE);
+    EXPECT(cxlkv_device_gather(dev, &bref, 1, 7, 0, 0, CXLKV_DTYPE_F16, 16, &tok, 1, (uint8_t *)row, 4, NULL), CXLKV_ERR_BUFFER_TOO_SMALL);
+    EXPECT(cxlkv_device_gather(dev, &bref, 1, 7, 0, 0, CXLKV_DTYPE_F16, 16, NULL, 1, (uint8_t *)row, sizeof row, NULL), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_device_gather(dev, &bref, 1, 7, 0, 0, CXLKV_DTYPE_F16, 16, &tok, 1, (uint8_t *)row, sizeof row, NULL), CXLKV_OK);
+    EXPECT(cxlkv_device_close(dev), CXLKV_OK);
+    EXPECT(cxlkv_device_close(dev), CXLKV_ERR_INVALID_HANDLE);
+    EXPECT(cxlkv_device_close(NULL), CXLKV_OK);
+
     /* A handle of one type passed as another is refused. */
     EXPECT(cxlkv_participant_put((cxlkv_participant *)pool, &key, buf, 4), CXLKV_ERR_INVALID_HANDLE);
     EXPECT(cxlkv_pool_describe((cxlkv_pool *)me, &info), CXLKV_ERR_INVALID_HANDLE);

@@ -662,6 +662,8 @@ struct Ctx {
     /// `(host, op)`: the host stalls past its lease before that operation.
     stall: Option<(usize, u32)>,
     seed: u64,
+    // Read only when the `coherence-teeth` feature can drop a site.
+    #[cfg_attr(not(feature = "coherence-teeth"), allow(dead_code))]
     site: Option<Site>,
     stop: AtomicBool,
 }
