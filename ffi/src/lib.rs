@@ -356,23 +356,7 @@ fn key_arg(k: *const cxlkv_key) -> Result<Key, cxlkv_result> {
 }
 
 fn bytes_in<'a>(p: *const u8, len: usize, what: &str) -> Result<&'a [u8], cxlkv_result> {
-    if len == 0 {
-        return Ok(&[]);
-    }
-    if p.is_null() {
-        return Err(fail(
-            CXLKV_ERR_NULL,
-            format!("{what} is NULL with length {len}"),
-        ));
-    }
-    if len > isize::MAX as usize {
-        return Err(fail(
-            CXLKV_ERR_INVALID_ARG,
-            format!("{what} length {len} too large"),
-        ));
-    }
-    // SAFETY: non-null, length bounded; the caller promises `len` readable bytes for the call.
-    Ok(unsafe { std::slice::from_raw_parts(p, len) })
+    slice_in(p, len, what)
 }
 
 // ---- version and messages ----------------------------------------------------------------------
@@ -575,15 +559,10 @@ fn key_slice(keys: *const cxlkv_key, n: usize) -> Result<Vec<Key>, cxlkv_result>
     if n == 0 {
         return Err(fail(CXLKV_ERR_INVALID_ARG, "empty key chain"));
     }
-    if keys.is_null() {
-        return Err(fail(CXLKV_ERR_NULL, "keys is NULL"));
-    }
-    if n > (isize::MAX as usize) / std::mem::size_of::<cxlkv_key>() {
-        return Err(fail(CXLKV_ERR_INVALID_ARG, "key count too large"));
-    }
-    // SAFETY: non-null, count bounded; the caller promises `n` readable keys.
-    let s = unsafe { std::slice::from_raw_parts(keys, n) };
-    Ok(s.iter().map(|&k| k.into()).collect())
+    Ok(slice_in(keys, n, "keys")?
+        .iter()
+        .map(|&k| k.into())
+        .collect())
 }
 
 // ---- keys ---------------------------------------------------------------------------------------
@@ -616,14 +595,7 @@ pub extern "C" fn cxlkv_key_chain(
                 "n_tokens and chunk must be positive",
             ));
         }
-        if tokens.is_null() {
-            return Err(fail(CXLKV_ERR_NULL, "tokens is NULL"));
-        }
-        if n_tokens > isize::MAX as usize / 4 {
-            return Err(fail(CXLKV_ERR_INVALID_ARG, "n_tokens too large"));
-        }
-        // SAFETY: non-null, bounded; the caller promises n_tokens readable ids.
-        let toks = unsafe { std::slice::from_raw_parts(tokens, n_tokens) };
+        let toks = slice_in(tokens, n_tokens, "tokens")?;
         let need = n_tokens.div_ceil(chunk);
         if need > cap || keys.is_null() {
             put_out(n_keys, need);

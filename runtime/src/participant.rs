@@ -793,18 +793,11 @@ impl Participant {
     fn pin_in(&self, entry: u64, key: Key) -> Result<Option<PinnedBlock<'_>>> {
         let pool = &self.pool;
         let mem = pool.mem();
-        let eoff = pool.slot_off(self.id) + slot::PINS + entry * PIN_SIZE;
         for _ in 0..crate::pool::READ_RETRIES {
             let Some(loc) = pool.locate(key)? else {
                 return Ok(None);
             };
-            let where_ = (u64::from(loc.partition) << 32) | u64::from(loc.block);
-            mem.store_u64(eoff + pin::WHERE, where_, Ordering::Relaxed)?;
-            mem.store_u64(eoff + pin::SEQ, loc.seq, Ordering::Release)?;
-            // Pairs with the owner's PinScanRead acquire before it reuses a block.
-            coherence::publish(mem, Site::PinWrite, eoff, PIN_SIZE);
-            // Dekker pair with the owner's fence between unindexing a block and reading pins.
-            fence(Ordering::SeqCst);
+            self.record_pin(entry, &loc)?;
             let Some(h) = pool.checked_header(key, &loc)? else {
                 continue;
             };
@@ -843,19 +836,10 @@ impl Participant {
         }
         let entry = self.take_pin_entry()?;
         let loc = r.location;
-        let eoff = self.pool.slot_off(self.id) + slot::PINS + entry * PIN_SIZE;
-        let mem = self.pool.mem();
-        let pinned = (|| -> Result<bool> {
-            let where_ = (u64::from(loc.partition) << 32) | u64::from(loc.block);
-            mem.store_u64(eoff + pin::WHERE, where_, Ordering::Relaxed)?;
-            mem.store_u64(eoff + pin::SEQ, loc.seq, Ordering::Release)?;
-            // Pairs with the owner's PinScanRead acquire before it reuses a block.
-            coherence::publish(mem, Site::PinWrite, eoff, PIN_SIZE);
-            // Dekker pair with the owner's fence between unindexing a block and reading pins:
-            // either the owner sees this pin, or we see the slot changed below.
-            fence(Ordering::SeqCst);
-            self.pool.still_valid(r)
-        })();
+        // Either the owner sees this pin, or we see below that the slot changed.
+        let pinned = self
+            .record_pin(entry, &loc)
+            .and_then(|()| self.pool.still_valid(r));
         match pinned {
             Ok(true) => {
                 self.count(counters::PINS, 1);
@@ -901,10 +885,25 @@ impl Participant {
     }
 
     /// (block, seq) pairs of partition `p` pinned by live participants.
-    fn live_pins(&self, p: u32) -> Result<std::collections::HashSet<(u32, u64)>> {
+    /// Records pin entry `entry` for the block at `loc`, then fences: the Dekker pair with the
+    /// owner's fence between unindexing a block and scanning pins (`allocate`, `delete`).
+    fn record_pin(&self, entry: u64, loc: &Location) -> Result<()> {
+        let mem = self.pool.mem();
+        let eoff = self.pool.slot_off(self.id) + slot::PINS + entry * PIN_SIZE;
+        let where_ = (u64::from(loc.partition) << 32) | u64::from(loc.block);
+        mem.store_u64(eoff + pin::WHERE, where_, Ordering::Relaxed)?;
+        mem.store_u64(eoff + pin::SEQ, loc.seq, Ordering::Release)?;
+        // Pairs with the owner's PinScanRead acquire before it reuses a block.
+        coherence::publish(mem, Site::PinWrite, eoff, PIN_SIZE);
+        fence(Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Calls `visit(block, seq)` for each pin on partition `p` held by a live participant, until
+    /// it returns true; returns whether it did.
+    fn scan_pins(&self, p: u32, mut visit: impl FnMut(u32, u64) -> bool) -> Result<bool> {
         let pool = &self.pool;
         let mem = pool.mem();
-        let mut set = std::collections::HashSet::new();
         for q in 0..pool.superblock().participants {
             let base = pool.slot_off(q);
             // Pairs with the PinWrite publishes of pin holders (and their SlotWrite claims).
@@ -921,16 +920,26 @@ impl Participant {
                     continue;
                 }
                 let w = mem.load_u64(eoff + pin::WHERE, Ordering::Relaxed)?;
-                if (w >> 32) as u32 == p {
-                    set.insert((w as u32, seq));
+                if (w >> 32) as u32 == p && visit(w as u32, seq) {
+                    return Ok(true);
                 }
             }
         }
+        Ok(false)
+    }
+
+    /// (block, seq) pairs of partition `p` pinned by live participants.
+    fn live_pins(&self, p: u32) -> Result<std::collections::HashSet<(u32, u64)>> {
+        let mut set = std::collections::HashSet::new();
+        self.scan_pins(p, |b, s| {
+            set.insert((b, s));
+            false
+        })?;
         Ok(set)
     }
 
     fn pinned_now(&self, p: u32, block: u32, seq: u64) -> Result<bool> {
-        Ok(self.live_pins(p)?.contains(&(block, seq)))
+        self.scan_pins(p, |b, s| (b, s) == (block, seq))
     }
 
     /// Writes a fresh heartbeat now (the heartbeat thread does this every quarter lease).
