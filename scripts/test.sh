@@ -18,8 +18,8 @@ cargo clippy --workspace --all-targets --features cxlkv-runtime/hwloc -- -D warn
 step "cargo build (workspace: the cxlkv binaries and libcxlkv.so for the C tests)"
 cargo build --workspace --features cxlkv-runtime/hwloc
 
-step "cargo test (workspace, hwloc topology)"
-cargo test --workspace --features cxlkv-runtime/hwloc
+step "cargo test (workspace, hwloc topology; coherence simulator: 500 seeds x 2/3/5/8 hosts, NDP rings: 20 seeds)"
+CXLKV_SIM_SEEDS=500 CXLKV_RING_SEEDS=20 cargo test --workspace --features cxlkv-runtime/hwloc
 
 step "Python binding (system python3, ctypes)"
 CXLKV_LIB="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug/libcxlkv.so" \

@@ -18,6 +18,7 @@
 
 use crate::engine_hls::{self, Engine, EngineScan};
 use cxlkv_kernels::{DType, GroupMode, Hit, KeyRows, QueryGroup, ScoreKernel};
+use cxlkv_runtime::coherence::{self, Site};
 use cxlkv_runtime::format::{self};
 use cxlkv_runtime::key::Key;
 use cxlkv_runtime::mem::SharedMemory;
@@ -144,7 +145,7 @@ impl DeviceHandle {
             let _ = t.join();
         }
         let _ = mem.store_u64(self.device.layout.regs + reg::MAGIC, 0, Ordering::Release);
-        mem.publish(self.device.layout.regs, 64);
+        coherence::publish(&**mem, Site::NdpRegsWrite, self.device.layout.regs, 64);
     }
 }
 
@@ -182,8 +183,8 @@ impl Device {
         let r = layout.regs;
         // Detach whoever was here first: clients that see no magic fall back.
         mem.store_u64(r + reg::MAGIC, 0, Ordering::Release)?;
-        mem.publish(r, 64);
-        mem.acquire(r, u64::from(CXLKV_NDP_REGS_SIZE));
+        coherence::publish(&*mem, Site::NdpRegsWrite, r, 64);
+        coherence::acquire(&*mem, Site::NdpRegsRead, r, u64::from(CXLKV_NDP_REGS_SIZE));
         let generation = mem
             .load_u64(r + reg::GENERATION, Ordering::Relaxed)?
             .wrapping_add(1);
@@ -242,10 +243,10 @@ impl Device {
         for qp in 0..layout.queue_pairs {
             device.flush_restarted(qp)?;
         }
-        mem.publish(r, u64::from(CXLKV_NDP_REGS_SIZE));
+        coherence::publish(&*mem, Site::NdpRegsWrite, r, u64::from(CXLKV_NDP_REGS_SIZE));
         // Release: everything above before the magic. Pairs with the client's Acquire load of it.
         mem.store_u64(r + reg::MAGIC, CXLKV_NDP_MAGIC, Ordering::Release)?;
-        mem.publish(r, 64);
+        coherence::publish(&*mem, Site::NdpRegsWrite, r, 64);
 
         let mut threads = Vec::new();
         let workers = cfg.workers.clamp(1, layout.queue_pairs as usize);
@@ -290,7 +291,12 @@ impl Device {
     fn flush_restarted(&self, qp: u32) -> Result<(), DeviceError> {
         let mem = self.mem();
         let base = self.layout.qp(qp);
-        mem.acquire(base, u64::from(CXLKV_NDP_QP_INDICES_SIZE));
+        coherence::acquire(
+            mem,
+            Site::NdpSubmitRead,
+            base,
+            u64::from(CXLKV_NDP_QP_INDICES_SIZE),
+        );
         let head = mem.load_u64(base + qpi::SQ_HEAD, Ordering::Relaxed)?;
         let tail = mem.load_u64(base + qpi::SQ_TAIL, Ordering::Acquire)?;
         let mut cq_tail = mem.load_u64(base + qpi::CQ_TAIL, Ordering::Relaxed)?;
@@ -320,7 +326,7 @@ impl Device {
             )?;
         }
         mem.store_u64(base + qpi::SQ_HEAD, tail, Ordering::Release)?;
-        mem.publish(base + qpi::SQ_HEAD, 8);
+        coherence::publish(mem, Site::NdpHeadWrite, base + qpi::SQ_HEAD, 8);
         Ok(())
     }
 
@@ -337,12 +343,17 @@ impl Device {
         c.generation = self.generation;
         let off = self.layout.cq_slot(qp, *cq_tail);
         format::write_plain(mem, off, &c)?;
-        mem.publish(off, u64::from(CXLKV_NDP_CPL_SIZE));
+        coherence::publish(
+            mem,
+            Site::NdpCompleteWrite,
+            off,
+            u64::from(CXLKV_NDP_CPL_SIZE),
+        );
         *cq_tail = cq_tail.wrapping_add(1);
         // Release: the entry (and the result buffer written before it) before the index. Pairs
         // with the client's Acquire load of cq_tail in `drain`.
         mem.store_u64(base + qpi::CQ_TAIL, *cq_tail, Ordering::Release)?;
-        mem.publish(base + qpi::CQ_TAIL, 8);
+        coherence::publish(mem, Site::NdpCompleteWrite, base + qpi::CQ_TAIL, 8);
         // Dekker pair with the client's SeqCst store of cq_waiters before its re-check of cq_tail.
         fence(Ordering::SeqCst);
         if mem.load_u64(base + qpi::CQ_WAITERS, Ordering::SeqCst)? != 0 {
@@ -420,7 +431,7 @@ impl Device {
     fn service(&self, qp: u32, head: &mut u64, cq_tail: &mut u64) -> bool {
         let mem = self.mem();
         let base = self.layout.qp(qp);
-        mem.acquire(base + qpi::SQ_TAIL, 8);
+        coherence::acquire(mem, Site::NdpSubmitRead, base + qpi::SQ_TAIL, 8);
         // Acquire pairs with the client's Release store of sq_tail after writing the slot.
         let Ok(tail) = mem.load_u64(base + qpi::SQ_TAIL, Ordering::Acquire) else {
             return false;
@@ -441,12 +452,12 @@ impl Device {
             );
             *head = tail;
             let _ = mem.store_u64(base + qpi::SQ_HEAD, *head, Ordering::Release);
-            mem.publish(base + qpi::SQ_HEAD, 8);
+            coherence::publish(mem, Site::NdpHeadWrite, base + qpi::SQ_HEAD, 8);
             return true;
         }
         // Room in the completion ring? A cq_head that is not a plausible index is ignored (the
         // entry is written in the ring either way; only that client's view suffers).
-        mem.acquire(base + qpi::CQ_HEAD, 8);
+        coherence::acquire(mem, Site::NdpHeadRead, base + qpi::CQ_HEAD, 8);
         let cq_head = mem
             .load_u64(base + qpi::CQ_HEAD, Ordering::Acquire)
             .unwrap_or(*cq_tail);
@@ -455,7 +466,12 @@ impl Device {
             return false;
         }
         let slot = self.layout.sq_slot(qp, *head);
-        mem.acquire(slot, u64::from(CXLKV_NDP_CMD_SIZE));
+        coherence::acquire(
+            mem,
+            Site::NdpSubmitRead,
+            slot,
+            u64::from(CXLKV_NDP_CMD_SIZE),
+        );
         // A private copy: the client may rewrite the slot; we check and use only this copy.
         let cmd: cxlkv_ndp_cmd = match format::read_plain(mem, slot) {
             Ok(c) => c,
@@ -465,7 +481,7 @@ impl Device {
         // Release: our read of the slot before the client may reuse it. Pairs with the client's
         // Acquire load of sq_head when it checks for space.
         let _ = mem.store_u64(base + qpi::SQ_HEAD, *head, Ordering::Release);
-        mem.publish(base + qpi::SQ_HEAD, 8);
+        coherence::publish(mem, Site::NdpHeadWrite, base + qpi::SQ_HEAD, 8);
         let cpl = self.execute(qp, &cmd);
         let _ = self.write_cpl(qp, cq_tail, cpl);
         true
@@ -562,7 +578,7 @@ impl Device {
         }
         check_owned_range(&self.pool, qp, cmd.result_off, u64::from(cmd.result_len))?;
         let mut buf = vec![0u8; need as usize];
-        self.mem().acquire(cmd.args_off, need);
+        coherence::acquire(self.mem(), Site::NdpSubmitRead, cmd.args_off, need);
         self.mem()
             .read(cmd.args_off, &mut buf)
             .map_err(|_| err(CXLKV_NDP_ERR_RANGE))?;
@@ -643,7 +659,7 @@ impl Device {
             Err(_) => return Err(err(CXLKV_NDP_ERR_INTERNAL)),
         };
         let mem = self.mem();
-        mem.acquire(off, len);
+        coherence::acquire(mem, Site::PayloadRead, off, len);
         let r = match mem.raw_range(off, len) {
             Ok(Some(ptr)) => {
                 // SAFETY: `raw_range` checked that [off, off + len) lies inside the mapping, which
@@ -688,7 +704,12 @@ impl Device {
         self.mem()
             .write(cmd.result_off, bytes)
             .map_err(|_| err(CXLKV_NDP_ERR_RANGE))?;
-        self.mem().publish(cmd.result_off, bytes.len() as u64);
+        coherence::publish(
+            self.mem(),
+            Site::NdpCompleteWrite,
+            cmd.result_off,
+            bytes.len() as u64,
+        );
         Ok(bytes.len() as u64)
     }
 
@@ -816,7 +837,7 @@ impl Device {
                 out.extend_from_slice(&r);
                 continue;
             }
-            self.mem().acquire(off, row as u64);
+            coherence::acquire(self.mem(), Site::PayloadRead, off, row as u64);
             self.mem()
                 .read(off, &mut r)
                 .map_err(|_| err(CXLKV_NDP_ERR_RANGE))?;

@@ -251,3 +251,48 @@ fn rust_and_hls_engines_return_identical_results() {
     // Pruning happened, identically, on both.
     assert!(rust.iter().any(|a| a.5 > 0));
 }
+
+#[test]
+fn device_scans_and_attention_mass_feed_hotness() {
+    let (_c, pool) = setup("hotness");
+    let p = pool.attach().unwrap();
+    let (dim, tokens) = (32, 400);
+    let (k, v) = random_kv(11, 1, tokens, dim, DType::F16);
+    let s = store(&p, &k, &v, 1, tokens, dim, DType::F16, 100, 5, 2);
+    assert_eq!(s.blocks.len(), 4);
+    let dev = Device::start(pool.clone(), config(Engine::Rust)).unwrap();
+    let mut ndp = NdpDevice::open(&p, NdpOptions::default()).unwrap();
+    let hot = cxlkv_runtime::hotness::Hotness::default();
+    let mut rng = SplitMix64::new(3);
+    // The device scans only the first two blocks, three times: its HOTLIST names them.
+    let q = rng.normal_vec(dim);
+    let mut req = request(&s, 0, &q, 5, GroupMode::PerQuery, false, false);
+    req.blocks = &s.blocks[..2];
+    for _ in 0..3 {
+        assert_eq!(
+            ndp.score_topk(&req).unwrap().stats.path,
+            Some(NdpPath::Device)
+        );
+    }
+    assert!(ndp.feed_hotness(&hot, 16).unwrap() >= 2);
+    assert!(hot.heat(s.blocks[0].key) > 0 && hot.heat(s.blocks[1].key) > 0);
+    assert_eq!(hot.heat(s.blocks[2].key), 0);
+    assert_eq!(hot.heat(s.blocks[3].key), 0);
+    // Attention mass of a top-k over all four blocks: blocks 2 and 3 heat by exactly their mass.
+    let got = ndp
+        .score_topk(&request(&s, 0, &q, 64, GroupMode::PerQuery, false, false))
+        .unwrap();
+    let mass = got.attention_mass(&s.blocks);
+    assert_eq!(mass.len(), 4);
+    let total: f32 = mass.iter().map(|m| m.1).sum();
+    assert!((total - 1.0).abs() < 1e-3, "mass sums to {total}");
+    hot.record_attention_mass(&mass);
+    for &(key, m) in &mass[2..] {
+        let want = (f64::from(m) * f64::from(cxlkv_runtime::hotness::ATTENTION_ACCESSES)) as u32;
+        assert_eq!(hot.heat(key), want);
+    }
+    // The merged view ranks a block hot in two signals above one hot in none.
+    let merged = hot.merged(4);
+    assert!(merged.iter().any(|e| e.0 == s.blocks[0].key));
+    dev.stop();
+}

@@ -8,13 +8,15 @@
 //! - **Software-coherent** memory ([`Coherence::Software`]): publish writes the range's cache
 //!   lines back ([`write_back`]: CLWB, else CLFLUSHOPT, else CLFLUSH, chosen at run time by CPUID)
 //!   and fences (SFENCE); acquire invalidates the range ([`invalidate`]: CLFLUSHOPT, else CLFLUSH)
-//!   and fences (MFENCE) before the read.
+//!   and fences (MFENCE) before the read. Bulk payloads are published as they are written
+//!   ([`write_published`] → [`write_streaming`]): non-temporal stores, then SFENCE, with no
+//!   write-back pass.
 //!
 //! On targets other than x86-64 there is no user-space cache maintenance this module knows of:
 //! [`detect`] reports [`FlushKind::Fence`], and software mode degrades to full fences (correct only
 //! on memory that is in fact coherent; documented in docs/COHERENCE.md).
 //!
-//! With the test-only `coherence-teeth` feature, [`set_drop_site`] makes one named site a no-op in
+//! With the test-only `coherence-teeth` feature, `set_drop_site` makes one named site a no-op in
 //! the calling thread, so tests can show that every site is needed (docs/COHERENCE.md lists them).
 
 use crate::mem::SharedMemory;
@@ -112,20 +114,7 @@ pub unsafe fn write_back(ptr: *const u8, len: usize, kind: FlushKind) {
             let p = (start + i * LINE as usize) as *const u8;
             // SAFETY: `p` lies in a line that overlaps the caller's mapped range (the caller's
             // contract), and these instructions only move that line between cache and memory.
-            unsafe {
-                match kind {
-                    FlushKind::Clwb => {
-                        core::arch::asm!("clwb [{0}]", in(reg) p, options(nostack, preserves_flags))
-                    }
-                    FlushKind::ClflushOpt => {
-                        core::arch::asm!("clflushopt [{0}]", in(reg) p, options(nostack, preserves_flags))
-                    }
-                    FlushKind::Clflush => {
-                        core::arch::asm!("clflush [{0}]", in(reg) p, options(nostack, preserves_flags))
-                    }
-                    FlushKind::Fence => {}
-                }
-            }
+            unsafe { write_back_line(p, kind) };
         }
         // SAFETY: SFENCE has no preconditions. It orders the weakly ordered write-backs above
         // before every later store (the publishing store the reader's acquire pairs with).
@@ -182,6 +171,138 @@ pub unsafe fn invalidate(ptr: *const u8, len: usize, kind: FlushKind) {
     fence(Ordering::SeqCst);
 }
 
+/// Writes `line`'s cache line back with `kind` (no fence).
+///
+/// # Safety
+/// `line` must lie in mapped memory of this process.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn write_back_line(line: *const u8, kind: FlushKind) {
+    // SAFETY: the caller's contract: `line` is mapped; the instructions move the line between
+    // cache and memory without changing its contents.
+    unsafe {
+        match kind {
+            FlushKind::Clwb => {
+                core::arch::asm!("clwb [{0}]", in(reg) line, options(nostack, preserves_flags))
+            }
+            FlushKind::ClflushOpt => {
+                core::arch::asm!("clflushopt [{0}]", in(reg) line, options(nostack, preserves_flags))
+            }
+            FlushKind::Clflush => {
+                core::arch::asm!("clflush [{0}]", in(reg) line, options(nostack, preserves_flags))
+            }
+            FlushKind::Fence => {}
+        }
+    }
+}
+
+/// Copies `src` to `dst` and publishes it in the same pass: on return every byte is in memory, not
+/// in this CPU's caches, and ordered before every later store. Whole lines go out with
+/// non-temporal stores (AVX-512 `vmovntdq` where the CPU has it, else SSE2 `movntdq`), which write
+/// around the cache, evict a cached copy of the line and need no write-back; a partial first or
+/// last line is copied with ordinary stores and written back with `kind`. One SFENCE then makes
+/// the weakly ordered streaming stores and write-backs globally visible before any later store
+/// (the header and index entry that announce the data). This is [`write_back`] of freshly written
+/// data without the write-back pass, which on this machine costs as much as the copy itself.
+///
+/// With [`FlushKind::Fence`] (no cache maintenance known on this target) it is a copy and a full
+/// fence.
+///
+/// # Safety
+/// `dst` must be valid for writes of `src.len()` bytes, must not overlap `src`, and no Rust
+/// reference may point into it.
+pub unsafe fn write_streaming(dst: *mut u8, src: &[u8], kind: FlushKind) {
+    #[cfg(target_arch = "x86_64")]
+    if kind != FlushKind::Fence {
+        let len = src.len();
+        let line = LINE as usize;
+        let head = ((dst as usize).wrapping_neg() & (line - 1)).min(len);
+        let body = (len - head) & !(line - 1);
+        let tail = len - head - body;
+        // SAFETY: the three pieces partition `[0, len)` of both buffers, which the caller
+        // guarantees valid and disjoint; `dst + head` is line-aligned and `body` a whole number of
+        // lines, as the streaming copies require; the write-backs name lines of `dst`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), dst, head);
+            stream_lines(dst.add(head), src.as_ptr().add(head), body);
+            let t = head + body;
+            std::ptr::copy_nonoverlapping(src.as_ptr().add(t), dst.add(t), tail);
+            if head > 0 {
+                write_back_line(dst, kind);
+            }
+            if tail > 0 {
+                write_back_line(dst.add(t), kind);
+            }
+        }
+        // SAFETY: SFENCE has no preconditions. It drains the write-combining buffers of the
+        // streaming stores and orders them and the write-backs before every later store (the
+        // publishing store the reader's acquire pairs with).
+        unsafe { core::arch::asm!("sfence", options(nostack, preserves_flags)) };
+        // Compiler and CPU ordering for the Rust memory model, as in `write_back`.
+        fence(Ordering::SeqCst);
+        return;
+    }
+    let _ = kind;
+    // SAFETY: the caller guarantees `dst` valid for `src.len()` bytes and disjoint from `src`.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+    fence(Ordering::SeqCst);
+}
+
+/// Streams `len` bytes (a multiple of [`LINE`]) from `src` to the line-aligned `dst` with
+/// non-temporal stores, AVX-512 where the CPU has it (checked at run time), else SSE2 (baseline
+/// x86-64). No fence.
+///
+/// # Safety
+/// `dst` line-aligned and valid for writes of `len` bytes, `src` valid for reads of `len` bytes,
+/// not overlapping; `len` a multiple of [`LINE`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn stream_lines(dst: *mut u8, src: *const u8, len: usize) {
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F is present (checked above); the rest is the caller's contract.
+        unsafe { stream_lines_avx512(dst, src, len) }
+    } else {
+        // SAFETY: the caller's contract; SSE2 is part of x86-64.
+        unsafe { stream_lines_sse2(dst, src, len) }
+    }
+}
+
+/// # Safety
+/// As [`stream_lines`], and the CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn stream_lines_avx512(dst: *mut u8, src: *const u8, len: usize) {
+    use core::arch::x86_64::{_mm512_loadu_si512, _mm512_stream_si512};
+    let mut i = 0;
+    while i < len {
+        // SAFETY: `i + 64 <= len` (len is a multiple of 64), so both 64-byte accesses are in the
+        // caller's buffers; the load is unaligned, the store's address line-aligned as required.
+        unsafe {
+            let v = _mm512_loadu_si512(src.add(i).cast());
+            _mm512_stream_si512(dst.add(i).cast(), v);
+        }
+        i += 64;
+    }
+}
+
+/// # Safety
+/// As [`stream_lines`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn stream_lines_sse2(dst: *mut u8, src: *const u8, len: usize) {
+    use core::arch::x86_64::{_mm_loadu_si128, _mm_stream_si128};
+    let mut i = 0;
+    while i < len {
+        // SAFETY: as in `stream_lines_avx512`, in 16-byte pieces of one line (the store address
+        // is 16-byte aligned since the line is).
+        unsafe {
+            for j in (0..64).step_by(16) {
+                let v = _mm_loadu_si128(src.add(i + j).cast());
+                _mm_stream_si128(dst.add(i + j).cast(), v);
+            }
+        }
+        i += 64;
+    }
+}
+
 /// The protocol points that publish or acquire shared data. Each is one call site (or a group of
 /// call sites serving one purpose) that the `coherence-teeth` tests remove one at a time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -218,11 +339,32 @@ pub enum Site {
     PayloadRead,
     /// Acquire of a dead owner's partition (header, index, block headers) during takeover.
     RecoveryRead,
+    /// Publish of a participant's hotlist: the odd seq, the entries, the even seq.
+    HotlistWrite,
+    /// Acquire of another participant's hotlist, and of its seq for the re-check.
+    HotlistRead,
+    /// NDP device: publish of its registers (magic, generation, heartbeat, counters, sleeping).
+    NdpRegsWrite,
+    /// Acquire of the device registers: by a client (liveness, counters, sleeping flag) and by a
+    /// starting device (the previous device's generation).
+    NdpRegsRead,
+    /// NDP client: publish of a command slot, its arguments, the SQ tail and the doorbell.
+    NdpSubmitWrite,
+    /// NDP device: acquire of the SQ tail, the command slot and the command's arguments.
+    NdpSubmitRead,
+    /// NDP device: publish of a command's results, its completion entry and the CQ tail.
+    NdpCompleteWrite,
+    /// NDP client: acquire of the CQ tail, completion entries and results.
+    NdpCompleteRead,
+    /// Ring credits: publish of the SQ head (device) and the CQ head (client).
+    NdpHeadWrite,
+    /// Ring credits: acquire of the SQ head (client, ring full?) and CQ head (device).
+    NdpHeadRead,
 }
 
 impl Site {
-    /// Every site, in protocol order.
-    pub const ALL: [Site; 16] = [
+    /// Every site: the pool's, then the NDP rings'.
+    pub const ALL: [Site; 26] = [
         Site::FormatWrite,
         Site::SuperblockWrite,
         Site::SuperblockRead,
@@ -239,7 +381,35 @@ impl Site {
         Site::HeaderRead,
         Site::PayloadRead,
         Site::RecoveryRead,
+        Site::HotlistWrite,
+        Site::HotlistRead,
+        Site::NdpRegsWrite,
+        Site::NdpRegsRead,
+        Site::NdpSubmitWrite,
+        Site::NdpSubmitRead,
+        Site::NdpCompleteWrite,
+        Site::NdpCompleteRead,
+        Site::NdpHeadWrite,
+        Site::NdpHeadRead,
     ];
+
+    /// The sites of the NDP queue pairs and registers (exercised by the device's ring test on the
+    /// simulator, not by the pool's `run_sim`).
+    pub const NDP: [Site; 8] = [
+        Site::NdpRegsWrite,
+        Site::NdpRegsRead,
+        Site::NdpSubmitWrite,
+        Site::NdpSubmitRead,
+        Site::NdpCompleteWrite,
+        Site::NdpCompleteRead,
+        Site::NdpHeadWrite,
+        Site::NdpHeadRead,
+    ];
+
+    /// Whether this is a site of the pool protocol (not of the NDP rings).
+    pub fn is_pool(self) -> bool {
+        !Site::NDP.contains(&self)
+    }
 
     /// The site's name (as `cxlkv sim --drop-site` takes it).
     pub fn name(self) -> &'static str {
@@ -260,6 +430,16 @@ impl Site {
             Site::HeaderRead => "header-read",
             Site::PayloadRead => "payload-read",
             Site::RecoveryRead => "recovery-read",
+            Site::HotlistWrite => "hotlist-write",
+            Site::HotlistRead => "hotlist-read",
+            Site::NdpRegsWrite => "ndp-regs-write",
+            Site::NdpRegsRead => "ndp-regs-read",
+            Site::NdpSubmitWrite => "ndp-submit-write",
+            Site::NdpSubmitRead => "ndp-submit-read",
+            Site::NdpCompleteWrite => "ndp-complete-write",
+            Site::NdpCompleteRead => "ndp-complete-read",
+            Site::NdpHeadWrite => "ndp-head-write",
+            Site::NdpHeadRead => "ndp-head-read",
         }
     }
 
@@ -280,11 +460,36 @@ pub fn set_drop_site(site: Option<Site>) {
     DROPPED.with(|d| d.set(site));
 }
 
+/// Process-wide drop (`coherence-teeth`): index into [`Site::ALL`] plus one, 0 = none.
+#[cfg(feature = "coherence-teeth")]
+static DROPPED_EVERYWHERE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Test-only: makes `site` a no-op in every thread of the process (`None` restores it), for tests
+/// whose other party runs on threads they do not own (the NDP device's workers); such a test must
+/// be alone in its test binary. Returns false, doing nothing, in a build without the
+/// `coherence-teeth` feature.
+pub fn set_drop_site_everywhere(site: Option<Site>) -> bool {
+    #[cfg(feature = "coherence-teeth")]
+    {
+        let i = site.map_or(0, |s| {
+            1 + Site::ALL.iter().position(|&a| a == s).unwrap_or(0)
+        });
+        DROPPED_EVERYWHERE.store(i, std::sync::atomic::Ordering::SeqCst);
+        true
+    }
+    #[cfg(not(feature = "coherence-teeth"))]
+    {
+        let _ = site;
+        false
+    }
+}
+
 #[inline(always)]
 fn dropped(site: Site) -> bool {
     #[cfg(feature = "coherence-teeth")]
     {
-        DROPPED.with(|d| d.get()) == Some(site)
+        let all = DROPPED_EVERYWHERE.load(std::sync::atomic::Ordering::Relaxed);
+        (all != 0 && Site::ALL[all - 1] == site) || DROPPED.with(|d| d.get()) == Some(site)
     }
     #[cfg(not(feature = "coherence-teeth"))]
     {
@@ -298,6 +503,23 @@ fn dropped(site: Site) -> bool {
 pub fn publish(mem: &dyn SharedMemory, site: Site, off: u64, len: u64) {
     if !dropped(site) {
         mem.publish(off, len);
+    }
+}
+
+/// Writes `src` at `off` of `mem` and publishes it at protocol point `site`
+/// ([`SharedMemory::write_published`]: non-temporal stores on software-coherent memory). With the
+/// site dropped it is a plain write, whose lines stay in this party's cache.
+#[inline]
+pub fn write_published(
+    mem: &dyn SharedMemory,
+    site: Site,
+    off: u64,
+    src: &[u8],
+) -> crate::mem::Result<()> {
+    if dropped(site) {
+        mem.write(off, src)
+    } else {
+        mem.write_published(off, src)
     }
 }
 
@@ -326,6 +548,48 @@ mod tests {
         assert_eq!(lines(64 as *const u8, 64), (64, 1));
         assert_eq!(lines(65 as *const u8, 64), (64, 2));
         assert_eq!(lines(std::ptr::null(), 1), (0, 1));
+    }
+
+    #[test]
+    fn streaming_copies_every_alignment_and_length() {
+        let src: Vec<u8> = (0..1000u32).map(|i| (i * 13 + 5) as u8).collect();
+        let mut kinds = vec![detect(), FlushKind::Clflush, FlushKind::Fence];
+        kinds.dedup();
+        for kind in kinds {
+            for at in [0usize, 1, 17, 63, 64, 65] {
+                for len in [0usize, 1, 40, 63, 64, 65, 128, 200, 640, 777] {
+                    let mut dst = vec![0xeeu8; 1024 + 128];
+                    let base = dst.as_mut_ptr().align_offset(64);
+                    // SAFETY: `base + at + len` stays inside the private `dst`, disjoint from
+                    // `src`; no reference into `dst` is live during the call.
+                    unsafe { write_streaming(dst.as_mut_ptr().add(base + at), &src[..len], kind) };
+                    let (before, rest) = dst[base..].split_at(at);
+                    assert!(before.iter().all(|&b| b == 0xee), "{kind:?} {at} {len}");
+                    assert_eq!(&rest[..len], &src[..len], "{kind:?} {at} {len}");
+                    assert!(
+                        rest[len..].iter().all(|&b| b == 0xee),
+                        "{kind:?} {at} {len}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn both_streaming_loops_copy_whole_lines() {
+        let src: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 1) as u8).collect();
+        let mut dst = vec![0u8; 4096 + 64];
+        let base = dst.as_mut_ptr().align_offset(64);
+        // SAFETY: `dst + base` is line-aligned with 4096 bytes after it, disjoint from `src`.
+        unsafe { stream_lines_sse2(dst.as_mut_ptr().add(base), src.as_ptr(), 4096) };
+        assert_eq!(&dst[base..base + 4096], &src[..]);
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            dst.fill(0);
+            // SAFETY: as above; AVX-512F is present.
+            unsafe { stream_lines_avx512(dst.as_mut_ptr().add(base), src.as_ptr(), 4096) };
+            assert_eq!(&dst[base..base + 4096], &src[..]);
+        }
     }
 
     #[test]

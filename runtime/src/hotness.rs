@@ -15,6 +15,7 @@
 //! when a key's estimate beats the set's minimum, under a `try_lock` that skips on contention, so
 //! the get path never waits on tracking.
 
+use crate::coherence::{self, Site};
 use crate::format::slot;
 use crate::key::Key;
 use crate::participant::Participant;
@@ -22,6 +23,10 @@ use crate::pool::{Pool, Result};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
+
+/// Local accesses one unit of attention mass is worth in [`Hotness::heat`]: a block that held a
+/// whole query's softmax weight counts like four gets.
+pub const ATTENTION_ACCESSES: u32 = 4;
 
 /// Rows of the count-min sketch.
 pub const SKETCH_ROWS: usize = 4;
@@ -206,6 +211,11 @@ impl Hotness {
         let mut c = self.candidates.lock().unwrap_or_else(|e| e.into_inner());
         c.iter_mut().for_each(|e| e.1 /= 2);
         c.retain(|e| e.1 > 0);
+        drop(c);
+        let mut a = self.attention.lock().unwrap_or_else(|e| e.into_inner());
+        a.values_mut().for_each(|m| *m /= 2.0);
+        a.retain(|_, m| *m >= 1.0 / 64.0);
+        drop(a);
         self.floor.store(0, Ordering::Relaxed);
         self.epoch.fetch_add(1, Ordering::Relaxed);
     }
@@ -232,12 +242,37 @@ impl Hotness {
         v
     }
 
-    /// Feeds the device's hotlist (what the NDP device scanned): plain `(key, count)` pairs.
+    /// Feeds the device's hotlist (what the NDP device scanned, its own decayed heat per block):
+    /// `(key, heat)` pairs. The device list is a snapshot, so it replaces the previous one.
     pub fn record_device(&self, pairs: &[(Key, u64)]) {
         let mut d = self.device.lock().unwrap_or_else(|e| e.into_inner());
+        d.clear();
         for &(k, w) in pairs {
             *d.entry(k).or_default() += w as f64;
         }
+    }
+
+    /// How hot `key` is across all three signals, in local-access units: the sketch estimate, plus
+    /// the device's heat for it, plus [`ATTENTION_ACCESSES`] per unit of attention mass it
+    /// received (decayed with the sketch). The tiers promote on this.
+    pub fn heat(&self, key: Key) -> u32 {
+        let device = self
+            .device
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .copied()
+            .unwrap_or(0.0);
+        let attention = self
+            .attention
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .copied()
+            .unwrap_or(0.0);
+        let extra = device + attention * f64::from(ATTENTION_ACCESSES);
+        self.estimate(key)
+            .saturating_add(extra.min(f64::from(u32::MAX)) as u32)
     }
 
     /// Feeds per-block attention mass from `SCORE_TOPK` results: `(key, mass)` pairs, mass in
@@ -274,7 +309,15 @@ impl Hotness {
     }
 
     /// Writes the local hotlist into `participant`'s own slot (seqlock-protected; docs/FORMAT.md).
+    /// Refused with `Fenced` once the participant is presumed dead: its slot may be a
+    /// successor's.
     pub fn publish(&self, participant: &Participant) -> Result<()> {
+        if participant.presumed_dead() {
+            return Err(crate::pool::PoolError::Fenced {
+                partition: participant.partition().unwrap_or(0),
+                generation: (participant.generation() & 0xffff_ffff) as u32,
+            });
+        }
         let list = self.hotlist();
         let pool = participant.pool();
         let base = pool.slot_off(participant.id()) + slot::HOTLIST;
@@ -282,6 +325,10 @@ impl Hotness {
         let seq = mem.load_u64(base + hotlist::SEQ, Ordering::Relaxed)?;
         let odd = (seq | 1).wrapping_add(if seq & 1 == 1 { 2 } else { 0 });
         mem.store_u64(base + hotlist::SEQ, odd, Ordering::Relaxed)?;
+        // The odd seq reaches memory before any entry line can (a dirty line may be written back
+        // at any moment): a reader that finds new entry bytes then finds the seq changed. Pairs
+        // with the HotlistRead acquire of the reader's seq re-check.
+        coherence::publish(mem, Site::HotlistWrite, base, 8);
         // Orders the odd seq before the entry stores; pairs with the Acquire fence before the
         // reader's seq re-check in `read_hotlist`.
         std::sync::atomic::fence(Ordering::Release);
@@ -297,9 +344,11 @@ impl Hotness {
             mem.store_u64(off + 8, e.key.hi(), Ordering::Relaxed)?;
             mem.store_u64(off + 16, e.score, Ordering::Relaxed)?;
         }
+        // The entries before the even seq (on non-coherent memory too: published first).
+        coherence::publish(mem, Site::HotlistWrite, base, hotlist::SIZE);
         // Release: entries before the even seq. Pairs with the Acquire load in `read_hotlist`.
         mem.store_u64(base + hotlist::SEQ, odd.wrapping_add(1), Ordering::Release)?;
-        mem.publish(base, hotlist::SIZE);
+        coherence::publish(mem, Site::HotlistWrite, base, 8);
         Ok(())
     }
 }
@@ -313,7 +362,8 @@ pub fn read_hotlist(pool: &Pool, id: u32) -> Result<Option<(u64, Vec<HotEntry>)>
     let base = pool.slot_off(id) + slot::HOTLIST;
     let mem = pool.mem();
     for _ in 0..crate::pool::READ_RETRIES {
-        mem.acquire(base, hotlist::SIZE);
+        // Pairs with the HotlistWrite publishes of the holder.
+        coherence::acquire(mem, Site::HotlistRead, base, hotlist::SIZE);
         // Pairs with the Release store of the even seq in `Hotness::publish`.
         let s1 = mem.load_u64(base + hotlist::SEQ, Ordering::Acquire)?;
         if s1 & 1 == 1 {
@@ -340,6 +390,8 @@ pub fn read_hotlist(pool: &Pool, id: u32) -> Result<Option<(u64, Vec<HotEntry>)>
         }
         // Orders the entry loads before the re-check; pairs with the Release fence in `publish`.
         std::sync::atomic::fence(Ordering::Acquire);
+        // The re-check reads memory, not our copy of the line read above.
+        coherence::acquire(mem, Site::HotlistRead, base, 8);
         if mem.load_u64(base + hotlist::SEQ, Ordering::Relaxed)? == s1 {
             return Ok(Some((epoch, v)));
         }
@@ -381,5 +433,17 @@ mod tests {
         let m = h.merged(10);
         assert_eq!(m[0].0, a, "hot locally and in attention");
         assert!(m.iter().any(|e| e.0 == b) && m.iter().any(|e| e.0 == c));
+        // Heat in access units: a = 10 gets + 0.5 mass, b = device heat 5, c = 0.5 mass.
+        assert_eq!(h.heat(a), 10 + ATTENTION_ACCESSES / 2);
+        assert_eq!(h.heat(b), 5);
+        assert_eq!(h.heat(c), ATTENTION_ACCESSES / 2);
+        // The device list is a snapshot: a new one replaces it.
+        h.record_device(&[(c, 1)]);
+        assert_eq!(h.heat(b), 0);
+        assert_eq!(h.heat(c), ATTENTION_ACCESSES / 2 + 1);
+        // Attention decays with the sketch.
+        h.record_attention_mass(&[(c, 1.5)]);
+        h.decay();
+        assert_eq!(h.heat(c), 2 * ATTENTION_ACCESSES / 2 + 1);
     }
 }

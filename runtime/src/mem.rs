@@ -92,6 +92,15 @@ pub trait SharedMemory: Send + Sync {
     /// Makes others' published writes to the range visible to this party's following reads
     /// (invalidate on non-coherent memory).
     fn acquire(&self, offset: u64, len: u64);
+    /// Copies `src` to `offset` and publishes it: [`write`](Self::write), then
+    /// [`publish`](Self::publish) of the range (this default). Memory that can do both in one pass
+    /// overrides it: a software-coherent [`crate::region::Region`] streams the bytes to memory with
+    /// non-temporal stores instead of writing them into the cache and writing every line back.
+    fn write_published(&self, offset: u64, src: &[u8]) -> Result<()> {
+        self.write(offset, src)?;
+        self.publish(offset, src.len() as u64);
+        Ok(())
+    }
     /// Raw address of `[offset, offset + len)` for zero-copy users (pins, reserve/commit, the C
     /// ABI, DMA registration), or `None` for memory that has no stable address (simulators).
     fn raw_range(&self, offset: u64, len: u64) -> Result<Option<*mut u8>>;
@@ -141,6 +150,21 @@ impl RawMemory {
         let at = check_range(offset, src.len() as u64, self.size)?;
         // SAFETY: destination range checked above; src is private memory (no overlap).
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.base.add(at), src.len()) };
+        Ok(())
+    }
+
+    /// [`write`](Self::write) that leaves the bytes in memory, not in this CPU's caches
+    /// ([`crate::coherence::write_streaming`]).
+    pub(crate) fn write_streaming(
+        &self,
+        offset: u64,
+        src: &[u8],
+        kind: crate::coherence::FlushKind,
+    ) -> Result<()> {
+        let at = check_range(offset, src.len() as u64, self.size)?;
+        // SAFETY: destination range checked above; src is private memory (no overlap), and no
+        // reference into the mapping exists.
+        unsafe { crate::coherence::write_streaming(self.base.add(at), src, kind) };
         Ok(())
     }
 

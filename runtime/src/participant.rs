@@ -386,6 +386,13 @@ impl Participant {
         lapsed
     }
 
+    /// True when this participant would write nothing more to shared memory on a
+    /// software-coherent pool: it fenced itself, or its own lease lapsed (it is presumed dead, see
+    /// `lease_lost`). The simulator uses it to know whether a detach releases the partition.
+    pub(crate) fn presumed_dead(&self) -> bool {
+        self.self_fencing && self.lease_lost()
+    }
+
     fn fenced_error(&self) -> PoolError {
         PoolError::Fenced {
             partition: self.partition().unwrap_or(0),
@@ -456,13 +463,18 @@ impl Participant {
         let block = self.allocate(&mut st)?;
         let p = st.partition;
         let off = self.pool.payload_off(p, block);
-        if let Err(e) = self.pool.mem().write(off, payload) {
+        // Checksummed from the private source, so the copy below never has to be read back.
+        let crc = format::crc32c(payload);
+        // The payload reaches memory before the header and index entry that announce it
+        // (`finish_commit`); on software-coherent memory it is streamed there with non-temporal
+        // stores, so no write-back pass follows. Pairs with the PayloadRead acquires of readers.
+        if let Err(e) = coherence::write_published(self.pool.mem(), Site::BlockWrite, off, payload)
+        {
             st.free.push(block);
             return Err(e.into());
         }
         crash_point("put:payload");
-        let crc = format::crc32c(payload);
-        self.finish_commit(&mut st, key, block, codec, payload.len() as u64, crc)
+        self.finish_commit(&mut st, key, block, codec, payload.len() as u64, crc, true)
     }
 
     /// Reserves a block for `len` bytes under `key`: the caller writes the payload in place (zero
@@ -530,6 +542,9 @@ impl Participant {
     }
 
     /// Writes header and index entry for a filled block; the last step of put and commit.
+    /// `payload_published`: the payload is already in memory (a put's `write_published`); else
+    /// (an in-place reservation) it is published here.
+    #[allow(clippy::too_many_arguments)]
     fn finish_commit(
         &self,
         st: &mut OwnerState,
@@ -538,6 +553,7 @@ impl Participant {
         codec: Codec,
         len: u64,
         crc: u32,
+        payload_published: bool,
     ) -> Result<Location> {
         let pool = &self.pool;
         let mem = pool.mem();
@@ -568,7 +584,9 @@ impl Participant {
         format::write_plain(mem, hoff, &h)?;
         // Payload and header reach memory before the index entry that points at them. Pairs with
         // the acquires in `Pool::checked_header` and the payload read.
-        coherence::publish(mem, Site::BlockWrite, pool.payload_off(p, block), len);
+        if !payload_published {
+            coherence::publish(mem, Site::BlockWrite, pool.payload_off(p, block), len);
+        }
         coherence::publish(mem, Site::BlockWrite, hoff, format::BLOCK_HEADER_SIZE);
         crash_point("put:header");
 
@@ -906,12 +924,17 @@ impl Participant {
         let mem = pool.mem();
         for q in 0..pool.superblock().participants {
             let base = pool.slot_off(q);
-            // Pairs with the PinWrite publishes of pin holders (and their SlotWrite claims).
-            coherence::acquire(mem, Site::PinScanRead, base, format::PARTICIPANT_SLOT_SIZE);
-            if mem.load_u64(base + slot::TOKEN, Ordering::Acquire)? == 0
-                || participant_dead(pool, q)?
-            {
-                continue;
+            // Our own slot: we are its only writer, so our cached lines are the truth and need no
+            // invalidation (which would also write our dirty heartbeat line back, hiding a missing
+            // HeartbeatWrite publish from the simulator).
+            if q != self.id {
+                // Pairs with the PinWrite publishes of pin holders (and their SlotWrite claims).
+                coherence::acquire(mem, Site::PinScanRead, base, format::PARTICIPANT_SLOT_SIZE);
+                if mem.load_u64(base + slot::TOKEN, Ordering::Acquire)? == 0
+                    || participant_dead(pool, q)?
+                {
+                    continue;
+                }
             }
             for e in 0..PINS_PER_PARTICIPANT {
                 let eoff = base + slot::PINS + e * PIN_SIZE;
@@ -1081,7 +1104,7 @@ pub(crate) fn crash_point(site: &'static str) {
     let _ = site;
 }
 
-/// Names of the crash points (see [`crash_point`]), in the order a put reaches them.
+/// Names of the crash points (see `crash_point`), in the order a put reaches them.
 pub const CRASH_SITES: [&str; 5] = [
     "put:payload",
     "put:header",
@@ -1335,7 +1358,9 @@ impl Reservation<'_> {
             self.len,
         )?;
         let mut st = p.owner()?;
-        p.finish_commit(&mut st, self.key, self.block, self.codec, self.len, crc)
+        p.finish_commit(
+            &mut st, self.key, self.block, self.codec, self.len, crc, false,
+        )
     }
 }
 

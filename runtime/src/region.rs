@@ -1035,6 +1035,19 @@ impl SharedMemory for Region {
             }
         }
     }
+    fn write_published(&self, offset: u64, src: &[u8]) -> mem::Result<()> {
+        match self.flush_kind() {
+            None => {
+                self.mem.write(offset, src)?;
+                // Pairs with the fence in `acquire` of the reader, as `publish`.
+                fence(Ordering::Release);
+                Ok(())
+            }
+            // Non-temporal stores and SFENCE: the bytes are in memory, ordered before later
+            // stores, with no write-back pass. Pairs with the reader's invalidate in `acquire`.
+            Some(kind) => self.mem.write_streaming(offset, src, kind),
+        }
+    }
     fn set_coherence(&self, mode: crate::format::CoherenceMode) {
         let code = match Coherence::for_mode(mode) {
             Coherence::Hardware => 0,

@@ -17,6 +17,7 @@
 
 use crate::coherence::{Site, LINE};
 use crate::format::CoherenceMode;
+use crate::hotness::{read_hotlist, Access, HotEntry, Hotness};
 use crate::key::Key;
 use crate::mem::{self, check_range, SharedMemory};
 use crate::participant::{AttachOptions, Participant, PinnedBlock};
@@ -148,7 +149,15 @@ struct Sched {
     clock: Arc<AtomicU64>,
     /// Simulated nanoseconds per yield point.
     tick: u64,
+    /// Simulated time by which a run must have finished ([`STUCK_AFTER_LEASES`]); past it every
+    /// host unwinds at its next step and the run reports no progress.
+    deadline: u64,
+    stuck: AtomicBool,
 }
+
+/// A run that has not finished after this many leases of simulated time is stuck (a normal run
+/// takes a few): a livelock, or a wait that can never end, reported as a violation.
+const STUCK_AFTER_LEASES: u64 = 100;
 
 struct SchedState {
     current: usize,
@@ -170,7 +179,9 @@ impl Sched {
         if !self.started.load(Ordering::Relaxed) {
             return;
         }
-        self.clock.fetch_add(self.tick, Ordering::Relaxed);
+        if self.clock.fetch_add(self.tick, Ordering::Relaxed) > self.deadline {
+            self.stuck.store(true, Ordering::Relaxed);
+        }
         let mut g = lock(&self.state);
         let sw = g.switch;
         if g.rng.below(sw) != 0 {
@@ -203,6 +214,10 @@ impl Sched {
         }
     }
 
+    fn stuck(&self) -> bool {
+        self.stuck.load(Ordering::Relaxed)
+    }
+
     fn pick(g: &mut SchedState) -> Option<usize> {
         let live: Vec<usize> = (0..g.runnable.len()).filter(|&i| g.runnable[i]).collect();
         if live.is_empty() {
@@ -233,6 +248,9 @@ struct HostCache {
 
 /// The payload of a simulated crash (unwinds the crashing host's thread without a panic message).
 struct SimCrash;
+
+/// The payload that unwinds a host of a stuck run (see [`STUCK_AFTER_LEASES`]).
+struct SimStuck;
 
 /// One simulated host's view of a [`SimBacking`]: a private write-back cache of 64-byte lines.
 pub struct SimHost {
@@ -280,6 +298,12 @@ impl SimHost {
                 return false;
             }
             c.ops += 1;
+            if self.sched.as_ref().is_some_and(|s| s.stuck()) {
+                // The run is stuck: this host stops here (its later accesses do nothing).
+                c.dead = true;
+                drop(c);
+                std::panic::resume_unwind(Box::new(SimStuck));
+            }
             if c.crash_at == Some(c.ops) {
                 c.dead = true;
                 c.lines.clear();
@@ -558,9 +582,14 @@ impl std::fmt::Display for SimReport {
     }
 }
 
-/// Names of the publish/acquire sites `--drop-site` accepts.
+/// Names of the pool's publish/acquire sites, which `--drop-site` accepts (the NDP ring sites,
+/// [`Site::NDP`], are exercised by the device's ring test instead).
 pub fn sites() -> Vec<&'static str> {
-    Site::ALL.iter().map(|s| s.name()).collect()
+    Site::ALL
+        .iter()
+        .filter(|s| s.is_pool())
+        .map(|s| s.name())
+        .collect()
 }
 
 /// Runs the randomized protocol test over `opts.seeds` seeds, stopping at the first violation.
@@ -576,6 +605,13 @@ pub fn run_sim(opts: &SimOptions) -> SimReport {
     let site = match opts.drop_site.as_deref() {
         None => None,
         Some(n) => match Site::from_name(n) {
+            Some(s) if !s.is_pool() => {
+                rep.error = Some(format!(
+                    "{n} is a site of the NDP rings, not of the pool protocol this simulates \
+                     (the device's ring test covers it: cargo test -p cxlkv-ndp --test ring_sim)"
+                ));
+                return rep;
+            }
             Some(s) if cfg!(feature = "coherence-teeth") => Some(s),
             Some(_) => {
                 rep.error =
@@ -632,6 +668,19 @@ struct Model {
     /// Per partition: pins held when its owner last completed an operation, plus pins taken
     /// since (each may have made the owner's operation in flight unindex one more victim).
     pin_slack: BTreeMap<u32, usize>,
+    /// Per host: simulated time of its last heartbeat known to be published (attach or a beat
+    /// that returned), 0 before it attached.
+    beat_at: Vec<u64>,
+    /// Per host: it is detaching (its slot may read as free from then on).
+    leaving: Vec<bool>,
+    /// Per partition: claims started and claims completed (attach or takeover returned).
+    claims: BTreeMap<u32, (u64, u64)>,
+    /// Per partition: the last thing that happened to it was a release by a live owner's detach.
+    released: BTreeMap<u32, bool>,
+    /// Per host: every hotlist it published, oldest first.
+    hotlists: Vec<Vec<Vec<HotEntry>>>,
+    /// Per host: a hotlist publish is in flight.
+    hl_busy: Vec<bool>,
     violation: Option<String>,
     trace: Vec<String>,
     ops: u64,
@@ -731,8 +780,11 @@ fn run_seed(hosts: usize, seed: u64, ops: u32, site: Option<Site>) -> SeedOutcom
         cv: Condvar::new(),
         started: AtomicBool::new(false),
         clock: clock.clone(),
-        // A lease lasts about 12000 yield points per host: several operations of every host.
-        tick: LEASE_NS / (12000 * hosts as u64),
+        // A lease lasts about 3000 or 12000 yield points per host (per seed): a few or many
+        // operations of every host, so runs outlive leases and heartbeats must reach memory.
+        tick: LEASE_NS / ([3000, 12000][Rng::new(seed ^ 0x1ea5e).below(2) as usize] * hosts as u64),
+        deadline: 1_000_000_000 + STUCK_AFTER_LEASES * LEASE_NS,
+        stuck: AtomicBool::new(false),
     });
     // A third of the seeds crash a host, a third stall one past its lease (a zombie owner).
     let fate = rng.below(3);
@@ -755,10 +807,12 @@ fn run_seed(hosts: usize, seed: u64, ops: u32, site: Option<Site>) -> SeedOutcom
         })
         .collect();
     // Every host touched the memory before it was formatted: its cache holds stale lines of the
-    // superblock and the participant table.
+    // superblock, the participant table and the partitions (owner words, indexes, blocks).
     for h in &hs {
         let mut buf = vec![0u8; 4096 * (hosts + 1)];
         let _ = h.read(0, &mut buf);
+        let mut parts = vec![0u8; (size - base) as usize];
+        let _ = h.read(base, &mut parts);
     }
     let keys = blocks as usize + 2;
     let ctx = Arc::new(Ctx {
@@ -769,6 +823,10 @@ fn run_seed(hosts: usize, seed: u64, ops: u32, site: Option<Site>) -> SeedOutcom
             finished: vec![false; hosts],
             done_ops: vec![false; hosts],
             last_live: vec![0; hosts],
+            beat_at: vec![0; hosts],
+            leaving: vec![false; hosts],
+            hotlists: vec![Vec::new(); hosts],
+            hl_busy: vec![false; hosts],
             ..Default::default()
         }),
         keys,
@@ -817,6 +875,12 @@ fn run_seed(hosts: usize, seed: u64, ops: u32, site: Option<Site>) -> SeedOutcom
                     }));
                     match r {
                         Ok(()) => {}
+                        Err(p) if p.is::<SimStuck>() => {
+                            lock(&ctx.model).fail(format!(
+                                "no progress: the run did not finish within {STUCK_AFTER_LEASES} leases of simulated time (a livelock, or a wait that never ends)"
+                            ));
+                            ctx.stop.store(true, Ordering::SeqCst);
+                        }
                         Err(p) if p.is::<SimCrash>() => {
                             let mut m = lock(&ctx.model);
                             m.crashed = Some(h);
@@ -910,14 +974,17 @@ fn host_main(ctx: &Ctx, h: usize) {
         own_partition: true,
     };
     let attach_time = ctx.sched.clock.load(Ordering::SeqCst);
+    claim_started(ctx, h as u32);
     let me = match Participant::attach_slot(&pool, h as u32, opts.clone()) {
         Ok(p) => p,
         Err(e) => return fail(format!("{who}: attach: {e}")),
     };
+    claim_done(ctx, h as u32, Some((h, attach_time)));
     if me.partition() != Some(h as u32) {
         return fail(format!("{who}: attached without its partition"));
     }
     let mut rng = Rng::new(ctx.seed.wrapping_mul(7919) ^ h as u64);
+    let hot = Hotness::new(1 << 40);
     let mut adopter: Option<Participant> = None;
     let mut pin: Option<(PinnedBlock<'_>, Vec<u8>, u64, u32)> = None;
     let successor_of = ctx.crash.filter(|&c| (c + 1) % ctx.hosts.len() == h);
@@ -954,7 +1021,10 @@ fn host_main(ctx: &Ctx, h: usize) {
             // Its clock ran on past the lease while it stalled, and the others saw no heartbeat.
             crate::pool::SIM_SKEW.with(|s| s.set(s.get() + 2 * LEASE_NS));
             age_heartbeat(ctx, h);
-            while !lock(&ctx.model).taken_over && !ctx.stop.load(Ordering::SeqCst) {
+            while !lock(&ctx.model).taken_over
+                && !ctx.stop.load(Ordering::SeqCst)
+                && !ctx.sched.stuck()
+            {
                 ctx.sched.yield_forced(h);
             }
             lock(&ctx.model).log(format!("{who}: resumes after the takeover"));
@@ -967,8 +1037,10 @@ fn host_main(ctx: &Ctx, h: usize) {
                 (m.crashed == Some(c), m.finished[c])
             };
             if crashed && adopter.is_none() {
+                claim_started(ctx, c as u32);
                 match Participant::attach_slot(&pool, c as u32, opts.clone()) {
                     Ok(p) => {
+                        claim_done(ctx, c as u32, None);
                         let mut m = lock(&ctx.model);
                         let rec = p.recovery.clone();
                         m.log(format!("{who}: takeover of {c}: {rec:?}"));
@@ -1003,7 +1075,7 @@ fn host_main(ctx: &Ctx, h: usize) {
         if rng.below(4) == 0 || now.saturating_sub(last_beat) > LEASE_NS / 4 {
             last_beat = now;
             match me.beat() {
-                Ok(()) => {}
+                Ok(()) => lock(&ctx.model).beat_at[h] = now,
                 Err(PoolError::Fenced { .. }) if !owner || lapsed(prev_beat) => {
                     if owner {
                         lock(&ctx.model).log(format!("{who}: own lease lapsed; fenced itself"));
@@ -1035,6 +1107,37 @@ fn host_main(ctx: &Ctx, h: usize) {
                 pin = Some((p, bytes, epoch, left - 1));
             } else {
                 lock(&ctx.model).pins.remove(&h);
+            }
+        }
+        // Watch the predecessor's heartbeat, as a deployment's successor would: a live host (its
+        // last beat, published, within a lease) must never look dead.
+        if owner && rng.below(3) == 0 {
+            if let Err(e) = watch_predecessor(ctx, &pool, h) {
+                return fail(format!("{who}: liveness read: {e}"));
+            }
+        }
+        // Hotness: publish this host's hotlist now and then, and read another host's.
+        if owner && rng.below(6) == 0 {
+            let list = hot.hotlist();
+            lock(&ctx.model).hl_busy[h] = true;
+            let r = hot.publish(&me);
+            let mut m = lock(&ctx.model);
+            m.hl_busy[h] = false;
+            match r {
+                Ok(()) => m.hotlists[h].push(list),
+                Err(PoolError::Fenced { .. }) if lapsed(last_beat) => owner = false,
+                Err(e) => {
+                    drop(m);
+                    return fail(format!("{who}: hotlist publish: {e}"));
+                }
+            }
+        }
+        if rng.below(6) == 0 {
+            let q = rng.below(ctx.hosts.len() as u64) as usize;
+            if q != h {
+                if let Err(e) = check_hotlist(ctx, &pool, h, q) {
+                    return fail(format!("{who}: hotlist read: {e}"));
+                }
             }
         }
         let mut choice = rng.below(10);
@@ -1116,6 +1219,7 @@ fn host_main(ctx: &Ctx, h: usize) {
                     .get(&(kh, ki))
                     .copied()
                     .unwrap_or((0, false));
+                hot.record(key, Access::Get);
                 match me.get(key) {
                     Ok(r) => check_read(ctx, &who, kh, ki, lo, r.as_ref().map(|(b, _)| &b[..])),
                     Err(e) => return fail(format!("{who}: get ({kh},{ki}): {e}")),
@@ -1130,6 +1234,7 @@ fn host_main(ctx: &Ctx, h: usize) {
                     .get(&(kh, ki))
                     .copied()
                     .unwrap_or((0, false));
+                hot.record(key, Access::Pin);
                 match me.pin(key) {
                     Ok(Some(p)) => {
                         let mut b = vec![0u8; p.len() as usize];
@@ -1184,6 +1289,104 @@ fn host_main(ctx: &Ctx, h: usize) {
         let _ = mem.load_u64(0, Ordering::Relaxed);
     }
     check_owners(ctx, &who, &pool);
+    // Detach: a participant that is not presumed dead releases its partition (owner word holder
+    // 0); the final check reads that from memory.
+    let mut m = lock(&ctx.model);
+    m.leaving[h] = true;
+    if let (Some(a), Some(c)) = (&adopter, successor_of) {
+        m.released.insert(c as u32, !a.presumed_dead());
+    }
+    if owner {
+        m.released.insert(h as u32, !me.presumed_dead());
+    }
+    drop(m);
+    drop(adopter);
+    drop(me);
+}
+
+fn claim_started(ctx: &Ctx, p: u32) {
+    lock(&ctx.model).claims.entry(p).or_default().0 += 1;
+}
+
+/// A claim of partition `p` returned; `beat`: the attaching host and the time before its attach
+/// (its first heartbeat is no older).
+fn claim_done(ctx: &Ctx, p: u32, beat: Option<(usize, u64)>) {
+    let mut m = lock(&ctx.model);
+    m.claims.entry(p).or_default().1 += 1;
+    m.released.insert(p, false);
+    if let Some((h, t)) = beat {
+        m.beat_at[h] = t;
+    }
+}
+
+/// Host `h` reads host `q`'s hotlist (the HotlistRead site). Fails the run on a list `q` never
+/// published at or after the one it had completed when the read began (torn or stale), or on no
+/// list at all while `q` published nothing during the read.
+fn check_hotlist(ctx: &Ctx, pool: &Pool, h: usize, q: usize) -> crate::pool::Result<()> {
+    let excused = |m: &Model| {
+        m.crashed == Some(q) || m.zombie == Some(q) || m.leaving[q] || m.beat_at[q] == 0
+    };
+    let (busy0, n0) = {
+        let m = lock(&ctx.model);
+        if excused(&m) {
+            return Ok(());
+        }
+        (m.hl_busy[q], m.hotlists[q].len())
+    };
+    let got = read_hotlist(pool, q as u32)?;
+    let mut m = lock(&ctx.model);
+    if excused(&m) {
+        return Ok(());
+    }
+    let (busy1, n1) = (m.hl_busy[q], m.hotlists[q].len());
+    match got {
+        Some((_, list)) => {
+            let valid = (n0 == 0 && list.is_empty())
+                || m.hotlists[q][n0.saturating_sub(1)..].contains(&list);
+            if !valid {
+                m.fail(format!(
+                    "host {h}: read a hotlist of {} entries that host {q} never published at or after its publish #{n0}",
+                    list.len()
+                ));
+            } else {
+                m.log(format!("host {h}: hotlist of {q}: {} entries", list.len()));
+            }
+        }
+        None if !busy0 && !busy1 && n0 == n1 => m.fail(format!(
+            "host {h}: found no valid hotlist of host {q}, which was not publishing"
+        )),
+        None => m.log(format!("host {h}: hotlist of {q} mid-update")),
+    }
+    Ok(())
+}
+
+/// Host `h` judges its predecessor's liveness from memory (`participant_dead`, the LivenessRead
+/// site). Fails the run if a host whose last published heartbeat is within a lease looks dead.
+fn watch_predecessor(ctx: &Ctx, pool: &Pool, h: usize) -> crate::pool::Result<()> {
+    let n = ctx.hosts.len();
+    let q = (h + n - 1) % n;
+    let excused = |m: &Model| {
+        m.crashed == Some(q) || m.zombie == Some(q) || m.leaving[q] || m.beat_at[q] == 0
+    };
+    let beat_at = {
+        let m = lock(&ctx.model);
+        if excused(&m) {
+            return Ok(());
+        }
+        m.beat_at[q]
+    };
+    let dead = crate::participant::participant_dead(pool, q as u32)?;
+    let now = ctx.sched.clock.load(Ordering::SeqCst);
+    let mut m = lock(&ctx.model);
+    if dead && !excused(&m) && now.saturating_sub(beat_at) <= LEASE_NS {
+        m.fail(format!(
+            "host {h}: host {q} looks dead, but it beat {} ns ago (lease {LEASE_NS} ns)",
+            now - beat_at
+        ));
+    } else {
+        m.log(format!("host {h}: host {q} dead={dead}"));
+    }
+    Ok(())
 }
 
 /// Every live owner's keys, read by `pool`'s host: each hit is the latest committed version, and
@@ -1245,6 +1448,27 @@ fn final_check(ctx: &Ctx, backing: &Arc<SimBacking>, _cfg: &PoolConfig) {
         Err(e) => return lock(&ctx.model).fail(format!("checker: open: {e}")),
     };
     let mut m = lock(&ctx.model);
+    // Owner words: a generation for every claim (at least the completed ones, at most the started
+    // ones: a claim in flight at a crash may or may not have landed), and released by a clean
+    // detach.
+    for (&p, &(started, done)) in &m.claims.clone() {
+        let off = pool.partition_off(p) + crate::format::partition::OWNER;
+        let word = match pool.mem().load_u64(off, Ordering::Acquire) {
+            Ok(w) => w,
+            Err(e) => return m.fail(format!("checker: owner word of partition {p}: {e}")),
+        };
+        let (gen, holder) = (word >> 32, word & 0xffff_ffff);
+        if gen < done || gen > started {
+            return m.fail(format!(
+                "checker: partition {p}'s owner generation is {gen} after {done} completed and {started} started claims"
+            ));
+        }
+        if m.released.get(&p) == Some(&true) && holder != 0 {
+            return m.fail(format!(
+                "checker: partition {p} was released by its owner's detach, but memory names holder {holder}"
+            ));
+        }
+    }
     let owners: Vec<(usize, usize)> = m.live_blocks.iter().map(|(&h, &n)| (h, n)).collect();
     for (h, n) in owners {
         let mut hits = 0;

@@ -4,7 +4,7 @@
 //! the `coherence-teeth` feature: `cargo test -p cxlkv-runtime --features coherence-teeth --test
 //! coherence_sim`) removes each publish/acquire site in turn and requires a violation.
 
-use cxlkv_runtime::sim::{run_sim, sites, SimOptions};
+use cxlkv_runtime::sim::{run_sim, SimOptions};
 
 fn seeds(default: u64) -> u64 {
     std::env::var("CXLKV_SIM_SEEDS")
@@ -40,22 +40,17 @@ fn unknown_site_is_refused() {
 #[cfg(feature = "coherence-teeth")]
 #[test]
 fn every_site_is_needed() {
+    use cxlkv_runtime::sim::sites;
     let budget = seeds(100);
-    // Known gaps (docs/COHERENCE.md): removing these was not detected within the budget. The
-    // slot and heartbeat lines are also written back by other publishes of the same line and by
-    // eviction; the owner word is backed up by self-fencing on software-coherent pools. Run them
-    // with CXLKV_SIM_SITES=slot-write,... to search further.
-    const UNDETECTED: [&str; 4] = ["slot-write", "heartbeat-write", "owner-write", "owner-read"];
     let mut missed = Vec::new();
     println!("| site | breaking seed (hosts) | violation |");
     // CXLKV_SIM_SITES=a,b limits the test to those sites.
     let only = std::env::var("CXLKV_SIM_SITES").ok();
     for site in sites() {
-        let skip = match only.as_deref() {
-            Some(o) => !o.split(',').any(|s| s == site),
-            None => UNDETECTED.contains(&site),
-        };
-        if skip {
+        if only
+            .as_deref()
+            .is_some_and(|o| !o.split(',').any(|s| s == site))
+        {
             continue;
         }
         let mut found = None;
@@ -80,7 +75,6 @@ fn every_site_is_needed() {
             }
         }
     }
-    missed.retain(|s| !UNDETECTED.contains(s));
     assert!(
         missed.is_empty(),
         "sites whose removal no seed detected: {missed:?}"

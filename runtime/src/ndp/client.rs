@@ -16,7 +16,9 @@ use super::{
     resolve_block, sorted_ranges, topk_result_size, BlockExpect, DeviceLayout, DeviceStatus,
     ResolvedBlock, ScanStats, TopKScan, DEPTH,
 };
+use crate::coherence::{self, Site};
 use crate::format::{self, Codec};
+use crate::hotness::Hotness;
 use crate::key::Key;
 use crate::participant::{Participant, Reservation};
 use crate::pool::Pool;
@@ -147,6 +149,17 @@ impl TopK {
             .iter()
             .zip(&self.scores[l])
             .map(|(&index, &score)| Hit { index, score })
+            .collect()
+    }
+
+    /// The attention mass of list 0 per block of `blocks` (the request's block list): `(key,
+    /// mass)` pairs for [`Hotness::record_attention_mass`], so the blocks attention actually uses
+    /// count as hot.
+    pub fn attention_mass(&self, blocks: &[BlockSpec]) -> Vec<(Key, f32)> {
+        blocks
+            .iter()
+            .zip(&self.stats.block_mass)
+            .map(|(b, &m)| (b.key, m))
             .collect()
     }
 }
@@ -380,7 +393,12 @@ impl<'p> NdpDevice<'p> {
         }
         let mem = pool.memory();
         let base = layout.qp(qp);
-        mem.acquire(base, u64::from(CXLKV_NDP_QP_INDICES_SIZE));
+        coherence::acquire(
+            &**mem,
+            Site::NdpCompleteRead,
+            base,
+            u64::from(CXLKV_NDP_QP_INDICES_SIZE),
+        );
         // Our slot's previous holder may have left commands behind: continue after them and
         // ignore their completions (their tags are not ours).
         let sq_tail = mem.load_u64(base + qpi::SQ_TAIL, Ordering::Relaxed)?;
@@ -388,7 +406,12 @@ impl<'p> NdpDevice<'p> {
         let cq_tail = mem.load_u64(base + qpi::CQ_TAIL, Ordering::Acquire)?;
         mem.store_u64(base + qpi::CQ_HEAD, cq_tail, Ordering::Release)?;
         mem.store_u64(base + qpi::CQ_WAITERS, 0, Ordering::Relaxed)?;
-        mem.publish(base, u64::from(CXLKV_NDP_QP_INDICES_SIZE));
+        coherence::publish(
+            &**mem,
+            Site::NdpHeadWrite,
+            base,
+            u64::from(CXLKV_NDP_QP_INDICES_SIZE),
+        );
         Ok(NdpDevice {
             participant,
             pool,
@@ -422,7 +445,7 @@ impl<'p> NdpDevice<'p> {
 
     fn reg(&self, off: u64) -> Result<u64> {
         let mem = self.pool.memory();
-        mem.acquire(self.layout.regs + off, 8);
+        coherence::acquire(&**mem, Site::NdpRegsRead, self.layout.regs + off, 8);
         Ok(mem.load_u64(self.layout.regs + off, Ordering::Acquire)?)
     }
 
@@ -450,7 +473,7 @@ impl<'p> NdpDevice<'p> {
     fn drain(&mut self) -> Result<()> {
         let mem = self.pool.memory().clone();
         let base = self.layout.qp(self.qp);
-        mem.acquire(base + qpi::CQ_TAIL, 8);
+        coherence::acquire(&*mem, Site::NdpCompleteRead, base + qpi::CQ_TAIL, 8);
         // Acquire pairs with the device's Release store of cq_tail after writing the entry.
         let tail = mem.load_u64(base + qpi::CQ_TAIL, Ordering::Acquire)?;
         if tail.wrapping_sub(self.cq_head) > DEPTH {
@@ -459,7 +482,12 @@ impl<'p> NdpDevice<'p> {
         }
         while self.cq_head != tail {
             let off = self.layout.cq_slot(self.qp, self.cq_head);
-            mem.acquire(off, u64::from(CXLKV_NDP_CPL_SIZE));
+            coherence::acquire(
+                &*mem,
+                Site::NdpCompleteRead,
+                off,
+                u64::from(CXLKV_NDP_CPL_SIZE),
+            );
             let c: cxlkv_ndp_cpl = format::read_plain(&*mem, off)?;
             self.cq_head = self.cq_head.wrapping_add(1);
             for s in &mut self.staging {
@@ -474,7 +502,7 @@ impl<'p> NdpDevice<'p> {
         // Release: our reads of the entries happen before the device may overwrite them. Pairs
         // with the device's Acquire load of cq_head when it checks for space.
         mem.store_u64(base + qpi::CQ_HEAD, self.cq_head, Ordering::Release)?;
-        mem.publish(base + qpi::CQ_HEAD, 8);
+        coherence::publish(&*mem, Site::NdpHeadWrite, base + qpi::CQ_HEAD, 8);
         Ok(())
     }
 
@@ -492,18 +520,23 @@ impl<'p> NdpDevice<'p> {
     fn push(&mut self, cmd: &cxlkv_ndp_cmd) -> Result<std::result::Result<u64, FallbackReason>> {
         let mem = self.pool.memory().clone();
         let base = self.layout.qp(self.qp);
-        mem.acquire(base + qpi::SQ_HEAD, 8);
+        coherence::acquire(&*mem, Site::NdpHeadRead, base + qpi::SQ_HEAD, 8);
         let head = mem.load_u64(base + qpi::SQ_HEAD, Ordering::Acquire)?;
         if self.sq_tail.wrapping_sub(head) >= DEPTH {
             return Ok(Err(FallbackReason::Busy));
         }
         let slot = self.layout.sq_slot(self.qp, self.sq_tail);
         format::write_plain(&*mem, slot, cmd)?;
-        mem.publish(slot, u64::from(CXLKV_NDP_CMD_SIZE));
+        coherence::publish(
+            &*mem,
+            Site::NdpSubmitWrite,
+            slot,
+            u64::from(CXLKV_NDP_CMD_SIZE),
+        );
         self.sq_tail = self.sq_tail.wrapping_add(1);
         // Release: the slot before the index. Pairs with the device's Acquire load of sq_tail.
         mem.store_u64(base + qpi::SQ_TAIL, self.sq_tail, Ordering::Release)?;
-        mem.publish(base + qpi::SQ_TAIL, 8);
+        coherence::publish(&*mem, Site::NdpSubmitWrite, base + qpi::SQ_TAIL, 8);
         let mut sent = u64::from(CXLKV_NDP_CMD_SIZE) + 8;
         // Dekker pair with the device going to sleep: it stores `sleeping` then re-reads every
         // sq_tail (SeqCst); we store sq_tail then read `sleeping` (SeqCst). One of us sees the other.
@@ -514,7 +547,7 @@ impl<'p> NdpDevice<'p> {
             while let Err(actual) = mem.compare_exchange_u64(bell, cur, cur.wrapping_add(1))? {
                 cur = actual;
             }
-            mem.publish(bell, 8);
+            coherence::publish(&*mem, Site::NdpSubmitWrite, bell, 8);
             futex::wake(&*mem, bell);
             sent += 8;
         }
@@ -652,7 +685,7 @@ impl<'p> NdpDevice<'p> {
         let off = self.staging[si].off;
         let mem = self.pool.memory().clone();
         mem.write(off, &args)?;
-        mem.publish(off, args.len() as u64);
+        coherence::publish(&*mem, Site::NdpSubmitWrite, off, args.len() as u64);
         let mut flags = 0u16;
         if req.prune {
             flags |= CXLKV_NDP_FLAG_PRUNE as u16;
@@ -783,7 +816,7 @@ impl<'p> NdpDevice<'p> {
         let n = c.result_bytes.min(p.result_len);
         let mut buf = vec![0u8; n as usize];
         let mem = self.pool.memory();
-        mem.acquire(p.result_off, n);
+        coherence::acquire(&**mem, Site::NdpCompleteRead, p.result_off, n);
         mem.read(p.result_off, &mut buf)?;
         stats.bytes_from_device += n;
         let d = decode_topk_result(&buf, p.req.dtype.size()).ok_or(NdpError::BadResult(n))?;
@@ -840,7 +873,12 @@ impl<'p> NdpDevice<'p> {
                 .ok_or(NdpError::Unavailable(FallbackReason::Busy))?;
             let off = self.staging[i].off;
             self.pool.memory().write(off, args)?;
-            self.pool.memory().publish(off, args.len() as u64);
+            coherence::publish(
+                &**self.pool.memory(),
+                Site::NdpSubmitWrite,
+                off,
+                args.len() as u64,
+            );
             cmd.args_off = off;
             cmd.args_len = args.len() as u32;
             cmd.result_off = off + result_at;
@@ -889,7 +927,12 @@ impl<'p> NdpDevice<'p> {
         }
         let mut buf = vec![0u8; c.result_bytes.min(result_len) as usize];
         if !buf.is_empty() {
-            self.pool.memory().acquire(cmd.result_off, buf.len() as u64);
+            coherence::acquire(
+                &**self.pool.memory(),
+                Site::NdpCompleteRead,
+                cmd.result_off,
+                buf.len() as u64,
+            );
             self.pool.memory().read(cmd.result_off, &mut buf)?;
         }
         stats.bytes_from_device += buf.len() as u64;
@@ -1032,6 +1075,18 @@ impl<'p> NdpDevice<'p> {
             .collect()
     }
 
+    /// Feeds the device's HOTLIST (at most `max` blocks, its own decayed scan heat) into `hot` as
+    /// the device signal (a snapshot that replaces the previous one). Returns the entries fed.
+    pub fn feed_hotness(&mut self, hot: &Hotness, max: usize) -> Result<usize> {
+        let pairs: Vec<(Key, u64)> = self
+            .hotlist(max)?
+            .iter()
+            .map(|e| (Key::from_parts(e.key_lo, e.key_hi), e.heat))
+            .collect();
+        hot.record_device(&pairs);
+        Ok(pairs.len())
+    }
+
     /// Writes a raw command on this queue pair (tests of the device's validation). Returns the
     /// tag to pass to [`NdpDevice::wait_raw`], or why the ring did not take it.
     pub fn submit_raw(
@@ -1142,7 +1197,7 @@ pub fn host_score_topk(pool: &Pool, req: &ScoreRequest<'_>, kernel: ScoreKernel)
         let mut buf = Vec::new();
         for b in &blocks {
             buf.resize(b.head_bytes as usize, 0);
-            mem.acquire(b.k_off, b.head_bytes);
+            coherence::acquire(&**mem, Site::PayloadRead, b.k_off, b.head_bytes);
             mem.read(b.k_off, &mut buf)?;
             pulled += b.head_bytes + HOST_META_BYTES_PER_BLOCK;
             let keys = KeyRows::new(&buf, req.dtype, req.dim)
@@ -1158,7 +1213,7 @@ pub fn host_score_topk(pool: &Pool, req: &ScoreRequest<'_>, kernel: ScoreKernel)
                 let (bi, i) = locate_token(&blocks, &order, h.index)
                     .ok_or(DeviceStatus::at(CXLKV_NDP_ERR_TOKEN, h.index as usize))?;
                 let off = blocks[bi].v_off + (i * row) as u64;
-                mem.acquire(off, row as u64);
+                coherence::acquire(&**mem, Site::PayloadRead, off, row as u64);
                 mem.read(off, &mut r)?;
                 values.extend_from_slice(&r);
                 pulled += row as u64;
@@ -1213,7 +1268,7 @@ pub fn host_gather(
             let (bi, i) =
                 locate_token(&rb, &order, t).ok_or(DeviceStatus::at(CXLKV_NDP_ERR_TOKEN, j))?;
             let off = rb[bi].v_off + (i * row) as u64;
-            mem.acquire(off, row as u64);
+            coherence::acquire(&**mem, Site::PayloadRead, off, row as u64);
             mem.read(off, &mut out[j * row..(j + 1) * row])?;
         }
         if rb

@@ -40,6 +40,7 @@ pub use client::{
     NdpPath, NdpStats, ScoreRequest, Ticket, TopK,
 };
 
+use crate::coherence::{self, Site};
 use crate::format::{self, Codec, KvLayout, Plain};
 use crate::key::Key;
 use crate::kv::LAYOUT_SIZE;
@@ -270,7 +271,7 @@ pub fn resolve_block(
         return Err(layout_err);
     }
     let mem = pool.memory();
-    mem.acquire(r.payload_off, LAYOUT_SIZE as u64);
+    coherence::acquire(&**mem, Site::PayloadRead, r.payload_off, LAYOUT_SIZE as u64);
     let l: KvLayout = format::read_plain(&**mem, r.payload_off).map_err(|_| block_err)?;
     let esize = want.dtype.size() as u64;
     let t = u64::from(l.kv_heads) * u64::from(l.tokens) * u64::from(l.head_dim) * esize;
@@ -313,7 +314,7 @@ pub fn read_bounds(
     dim: usize,
 ) -> crate::mem::Result<(Vec<f32>, Vec<f32>)> {
     let mut raw = vec![0u8; dim * 8];
-    mem.acquire(b.bounds_off, raw.len() as u64);
+    coherence::acquire(mem, Site::PayloadRead, b.bounds_off, raw.len() as u64);
     mem.read(b.bounds_off, &mut raw)?;
     let f: Vec<f32> = raw
         .chunks_exact(4)

@@ -2,11 +2,13 @@
 //!
 //! [`Tiers`] manages one participant's partition as the middle tier:
 //! - **DRAM** ([`dram::DramCache`]): replicas of hot pool blocks, promoted when their hotness
-//!   estimate ([`crate::hotness`]) reaches a threshold; lock-free reads, epoch-based reclamation.
+//!   ([`crate::hotness::Hotness::heat`]: local gets, device scans, attention mass) reaches a threshold;
+//!   lock-free reads, epoch-based reclamation.
 //! - **Pool**: the participant's partition, holding at most `pool_blocks` blocks chosen by a
 //!   pluggable [`crate::policy`] (the same code the trace simulator runs).
 //! - **SSD** ([`spill::SpillFile`]): blocks demoted from the pool, one spill file per partition,
-//!   io_uring with `O_DIRECT` and batched submissions, LZ4 where it saves space.
+//!   io_uring with `O_DIRECT` and up to a queue depth of reads or writes in flight, LZ4 where it
+//!   saves space.
 //!
 //! Invariant: a block lives in exactly one of pool and SSD; the DRAM cache may hold a replica of a
 //! pool block with the same bytes. [`Tiers::get`] looks in DRAM, then the pool, then SSD. Moves
@@ -484,7 +486,8 @@ impl Tiers {
         }
         if let Some((bytes, _)) = self.participant.get(key)? {
             *out = bytes;
-            let hot = self.hotness.estimate(key) >= self.cfg.dram_threshold;
+            // Local gets, the device's scans and attention mass together (`Hotness::heat`).
+            let hot = self.hotness.heat(key) >= self.cfg.dram_threshold;
             let mut st = self.state();
             if let Some(s) = st.slots.get(key) {
                 st.policy.touch(s);

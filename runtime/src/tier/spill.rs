@@ -1,16 +1,37 @@
 //! Tier 3: SSD spill files, one per partition, written and read with io_uring.
 //!
-//! A spill file is a sequence of page-aligned records. Each record is a 64-byte [`SpillHeader`]
-//! followed by the stored payload, padded to whole 4 KiB pages, so every read and write is a
-//! multiple of the page at an aligned offset (`O_DIRECT`). A payload is LZ4-compressed (lz4_flex
-//! block format) when that saves at least one page, and stored raw otherwise; the codec is in the
-//! header. The in-memory index (key → extent) is rebuilt at open by a recovery scan: a page whose
-//! header has the magic, a valid header CRC and a payload whose CRC matches starts a record; any
-//! other page (a torn write of a crashed process, a freed record's leftovers) is skipped, never
-//! misread. When several valid records name one key, the highest sequence number wins. Freed
-//! extents are reused by records of the same page count; the file only grows otherwise.
+//! A spill file is a sequence of page-aligned records (format 1.2, docs/FORMAT.md). Each record
+//! is a 64-byte [`SpillHeader`] followed by the stored payload, padded to whole 4 KiB pages, so
+//! every read and write is a multiple of the page at an aligned offset (`O_DIRECT`). A payload is
+//! LZ4-compressed (lz4_flex block format) when that saves at least one page, and stored raw
+//! otherwise; the codec is in the header. The in-memory index (key → extent) is rebuilt at open
+//! by a recovery scan: a page whose header has the magic, a current version (1.2 on), a valid
+//! header CRC and a payload whose CRC matches starts a record; any other page (a torn write of a
+//! crashed process, a retired record's leftovers, preallocated zeros) is skipped, never misread.
+//! When several valid records name one key, the highest sequence number wins.
+//!
+//! Invariant: apart from the records of a write call in progress, the only records on the file
+//! that validate are the indexed ones. A record that leaves the index (removed, superseded, found
+//! invalid by a read, or written by a call that failed) is *retired*: its first page is
+//! overwritten with zeros, and only then are its pages free for reuse. A superseded record is
+//! retired after its successor is on the file, so a crash in between leaves both, and the scan
+//! picks the successor by sequence number; `open` retires the loser. Without this, a removed
+//! key's record would validate again at the next open. Against a crash of the process, a write or
+//! remove is final when its call returns; against a crash of the system, once [`SpillFile::sync`]
+//! has returned (docs/FORMAT.md, "Crashes"). Records of formats 1.0 and 1.1, whose writers did
+//! not retire, are not recovered.
+//!
+//! I/O is a pipeline over a [`Ring`] of `queue_depth` registered buffers: while up to
+//! `queue_depth` reads or writes are in flight, the next record is encoded (copy or LZ4, CRC)
+//! into an idle buffer and submitted as soon as it is ready, and each completion is validated
+//! and decoded while the others are still in flight. Before a write call submits anything, the
+//! file is grown (`fallocate`) to cover every page the call may write: on ext4 an `O_DIRECT`
+//! write past the end of the file takes the inode lock exclusively and completes synchronously,
+//! which would serialize the whole queue. Retiring a record is an overwrite of one page it
+//! already holds, so it neither extends the file nor changes its allocation (a punched hole would
+//! make the next write there an allocating one, serialized the same way).
 
-use super::uring::{Op, Ring, ALIGN};
+use super::uring::{self, Completion, Op, Ring, ALIGN};
 use super::{Result, TierError};
 use crate::format::{as_bytes, crc32c, from_bytes, Plain};
 use crate::key::Key;
@@ -19,12 +40,21 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 /// Magic of a spill record header.
 pub const SPILL_MAGIC: [u8; 8] = *b"CXLKVSP1";
+/// Format version this code writes (major, minor); it recovers records of major 1 from minor
+/// [`SPILL_MIN_MINOR`] on.
+pub const SPILL_VERSION: (u16, u16) = (1, 2);
+/// Oldest minor of major 1 whose records are recovered: writers of 1.0 and 1.1 left removed and
+/// superseded records valid on the file, so such a record may be a version its key no longer has.
+pub const SPILL_MIN_MINOR: u16 = 2;
 /// Bytes of a record header.
 pub const SPILL_HEADER_SIZE: usize = 64;
 const PAGE: u64 = ALIGN as u64;
+/// Granularity of file growth (pages): a write call grows the file to a multiple of 16 MiB.
+const GROW_PAGES: u64 = (16 << 20) / PAGE;
 
 /// Payload codec of a spill record.
 #[repr(u32)]
@@ -56,8 +86,12 @@ pub struct SpillHeader {
     pub codec: u32,
     /// CRC-32C of the stored bytes.
     pub payload_crc: u32,
+    /// Format major version ([`SPILL_VERSION`]; 0 in records of format 1.0, which had zeros here).
+    pub version_major: u16,
+    /// Format minor version.
+    pub version_minor: u16,
     /// Zero.
-    pub reserved: [u32; 3],
+    pub reserved: [u32; 2],
     /// CRC-32C of the 60 bytes before this field.
     pub header_crc: u32,
 }
@@ -69,6 +103,27 @@ impl SpillHeader {
     fn compute_crc(&self) -> u32 {
         crc32c(&as_bytes(self)[..60])
     }
+
+    /// What this code makes of the header's version.
+    fn version(&self) -> RecordVersion {
+        match (self.version_major, self.version_minor) {
+            (1, m) if m >= SPILL_MIN_MINOR => RecordVersion::Current,
+            // 0.0: format 1.0, which left zeros where the version is now.
+            (1, _) | (0, 0) => RecordVersion::Older,
+            _ => RecordVersion::Other,
+        }
+    }
+}
+
+/// How a record's format version is treated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RecordVersion {
+    /// Major 1 from [`SPILL_MIN_MINOR`] on: read.
+    Current,
+    /// Formats 1.0 and 1.1: the layout is known, but the record may be one its writer removed.
+    Older,
+    /// Another major: nothing in it is trusted.
+    Other,
 }
 
 /// Where a record lives.
@@ -77,6 +132,12 @@ struct Extent {
     page: u64,
     pages: u32,
     seq: u64,
+}
+
+impl Extent {
+    fn end(&self) -> u64 {
+        self.page + u64::from(self.pages)
+    }
 }
 
 /// What the recovery scan at open found.
@@ -88,6 +149,11 @@ pub struct SpillRecovery {
     pub superseded: u64,
     /// Pages that carried a record magic but failed validation (torn or corrupt): discarded.
     pub discarded: u64,
+    /// Records with a valid header of a format major version this code does not read: skipped.
+    pub other_version: u64,
+    /// Valid records of formats 1.0 and 1.1, whose writers did not retire removed or superseded
+    /// records (so any of them may be a version its key no longer has): not recovered.
+    pub older_format: u64,
 }
 
 /// Counters of a spill file.
@@ -105,7 +171,11 @@ pub struct SpillStats {
     pub file_bytes_read: u64,
     /// Records stored LZ4-compressed.
     pub compressed: u64,
-    /// Nanoseconds spent in io_uring submissions.
+    /// Records retired: their first page overwritten with zeros (removed, superseded, found
+    /// invalid by a read, written by a failed call, or superseded ones the scan at open found).
+    pub retired: u64,
+    /// Nanoseconds the caller spent in io_uring calls (submitting and waiting for completions;
+    /// encoding and decoding overlap the I/O and are not counted).
     pub io_ns: u64,
 }
 
@@ -114,11 +184,12 @@ pub struct SpillStats {
 pub struct SpillOptions {
     /// Largest payload a record holds.
     pub max_payload: usize,
-    /// Buffers (and ring entries) for batched submissions.
+    /// Buffers, and so the most reads or writes in flight at once.
     pub queue_depth: usize,
     /// Try LZ4 on each payload.
     pub compress: bool,
-    /// Open with `O_DIRECT` (falls back to buffered I/O if the file system refuses it).
+    /// Open with `O_DIRECT` (falls back to buffered I/O if the file system cannot do it; see
+    /// [`SpillFile::buffered_reason`]).
     pub direct: bool,
 }
 
@@ -138,12 +209,24 @@ pub struct SpillFile {
     path: PathBuf,
     file: File,
     direct: bool,
+    buffered_reason: Option<String>,
     ring: Ring,
     opts: SpillOptions,
     index: HashMap<Key, Extent>,
+    /// Records out of the index whose first page has not been zeroed yet (module docs): their
+    /// pages are not free until it has.
+    retiring: Vec<Extent>,
+    /// Free runs below `end_page`, by length.
     free: BTreeMap<u32, Vec<u64>>,
+    /// Pages below this are records or free runs; above it, the file's unused tail.
     end_page: u64,
+    /// Pages the file covers (its length; more than `end_page` after growth).
+    file_pages: u64,
+    /// False once `fallocate` was refused: the file is then grown with `set_len`.
+    fallocate: bool,
     next_seq: u64,
+    /// Scratch for LZ4 decoding.
+    decoded: Vec<u8>,
     stats: SpillStats,
 }
 
@@ -161,63 +244,105 @@ fn pages_for(stored: usize) -> u32 {
     (SPILL_HEADER_SIZE + stored).div_ceil(ALIGN) as u32
 }
 
+/// The largest stored payload of a record: LZ4 may expand incompressible input a little.
+fn max_stored(max_payload: usize) -> usize {
+    lz4_flex::block::get_maximum_output_size(max_payload).max(max_payload)
+}
+
+/// A record written by a write call, indexed when the whole call has succeeded.
+#[derive(Clone, Copy)]
+struct Written {
+    ext: Extent,
+    codec: SpillCodec,
+    file_len: usize,
+}
+
+/// Opens `path` read-write, with `O_DIRECT` if asked and the file system can do it; returns the
+/// file and, if it is buffered though `O_DIRECT` was asked, why.
+fn open_file(path: &Path, direct: bool) -> std::io::Result<(File, Option<String>)> {
+    let open = |flags: i32| {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .custom_flags(flags)
+            .open(path)
+    };
+    if !direct {
+        return Ok((open(0)?, None));
+    }
+    let file = match open(libc::O_DIRECT) {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            let why = "the file system refused O_DIRECT at open (EINVAL)".to_string();
+            return Ok((open(0)?, Some(why)));
+        }
+        Err(e) => return Err(e),
+    };
+    // Kernels that do not report the alignment accepted 4 KiB-aligned O_DIRECT before: keep it.
+    let why = match uring::dio_alignment(&file) {
+        Ok(Some((0, _) | (_, 0))) => {
+            Some("the file system reports no O_DIRECT support (statx DIOALIGN 0)".to_string())
+        }
+        Ok(Some((mem, off))) if mem as usize > ALIGN || off as usize > ALIGN => Some(format!(
+            "O_DIRECT needs {mem}-byte memory and {off}-byte offset alignment, more than the \
+             {ALIGN}-byte pages of spill records"
+        )),
+        _ => None,
+    };
+    match why {
+        Some(why) => Ok((open(0)?, Some(why))),
+        None => Ok((file, None)),
+    }
+}
+
 impl SpillFile {
     /// The spill file of `partition` in `dir`.
     pub fn path_for(dir: &Path, partition: u32) -> PathBuf {
         dir.join(format!("partition-{partition}.spill"))
     }
 
-    /// Opens (creating if absent) the spill file at `path` and recovers its index.
+    /// Opens (creating if absent) the spill file at `path`, recovers its index and retires the
+    /// superseded records the scan found (so that none can outlive its successor).
     pub fn open(path: &Path, opts: SpillOptions) -> Result<(SpillFile, SpillRecovery)> {
         let io = |e: std::io::Error| TierError::Io {
             path: path.to_path_buf(),
             source: e,
         };
-        let mut direct = opts.direct;
-        let open = |flags: i32| {
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .custom_flags(flags)
-                .open(path)
-        };
-        let file = match open(if direct { libc::O_DIRECT } else { 0 }) {
-            Ok(f) => f,
-            Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
-                direct = false;
-                open(0).map_err(io)?
-            }
-            Err(e) => return Err(io(e)),
-        };
-        let max_pages = pages_for(
-            lz4_flex::block::get_maximum_output_size(opts.max_payload).max(opts.max_payload),
-        );
+        let (file, buffered_reason) = open_file(path, opts.direct).map_err(io)?;
+        let max_pages = pages_for(max_stored(opts.max_payload));
         let ring = Ring::new(opts.queue_depth, max_pages as usize * ALIGN).map_err(io)?;
         let mut sf = SpillFile {
             path: path.to_path_buf(),
             file,
-            direct,
+            direct: opts.direct && buffered_reason.is_none(),
+            buffered_reason,
             ring,
             opts,
             index: HashMap::new(),
+            retiring: Vec::new(),
             free: BTreeMap::new(),
             end_page: 0,
+            file_pages: 0,
+            fallocate: true,
             next_seq: 1,
+            decoded: Vec::new(),
             stats: SpillStats::default(),
         };
         let rec = sf.recover().map_err(io)?;
+        sf.retire()?;
         Ok((sf, rec))
     }
 
-    /// Scans the file (buffered, sequentially) and rebuilds index and free list.
+    /// Scans the file (buffered, sequentially) and rebuilds index and free list; superseded
+    /// records are left retiring.
     fn recover(&mut self) -> std::io::Result<SpillRecovery> {
         let scan = File::open(&self.path)?;
-        let len = scan.metadata()?.len();
-        let total = len / PAGE;
+        let total = scan.metadata()?.len() / PAGE;
+        let max_stored = max_stored(self.opts.max_payload);
         let mut rec = SpillRecovery::default();
-        let mut valid: Vec<(u64, Extent, Key)> = Vec::new();
+        let mut valid: Vec<(Extent, Key)> = Vec::new();
         let mut hdr = [0u8; SPILL_HEADER_SIZE];
         let mut payload = Vec::new();
         let mut page = 0;
@@ -228,11 +353,17 @@ impl SpillFile {
                 page += 1;
                 continue;
             }
+            let header_ok = h.header_crc == h.compute_crc();
+            let version = h.version();
+            if header_ok && version == RecordVersion::Other {
+                // Its lengths may mean something else: walk on page by page.
+                rec.other_version += 1;
+                page += 1;
+                continue;
+            }
             let pages = pages_for(h.stored_len as usize);
-            let ok = h.header_crc == h.compute_crc()
-                && (h.stored_len as usize)
-                    <= lz4_flex::block::get_maximum_output_size(self.opts.max_payload)
-                        .max(self.opts.max_payload)
+            let ok = header_ok
+                && (h.stored_len as usize) <= max_stored
                 && (h.raw_len as usize) <= self.opts.max_payload
                 && SpillCodec::from_code(h.codec).is_some()
                 && page + u64::from(pages) <= total
@@ -246,51 +377,55 @@ impl SpillFile {
                 page += 1;
                 continue;
             }
-            valid.push((
-                h.seq,
-                Extent {
-                    page,
-                    pages,
-                    seq: h.seq,
-                },
-                Key::from_parts(h.key_lo, h.key_hi),
-            ));
-            page += u64::from(pages);
-        }
-        let mut used = vec![false; total as usize];
-        valid.sort_by_key(|v| v.0);
-        for (seq, ext, key) in valid {
-            self.next_seq = self.next_seq.max(seq + 1);
-            if let Some(old) = self.index.insert(key, ext) {
-                rec.superseded += 1;
-                used[old.page as usize..(old.page + u64::from(old.pages)) as usize].fill(false);
-            }
-            used[ext.page as usize..(ext.page + u64::from(ext.pages)) as usize].fill(true);
-        }
-        rec.records = self.index.len() as u64;
-        // Everything not covered by a live record is free, in maximal runs.
-        self.end_page = total;
-        let mut p = 0usize;
-        while p < used.len() {
-            if used[p] {
-                p += 1;
+            if version == RecordVersion::Older {
+                // Valid, but possibly a removed version: free space, walked page by page.
+                rec.older_format += 1;
+                page += 1;
                 continue;
             }
-            let start = p;
-            while p < used.len() && !used[p] {
-                p += 1;
-            }
-            self.free
-                .entry((p - start) as u32)
-                .or_default()
-                .push(start as u64);
+            let ext = Extent {
+                page,
+                pages,
+                seq: h.seq,
+            };
+            valid.push((ext, Key::from_parts(h.key_lo, h.key_hi)));
+            page = ext.end();
         }
+        valid.sort_by_key(|v| v.0.seq);
+        for (ext, key) in valid {
+            self.next_seq = self.next_seq.max(ext.seq + 1);
+            if let Some(old) = self.index.insert(key, ext) {
+                // Left by a crash between a write and the retirement of the record it replaced
+                // (or by a writer before 1.2): retired by `open`, before its pages are reused.
+                self.retiring.push(old);
+                rec.superseded += 1;
+            }
+        }
+        rec.records = self.index.len() as u64;
+        // Live and retiring records, in file order; the gaps between them are free runs, and
+        // everything after the last one (leftovers, preallocated zeros) is the unused tail.
+        let mut held: Vec<Extent> = self.index.values().chain(&self.retiring).copied().collect();
+        held.sort_by_key(|e| e.page);
+        let mut at = 0;
+        for ext in &held {
+            if ext.page > at {
+                self.release_run(at, ext.page - at);
+            }
+            at = ext.end();
+        }
+        self.end_page = at;
+        self.file_pages = total;
         Ok(rec)
     }
 
     /// True when the file is open with `O_DIRECT`.
     pub fn direct(&self) -> bool {
         self.direct
+    }
+
+    /// Why the file uses buffered I/O though [`SpillOptions::direct`] asked for `O_DIRECT`.
+    pub fn buffered_reason(&self) -> Option<&str> {
+        self.buffered_reason.as_deref()
     }
 
     /// True when the ring's buffers are registered with the kernel.
@@ -328,6 +463,13 @@ impl SpillFile {
         self.stats
     }
 
+    fn io_error(&self, source: std::io::Error) -> TierError {
+        TierError::Io {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
     fn allocate(&mut self, pages: u32) -> u64 {
         // Exact-size reuse first, else split the smallest larger free run, else append.
         if let Some((&size, _)) = self.free.range(pages..).next() {
@@ -349,160 +491,341 @@ impl SpillFile {
         page
     }
 
+    /// Frees a retired record's pages (only [`Self::retire`] calls this).
     fn release(&mut self, ext: Extent) {
         self.free.entry(ext.pages).or_default().push(ext.page);
     }
 
-    /// Writes `items` as records in batched io_uring submissions; on success each key's previous
-    /// record (if any) is freed. A key's bytes are on the file when this returns.
-    pub fn write_batch(&mut self, items: &[(Key, &[u8])]) -> Result<()> {
-        let depth = self.ring.buffers();
-        for chunk in items.chunks(depth) {
-            let mut ops = Vec::with_capacity(chunk.len());
-            let mut placed = Vec::with_capacity(chunk.len());
-            for (i, &(key, bytes)) in chunk.iter().enumerate() {
-                if bytes.len() > self.opts.max_payload {
-                    return Err(TierError::TooLarge {
-                        len: bytes.len(),
-                        max: self.opts.max_payload,
-                    });
-                }
-                let buf_len = self.ring.buffer_len();
-                let (codec, stored_len) = {
-                    let buf = self.ring.buf_mut(i);
-                    let raw_pages = pages_for(bytes.len());
-                    let mut codec = SpillCodec::Raw;
-                    let mut stored = bytes.len();
-                    if self.opts.compress {
-                        if let Ok(n) = lz4_flex::block::compress_into(
-                            bytes,
-                            &mut buf[SPILL_HEADER_SIZE..buf_len],
-                        ) {
-                            if pages_for(n) < raw_pages {
-                                codec = SpillCodec::Lz4;
-                                stored = n;
-                            }
-                        }
-                    }
-                    if codec == SpillCodec::Raw {
-                        buf[SPILL_HEADER_SIZE..SPILL_HEADER_SIZE + bytes.len()]
-                            .copy_from_slice(bytes);
-                    }
-                    (codec, stored)
-                };
-                let pages = pages_for(stored_len);
-                let seq = self.next_seq;
-                self.next_seq += 1;
-                let buf = self.ring.buf_mut(i);
-                let end = pages as usize * ALIGN;
-                buf[SPILL_HEADER_SIZE + stored_len..end].fill(0);
-                let mut h = SpillHeader {
-                    magic: SPILL_MAGIC,
-                    key_lo: key.lo(),
-                    key_hi: key.hi(),
-                    seq,
-                    raw_len: bytes.len() as u32,
-                    stored_len: stored_len as u32,
-                    codec: codec as u32,
-                    payload_crc: crc32c(&buf[SPILL_HEADER_SIZE..SPILL_HEADER_SIZE + stored_len]),
-                    ..Default::default()
-                };
-                h.header_crc = h.compute_crc();
-                buf[..SPILL_HEADER_SIZE].copy_from_slice(as_bytes(&h));
-                let page = self.allocate(pages);
-                ops.push(Op {
-                    buf: i,
-                    len: end,
-                    offset: page * PAGE,
+    /// Zeroes the first page of every record in `retiring` (module docs), up to `queue_depth`
+    /// writes in flight, and frees the pages of each one done. A record whose write fails stays
+    /// in `retiring`, its pages not reused, to be tried again by the next call; the first error
+    /// is returned.
+    fn retire(&mut self) -> Result<()> {
+        if self.retiring.is_empty() {
+            return Ok(());
+        }
+        self.ring.usable().map_err(|e| self.io_error(e))?;
+        let mut todo = std::mem::take(&mut self.retiring);
+        let mut on_buf: Vec<Option<Extent>> = vec![None; self.ring.buffers()];
+        let mut done = Vec::with_capacity(self.ring.buffers());
+        let mut failed = None;
+        let ring_failed = 'io: loop {
+            while let Some(&ext) = todo.last() {
+                let Some(buf) = self.ring.take() else { break };
+                todo.pop();
+                // Not only the header: the rest of the buffer is another record's bytes.
+                self.ring.buf_mut(buf)[..ALIGN].fill(0);
+                on_buf[buf] = Some(ext);
+                let op = Op {
+                    buf,
+                    len: ALIGN,
+                    offset: ext.page * PAGE,
                     write: true,
-                });
-                placed.push((key, Extent { page, pages, seq }, bytes.len(), codec));
+                };
+                if let Err(e) = self.start(op) {
+                    break 'io Some(e);
+                }
             }
-            let t = std::time::Instant::now();
-            let res = self.ring.run(self.file.as_raw_fd(), &ops);
-            self.stats.io_ns += t.elapsed().as_nanos() as u64;
-            let res = res.map_err(|e| TierError::Io {
-                path: self.path.clone(),
-                source: e,
-            })?;
-            let mut failed = None;
-            for ((op, r), (key, ext, raw, codec)) in ops.iter().zip(&res).zip(placed) {
-                if *r != op.len as i32 {
+            if self.ring.in_flight() == 0 {
+                break None;
+            }
+            if let Err(e) = self.reap(&mut done) {
+                break Some(e);
+            }
+            for c in done.drain(..) {
+                let ext = on_buf[c.buf]
+                    .take()
+                    .expect("a retirement on every buffer in flight");
+                self.ring.give_back(c.buf);
+                if c.result == ALIGN as i32 {
                     self.release(ext);
+                    self.stats.retired += 1;
+                } else {
+                    self.retiring.push(ext);
                     failed.get_or_insert(TierError::ShortIo {
                         path: self.path.clone(),
-                        offset: op.offset,
-                        expected: op.len,
-                        result: *r,
+                        offset: ext.page * PAGE,
+                        expected: ALIGN,
+                        result: c.result,
                     });
-                    continue;
                 }
-                if let Some(old) = self.index.insert(key, ext) {
-                    self.release(old);
-                }
-                self.stats.writes += 1;
-                self.stats.raw_bytes_written += raw as u64;
-                self.stats.file_bytes_written += op.len as u64;
-                self.stats.compressed += u64::from(codec == SpillCodec::Lz4);
             }
-            if let Some(e) = failed {
-                return Err(e);
+        };
+        if let Some(e) = ring_failed {
+            // Nothing more completes: whatever was not seen zeroed stays retiring.
+            self.retiring.extend(todo);
+            self.retiring.extend(on_buf.into_iter().flatten());
+            return Err(e);
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// [`Self::retire`] where the caller's own operation has already succeeded or failed: an
+    /// error leaves the records retiring, for the next call and [`Self::sync`] to report.
+    fn retire_or_defer(&mut self) {
+        let _ = self.retire();
+    }
+
+    /// Frees `pages` pages from `page` on, in runs a record extent can describe.
+    fn release_run(&mut self, mut page: u64, mut pages: u64) {
+        while pages > 0 {
+            let n = pages.min(u64::from(u32::MAX)) as u32;
+            self.free.entry(n).or_default().push(page);
+            page += u64::from(n);
+            pages -= u64::from(n);
+        }
+    }
+
+    /// Grows the file so that `pages` more pages past `end_page` lie inside it, before any write
+    /// that could need them is submitted (module docs: writes must not extend the file).
+    fn reserve(&mut self, pages: u64) -> Result<()> {
+        let need = self.end_page + pages;
+        if need <= self.file_pages {
+            return Ok(());
+        }
+        let target = need.next_multiple_of(GROW_PAGES);
+        if self.fallocate {
+            let (from, len) = (self.file_pages * PAGE, (target - self.file_pages) * PAGE);
+            match uring::fallocate(&self.file, from, len) {
+                Ok(()) => {
+                    self.file_pages = target;
+                    return Ok(());
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => self.fallocate = false,
+                Err(e) => return Err(self.io_error(e)),
             }
         }
+        // A sparse extension still keeps writes inside the file.
+        self.file
+            .set_len(target * PAGE)
+            .map_err(|e| self.io_error(e))?;
+        self.file_pages = target;
         Ok(())
     }
 
-    /// Reads the records of `keys` in batched submissions; `out[i]` is `Some(bytes)` for a key
-    /// that has a valid record and `None` otherwise (absent, or its record failed validation:
-    /// then it is dropped from the index and reported as [`TierError::Corrupt`] only through
-    /// the `None`).
-    pub fn read_batch(&mut self, keys: &[Key]) -> Result<Vec<Option<Vec<u8>>>> {
-        let depth = self.ring.buffers();
-        let mut out: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
-        for (c, chunk) in keys.chunks(depth).enumerate() {
-            let mut ops = Vec::new();
-            let mut which = Vec::new();
-            for (i, key) in chunk.iter().enumerate() {
-                if let Some(ext) = self.index.get(key) {
-                    ops.push(Op {
-                        buf: ops.len(),
-                        len: ext.pages as usize * ALIGN,
-                        offset: ext.page * PAGE,
-                        write: false,
-                    });
-                    which.push((c * depth + i, *key, *ext));
-                }
-            }
-            let t = std::time::Instant::now();
-            let res = self.ring.run(self.file.as_raw_fd(), &ops);
-            self.stats.io_ns += t.elapsed().as_nanos() as u64;
-            let res = res.map_err(|e| TierError::Io {
-                path: self.path.clone(),
-                source: e,
-            })?;
-            for ((op, r), (slot, key, ext)) in ops.iter().zip(&res).zip(which) {
-                if *r != op.len as i32 {
-                    return Err(TierError::ShortIo {
-                        path: self.path.clone(),
-                        offset: op.offset,
-                        expected: op.len,
-                        result: *r,
-                    });
-                }
-                self.stats.file_bytes_read += op.len as u64;
-                match decode(self.ring.buf(op.buf), key, ext.seq, self.opts.max_payload) {
-                    Some(bytes) => {
-                        self.stats.reads += 1;
-                        out[slot] = Some(bytes);
-                    }
-                    None => {
-                        // Never return bytes that do not validate; forget the record.
-                        self.index.remove(&key);
-                        self.release(ext);
-                    }
+    fn start(&mut self, op: Op) -> Result<()> {
+        let t = Instant::now();
+        let r = self.ring.start(self.file.as_raw_fd(), op);
+        self.stats.io_ns += t.elapsed().as_nanos() as u64;
+        r.map_err(|e| self.io_error(e))
+    }
+
+    fn reap(&mut self, done: &mut Vec<Completion>) -> Result<()> {
+        let t = Instant::now();
+        let r = self.ring.reap(done);
+        self.stats.io_ns += t.elapsed().as_nanos() as u64;
+        r.map_err(|e| self.io_error(e))
+    }
+
+    /// Encodes `bytes` as the record of `key` into held buffer `buf` and places it in the file.
+    fn encode(&mut self, buf: usize, key: Key, bytes: &[u8]) -> Written {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let compress = self.opts.compress;
+        let b = self.ring.buf_mut(buf);
+        let raw_pages = pages_for(bytes.len());
+        let mut codec = SpillCodec::Raw;
+        let mut stored = bytes.len();
+        if compress {
+            if let Ok(n) = lz4_flex::block::compress_into(bytes, &mut b[SPILL_HEADER_SIZE..]) {
+                if pages_for(n) < raw_pages {
+                    codec = SpillCodec::Lz4;
+                    stored = n;
                 }
             }
         }
+        if codec == SpillCodec::Raw {
+            b[SPILL_HEADER_SIZE..SPILL_HEADER_SIZE + stored].copy_from_slice(bytes);
+        }
+        let pages = pages_for(stored);
+        let file_len = pages as usize * ALIGN;
+        b[SPILL_HEADER_SIZE + stored..file_len].fill(0);
+        let mut h = SpillHeader {
+            magic: SPILL_MAGIC,
+            key_lo: key.lo(),
+            key_hi: key.hi(),
+            seq,
+            raw_len: bytes.len() as u32,
+            stored_len: stored as u32,
+            codec: codec as u32,
+            payload_crc: crc32c(&b[SPILL_HEADER_SIZE..SPILL_HEADER_SIZE + stored]),
+            version_major: SPILL_VERSION.0,
+            version_minor: SPILL_VERSION.1,
+            ..Default::default()
+        };
+        h.header_crc = h.compute_crc();
+        b[..SPILL_HEADER_SIZE].copy_from_slice(as_bytes(&h));
+        let page = self.allocate(pages);
+        Written {
+            ext: Extent { page, pages, seq },
+            codec,
+            file_len,
+        }
+    }
+
+    /// Writes `items` as records, keeping up to `queue_depth` writes in flight. All or nothing
+    /// for the index: when every write succeeded, each key's new record replaces its previous
+    /// one (if any), which is then retired (module docs; a retirement that fails is left to later
+    /// calls and [`Self::sync`]); after a failure no key changes, the records the call wrote are
+    /// retired, and the error of the first failed write is returned. A key's bytes are on the
+    /// file when this returns `Ok`.
+    pub fn write_batch(&mut self, items: &[(Key, &[u8])]) -> Result<()> {
+        if let Some(&(_, b)) = items.iter().find(|(_, b)| b.len() > self.opts.max_payload) {
+            return Err(TierError::TooLarge {
+                len: b.len(),
+                max: self.opts.max_payload,
+            });
+        }
+        self.ring.usable().map_err(|e| self.io_error(e))?;
+        // Compression only shrinks a record, so raw sizes bound the pages this call appends.
+        self.reserve(
+            items
+                .iter()
+                .map(|(_, b)| u64::from(pages_for(b.len())))
+                .sum(),
+        )?;
+        let mut written: Vec<Option<Written>> = vec![None; items.len()];
+        let mut on_buf: Vec<Option<usize>> = vec![None; self.ring.buffers()];
+        let mut done = Vec::with_capacity(self.ring.buffers());
+        let mut failed = None;
+        let mut next = 0;
+        loop {
+            while failed.is_none() && next < items.len() {
+                let Some(buf) = self.ring.take() else { break };
+                let (key, bytes) = items[next];
+                let w = self.encode(buf, key, bytes);
+                written[next] = Some(w);
+                on_buf[buf] = Some(next);
+                self.start(Op {
+                    buf,
+                    len: w.file_len,
+                    offset: w.ext.page * PAGE,
+                    write: true,
+                })?;
+                next += 1;
+            }
+            if self.ring.in_flight() == 0 {
+                break;
+            }
+            self.reap(&mut done)?;
+            for c in done.drain(..) {
+                let item = on_buf[c.buf]
+                    .take()
+                    .expect("a write on every buffer in flight");
+                self.ring.give_back(c.buf);
+                let w = written[item].expect("encoded");
+                if c.result != w.file_len as i32 && failed.is_none() {
+                    failed = Some(TierError::ShortIo {
+                        path: self.path.clone(),
+                        offset: w.ext.page * PAGE,
+                        expected: w.file_len,
+                        result: c.result,
+                    });
+                }
+            }
+        }
+        if let Some(e) = failed {
+            // Some of them may be on the file, newer than the records the index keeps.
+            self.retiring
+                .extend(written.into_iter().flatten().map(|w| w.ext));
+            self.retire_or_defer();
+            return Err(e);
+        }
+        for (&(key, bytes), w) in items.iter().zip(written) {
+            let w = w.expect("every item written");
+            // Only now that its successor is on the file (module docs).
+            if let Some(old) = self.index.insert(key, w.ext) {
+                self.retiring.push(old);
+            }
+            self.stats.writes += 1;
+            self.stats.raw_bytes_written += bytes.len() as u64;
+            self.stats.file_bytes_written += w.file_len as u64;
+            self.stats.compressed += u64::from(w.codec == SpillCodec::Lz4);
+        }
+        self.retire_or_defer();
+        Ok(())
+    }
+
+    /// Reads the records of `keys`, keeping up to `queue_depth` reads in flight, and calls
+    /// `found(i, payload)` for each `keys[i]` whose record is present and valid, in completion
+    /// order. A record that fails validation is never handed out: it is dropped from the index
+    /// and retired.
+    /// On an I/O error the calls made so far stand and the first error is returned.
+    pub fn read_with(&mut self, keys: &[Key], mut found: impl FnMut(usize, &[u8])) -> Result<()> {
+        self.ring.usable().map_err(|e| self.io_error(e))?;
+        let mut on_buf: Vec<Option<(usize, Extent)>> = vec![None; self.ring.buffers()];
+        let mut done = Vec::with_capacity(self.ring.buffers());
+        let mut failed = None;
+        let mut next = 0;
+        loop {
+            while failed.is_none() && next < keys.len() {
+                let Some(&ext) = self.index.get(&keys[next]) else {
+                    next += 1;
+                    continue;
+                };
+                let Some(buf) = self.ring.take() else { break };
+                on_buf[buf] = Some((next, ext));
+                self.start(Op {
+                    buf,
+                    len: ext.pages as usize * ALIGN,
+                    offset: ext.page * PAGE,
+                    write: false,
+                })?;
+                next += 1;
+            }
+            if self.ring.in_flight() == 0 {
+                break;
+            }
+            self.reap(&mut done)?;
+            for c in done.drain(..) {
+                let (slot, ext) = on_buf[c.buf]
+                    .take()
+                    .expect("a read on every buffer in flight");
+                let len = ext.pages as usize * ALIGN;
+                if c.result != len as i32 {
+                    self.ring.give_back(c.buf);
+                    failed.get_or_insert(TierError::ShortIo {
+                        path: self.path.clone(),
+                        offset: ext.page * PAGE,
+                        expected: len,
+                        result: c.result,
+                    });
+                    continue;
+                }
+                self.stats.file_bytes_read += len as u64;
+                let key = keys[slot];
+                let record = &self.ring.buf(c.buf)[..len];
+                match decode(
+                    record,
+                    key,
+                    ext.seq,
+                    self.opts.max_payload,
+                    &mut self.decoded,
+                ) {
+                    Some(payload) => {
+                        found(slot, payload);
+                        self.stats.reads += 1;
+                    }
+                    // Never hand out bytes that do not validate; forget the record (once, if the
+                    // key was asked for twice).
+                    None if self.index.get(&key) == Some(&ext) => {
+                        self.index.remove(&key);
+                        self.retiring.push(ext);
+                    }
+                    None => {}
+                }
+                self.ring.give_back(c.buf);
+            }
+        }
+        self.retire_or_defer();
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Reads the records of `keys` ([`Self::read_with`]); `out[i]` is `Some(bytes)` for a key
+    /// that has a valid record and `None` otherwise.
+    pub fn read_batch(&mut self, keys: &[Key]) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut out: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+        self.read_with(keys, |i, bytes| out[i] = Some(bytes.to_vec()))?;
         Ok(out)
     }
 
@@ -511,28 +834,33 @@ impl SpillFile {
         Ok(self.read_batch(&[key])?.pop().flatten())
     }
 
-    /// Forgets `key`'s record (its pages are reused later); true if it had one.
+    /// Forgets `key`'s record and retires it (module docs): when this returns, a reopen after a
+    /// crash of the process does not find the key (unless zeroing the page failed: then it is
+    /// tried again by later calls, and [`Self::sync`] reports the error). True if it had one.
     pub fn remove(&mut self, key: Key) -> bool {
         match self.index.remove(&key) {
             Some(ext) => {
-                self.release(ext);
+                self.retiring.push(ext);
+                self.retire_or_defer();
                 true
             }
             None => false,
         }
     }
 
-    /// Bytes of the file.
+    /// Bytes of the file holding records or free runs (the file itself may be longer: it grows
+    /// ahead of the writes).
     pub fn file_bytes(&self) -> u64 {
         self.end_page * PAGE
     }
 
-    /// Flushes written data to stable storage (fdatasync).
-    pub fn sync(&self) -> Result<()> {
-        self.file.sync_data().map_err(|e| TierError::Io {
-            path: self.path.clone(),
-            source: e,
-        })
+    /// Retires what earlier calls could not, then flushes written data to stable storage
+    /// (fdatasync): records written and removed before this call stay so across a crash of the
+    /// system. Returns the first error of either.
+    pub fn sync(&mut self) -> Result<()> {
+        let retired = self.retire();
+        self.file.sync_data().map_err(|e| self.io_error(e))?;
+        retired
     }
 }
 
@@ -559,26 +887,34 @@ pub fn lz4_decompress(stored: &[u8], raw_len: usize) -> Option<Vec<u8>> {
     (n == raw_len).then_some(out)
 }
 
-/// Validates a record read back (header, key, sequence, CRC) and decodes its payload.
-fn decode(buf: &[u8], key: Key, seq: u64, max_payload: usize) -> Option<Vec<u8>> {
-    let h: SpillHeader = from_bytes(buf.get(..SPILL_HEADER_SIZE)?);
+/// Validates a record read back (header, version, key, sequence, CRC) and decodes its payload:
+/// a raw payload is returned in place, an LZ4 one decompressed into `scratch`.
+fn decode<'a>(
+    record: &'a [u8],
+    key: Key,
+    seq: u64,
+    max_payload: usize,
+    scratch: &'a mut Vec<u8>,
+) -> Option<&'a [u8]> {
+    let h: SpillHeader = from_bytes(record.get(..SPILL_HEADER_SIZE)?);
     if h.magic != SPILL_MAGIC
         || h.header_crc != h.compute_crc()
+        || h.version() != RecordVersion::Current
         || Key::from_parts(h.key_lo, h.key_hi) != key
         || h.seq != seq
     {
         return None;
     }
-    let stored = buf.get(SPILL_HEADER_SIZE..SPILL_HEADER_SIZE + h.stored_len as usize)?;
+    let stored = record.get(SPILL_HEADER_SIZE..SPILL_HEADER_SIZE + h.stored_len as usize)?;
     if crc32c(stored) != h.payload_crc || h.raw_len as usize > max_payload {
         return None;
     }
     match SpillCodec::from_code(h.codec)? {
-        SpillCodec::Raw => (h.stored_len == h.raw_len).then(|| stored.to_vec()),
+        SpillCodec::Raw => (h.stored_len == h.raw_len).then_some(stored),
         SpillCodec::Lz4 => {
-            let mut out = vec![0u8; h.raw_len as usize];
-            let n = lz4_flex::block::decompress_into(stored, &mut out).ok()?;
-            (n == out.len()).then_some(out)
+            scratch.resize(h.raw_len as usize, 0);
+            let n = lz4_flex::block::decompress_into(stored, scratch).ok()?;
+            (n == scratch.len()).then_some(&scratch[..])
         }
     }
 }
@@ -592,12 +928,35 @@ mod tests {
     fn header_layout() {
         assert_eq!(size_of::<SpillHeader>(), SPILL_HEADER_SIZE);
         assert_eq!(offset_of!(SpillHeader, key_lo), 8);
+        assert_eq!(offset_of!(SpillHeader, key_hi), 16);
         assert_eq!(offset_of!(SpillHeader, seq), 24);
         assert_eq!(offset_of!(SpillHeader, raw_len), 32);
         assert_eq!(offset_of!(SpillHeader, stored_len), 36);
         assert_eq!(offset_of!(SpillHeader, codec), 40);
         assert_eq!(offset_of!(SpillHeader, payload_crc), 44);
-        assert_eq!(offset_of!(SpillHeader, reserved), 48);
+        assert_eq!(offset_of!(SpillHeader, version_major), 48);
+        assert_eq!(offset_of!(SpillHeader, version_minor), 50);
+        assert_eq!(offset_of!(SpillHeader, reserved), 52);
         assert_eq!(offset_of!(SpillHeader, header_crc), 60);
+    }
+
+    #[test]
+    fn versions_recovered() {
+        let v = |major, minor| {
+            SpillHeader {
+                version_major: major,
+                version_minor: minor,
+                ..Default::default()
+            }
+            .version()
+        };
+        assert_eq!(v(SPILL_VERSION.0, SPILL_VERSION.1), RecordVersion::Current);
+        assert_eq!(v(1, 7), RecordVersion::Current, "a later minor is read");
+        for (major, minor) in [(1, 1), (1, 0), (0, 0)] {
+            assert_eq!(v(major, minor), RecordVersion::Older, "{major}.{minor}");
+        }
+        for (major, minor) in [(2, 0), (0, 1)] {
+            assert_eq!(v(major, minor), RecordVersion::Other, "{major}.{minor}");
+        }
     }
 }
