@@ -256,6 +256,10 @@ impl Hotness {
     /// the device's heat for it, plus [`ATTENTION_ACCESSES`] per unit of attention mass it
     /// received (decayed with the sketch). The tiers promote on this.
     pub fn heat(&self, key: Key) -> u32 {
+        if !self.enabled.load(Ordering::Relaxed) {
+            // Tracking off: no signal at all (and no cost on the get path).
+            return 0;
+        }
         let device = self
             .device
             .lock()
