@@ -58,9 +58,7 @@ pub fn offer(scores: &[f32], g: usize, base: u32, mode: GroupMode, selectors: &m
     match mode {
         GroupMode::PerQuery => {
             assert_eq!(selectors.len(), g, "one selector per query");
-            for (q, sel) in selectors.iter_mut().enumerate() {
-                sel.push_strided(base, scores, g, q);
-            }
+            offer_per_query(scores, g, base, selectors);
         }
         GroupMode::GroupMax => {
             assert_eq!(selectors.len(), 1, "one selector for the group");
@@ -73,12 +71,136 @@ pub fn offer(scores: &[f32], g: usize, base: u32, mode: GroupMode, selectors: &m
     }
 }
 
+/// Scores tested together against their queries' thresholds, one bit each in a mask.
+const FILTER_SCORES: usize = 64;
+
+/// [`offer`] for [`GroupMode::PerQuery`]. Once the selectors are warm almost every score falls
+/// below its query's threshold, so the scores are tested in blocks of whole keys (at most
+/// [`FILTER_SCORES`] scores) with one vector compare per four scores into a bit mask, and only
+/// the scores whose bit is set are offered.
+fn offer_per_query(scores: &[f32], g: usize, base: u32, selectors: &mut [TopKSelector]) {
+    if g > FILTER_SCORES {
+        for (q, sel) in selectors.iter_mut().enumerate() {
+            sel.push_strided(base, scores, g, q);
+        }
+        return;
+    }
+    let keys_per_block = FILTER_SCORES / g;
+    // Each score's threshold at the same position in a block, key-major like the scores.
+    let mut floors = [f32::NEG_INFINITY; FILTER_SCORES];
+    let refresh = |floors: &mut [f32; FILTER_SCORES], selectors: &[TopKSelector]| {
+        for row in floors[..keys_per_block * g].chunks_exact_mut(g) {
+            for (f, sel) in row.iter_mut().zip(selectors) {
+                *f = sel.threshold();
+            }
+        }
+    };
+    refresh(&mut floors, selectors);
+    for (b, block) in scores.chunks(keys_per_block * g).enumerate() {
+        let mut hits = entry_mask(block, &floors);
+        if hits == 0 {
+            continue;
+        }
+        let first = base + (b * keys_per_block) as u32;
+        while hits != 0 {
+            let j = hits.trailing_zeros() as usize;
+            hits &= hits - 1;
+            selectors[j % g].push(first + (j / g) as u32, block[j]);
+        }
+        // A threshold changes (rises) only when its selector compacts: copy them again then.
+        if floors
+            .iter()
+            .zip(selectors.iter())
+            .any(|(&f, sel)| f != sel.threshold())
+        {
+            refresh(&mut floors, selectors);
+        }
+    }
+}
+
+/// Bit `j` set where `scores[j]` may enter a selector whose threshold is `floors[j]`: not below
+/// it, NaN included (the test `push` makes). `scores` holds at most [`FILTER_SCORES`] values.
+fn entry_mask(scores: &[f32], floors: &[f32; FILTER_SCORES]) -> u64 {
+    debug_assert!(scores.len() <= FILTER_SCORES);
+    #[cfg(target_arch = "x86_64")]
+    let (mut mask, done) = entry_mask_sse(scores, floors);
+    #[cfg(not(target_arch = "x86_64"))]
+    let (mut mask, done) = (0u64, 0usize);
+    for (j, (&s, &f)) in scores.iter().zip(floors).enumerate().skip(done) {
+        mask |= u64::from((s >= f) | s.is_nan()) << j;
+    }
+    mask
+}
+
+/// [`entry_mask`] of the whole quads of `scores`, one compare per four, and how many scores
+/// that covers.
+#[cfg(target_arch = "x86_64")]
+fn entry_mask_sse(scores: &[f32], floors: &[f32; FILTER_SCORES]) -> (u64, usize) {
+    use std::arch::x86_64::{_mm_cmpnlt_ps, _mm_loadu_ps, _mm_movemask_ps};
+    let quads = scores.chunks_exact(4);
+    let done = scores.len() - quads.remainder().len();
+    let mut mask = 0u64;
+    for (i, (s, f)) in quads.zip(floors.chunks_exact(4)).enumerate() {
+        // SAFETY: SSE is part of the x86-64 baseline; `s` and `f` are slices of four floats.
+        // "Not less than" is also true for unordered (NaN) operands.
+        let bits = unsafe {
+            _mm_movemask_ps(_mm_cmpnlt_ps(
+                _mm_loadu_ps(s.as_ptr()),
+                _mm_loadu_ps(f.as_ptr()),
+            ))
+        };
+        mask |= u64::from(bits as u32) << (4 * i);
+    }
+    (mask, done)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::dtype::DType;
     use crate::rng::SplitMix64;
     use crate::topk::topk_by_sort;
+
+    #[test]
+    fn per_query_offer_in_pieces_matches_sort() {
+        // Query 0's scores keep rising, so its hits keep changing under a low threshold, while
+        // the other queries take their hits early and then hold high thresholds: a filter that
+        // tested query 0's scores against another query's threshold would lose hits. Ties and
+        // zeros of both signs come from the palette; the pieces are not multiples of the
+        // filter block, and G = 3 leaves a partial quad per block, G = 65 > 64 scores a key.
+        let mut rng = SplitMix64::new(12);
+        let (n, k) = (1000, 20);
+        let values = [-1.0, -0.0, 0.0, 0.5, 2.0];
+        for g in [1, 3, 4, 65] {
+            let scores: Vec<f32> = (0..n * g)
+                .map(|j| {
+                    let (i, q) = (j / g, j % g);
+                    let v = values[rng.below(5) as usize];
+                    match (q, i < 100) {
+                        (0, _) => v + i as f32 / 8.0,
+                        (_, true) => v + 1000.0,
+                        _ => v,
+                    }
+                })
+                .collect();
+            let mut sel: Vec<TopKSelector> = (0..g).map(|_| TopKSelector::new(k)).collect();
+            let mut start = 0;
+            for piece in [1, 37, 16, 300, 646] {
+                let part = &scores[start * g..(start + piece) * g];
+                offer(part, g, start as u32, GroupMode::PerQuery, &mut sel);
+                start += piece;
+            }
+            assert_eq!(start, n);
+            for (q, sel) in sel.into_iter().enumerate() {
+                let own: Vec<f32> = scores.iter().skip(q).step_by(g).copied().collect();
+                assert_eq!(
+                    sel.into_sorted(),
+                    topk_by_sort(&own, k),
+                    "G = {g}, query {q}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn group_max_ranks_by_the_best_query() {

@@ -146,6 +146,13 @@ impl TopKSelector {
         }
     }
 
+    /// A score below this can never enter (`-inf` until `k` hits were seen); a score at or above
+    /// it, or NaN, may.
+    #[inline]
+    pub fn threshold(&self) -> f32 {
+        self.floor_score
+    }
+
     /// Offers keys `base + i` with scores `scores[i * stride + offset]` for every `i`.
     #[inline]
     pub fn push_strided(&mut self, base: u32, scores: &[f32], stride: usize, offset: usize) {

@@ -61,8 +61,8 @@ fn run(seed: u64, rounds: usize) -> Result<usize, String> {
     let mut ndp = NdpDevice::open(
         &p,
         NdpOptions {
-            timeout: Duration::from_millis(300),
-            stale_after: Duration::from_millis(300),
+            timeout: Duration::from_secs(2),
+            stale_after: Duration::from_secs(2),
             // One staging block (arguments and results) per command of the deepest burst.
             staging: 12,
             ..NdpOptions::default()

@@ -490,13 +490,18 @@ impl<'p> NdpDevice<'p> {
             );
             let c: cxlkv_ndp_cpl = format::read_plain(&*mem, off)?;
             self.cq_head = self.cq_head.wrapping_add(1);
-            for s in &mut self.staging {
-                if s.owner == Some(c.tag) {
-                    s.owner = None;
-                }
-            }
             if self.pending.values().any(|p| p.tag == c.tag) {
+                // Its result is still to be read from the staging block: the block stays ours
+                // until then (`finish_device`, `run_simple`). Releasing it here let a submission
+                // in between overwrite an unread result (found by tests/ring_sim.rs).
                 self.done.insert(c.tag, c);
+            } else {
+                // A command given up on (timed out): its quarantined staging block is free now.
+                for s in &mut self.staging {
+                    if s.owner == Some(c.tag) {
+                        s.owner = None;
+                    }
+                }
             }
         }
         // Release: our reads of the entries happen before the device may overwrite them. Pairs
@@ -787,17 +792,21 @@ impl<'p> NdpDevice<'p> {
         }
     }
 
-    fn finish_device(&mut self, p: Pending, c: cxlkv_ndp_cpl) -> Result<TopK> {
-        if let Some(si) = p.staging {
-            // Completion seen: the device is done with the buffer once we have copied the result.
+    /// Frees a staging block once its command's result has been copied out (or will not be).
+    fn release_staging(&mut self, si: Option<usize>) {
+        if let Some(si) = si {
             self.staging[si].owner = None;
         }
+    }
+
+    fn finish_device(&mut self, p: Pending, c: cxlkv_ndp_cpl) -> Result<TopK> {
         let mut stats = p.stats;
         stats.bytes_from_device += u64::from(CXLKV_NDP_CPL_SIZE) + 8;
         if c.status == CXLKV_NDP_ERR_STALE
             || c.status == CXLKV_NDP_ERR_RESTARTED
             || c.status == CXLKV_NDP_ERR_INTERNAL
         {
+            self.release_staging(p.staging);
             let mut r = host_score_topk(&self.pool, &p.req.borrow(), self.opts.kernel)?;
             stats.path = Some(NdpPath::Host(FallbackReason::DeviceRetry));
             stats.host_scan_bytes = r.stats.host_scan_bytes;
@@ -807,6 +816,7 @@ impl<'p> NdpDevice<'p> {
             return Ok(r);
         }
         if c.status != CXLKV_NDP_OK {
+            self.release_staging(p.staging);
             return Err(DeviceStatus {
                 code: c.status,
                 detail: c.detail,
@@ -815,9 +825,12 @@ impl<'p> NdpDevice<'p> {
         }
         let n = c.result_bytes.min(p.result_len);
         let mut buf = vec![0u8; n as usize];
-        let mem = self.pool.memory();
-        coherence::acquire(&**mem, Site::NdpCompleteRead, p.result_off, n);
-        mem.read(p.result_off, &mut buf)?;
+        let mem = self.pool.memory().clone();
+        coherence::acquire(&*mem, Site::NdpCompleteRead, p.result_off, n);
+        let read = mem.read(p.result_off, &mut buf);
+        // The result is copied out: the device is done with the block, and so are we.
+        self.release_staging(p.staging);
+        read?;
         stats.bytes_from_device += n;
         let d = decode_topk_result(&buf, p.req.dtype.size()).ok_or(NdpError::BadResult(n))?;
         stats.path = Some(NdpPath::Device);
