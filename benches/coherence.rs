@@ -13,6 +13,8 @@
 //! 256 KiB buffer each (hot), as a staging buffer would be.
 //!
 //! `cargo bench --bench coherence`.
+mod common;
+use common::shuffled;
 
 use cxlkv_runtime::coherence::{self, detect, FlushKind};
 use cxlkv_runtime::{
@@ -34,19 +36,6 @@ fn working_set() -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1024u64)
         << 20
-}
-
-/// A fixed pseudo-random permutation of `0..n` (xorshift).
-fn shuffled(n: usize, seed: u64) -> Vec<usize> {
-    let mut x = seed | 1;
-    let mut v: Vec<usize> = (0..n).collect();
-    for i in (1..n).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.swap(i, (x % (i as u64 + 1)) as usize);
-    }
-    v
 }
 
 /// A one-participant pool of `mode` in `/dev/shm` holding `keys` blocks, every key put once.

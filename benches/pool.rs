@@ -12,6 +12,8 @@
 //!
 //! `cargo bench --bench pool` (release, thin LTO). `CXLKV_BENCH_WORKING_SET_MIB` overrides the
 //! working set (default 1536 MiB, over the 480 MiB L3 this was written on).
+mod common;
+use common::shuffled;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use cxlkv_runtime::{
@@ -72,19 +74,6 @@ impl Drop for ShmPool {
     fn drop(&mut self) {
         let _ = Region::unlink(&self.backend);
     }
-}
-
-/// A fixed pseudo-random permutation of `0..n` (xorshift), shared by pool and memcpy loops.
-fn shuffled(n: usize, seed: u64) -> Vec<usize> {
-    let mut x = seed | 1;
-    let mut v: Vec<usize> = (0..n).collect();
-    for i in (1..n).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.swap(i, (x % (i as u64 + 1)) as usize);
-    }
-    v
 }
 
 /// Bytes per second of `f` called over `order` repeatedly for about `secs`, `bytes` per call.
