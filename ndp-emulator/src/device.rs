@@ -440,8 +440,12 @@ impl Device {
             return false;
         }
         if tail.wrapping_sub(*head) > DEPTH {
-            // The client's index is not one it could have produced: report and resynchronise.
-            self.count(CXLKV_NDP_CTR_ERRORS, 1);
+            // The client's index is not one it could have produced: resynchronise, then report
+            // (in this order, so a client that sees the error completion or counter and resyncs
+            // from SQ_HEAD reads the new head, not the old one).
+            *head = tail;
+            let _ = mem.store_u64(base + qpi::SQ_HEAD, *head, Ordering::Release);
+            coherence::publish(mem, Site::NdpHeadWrite, base + qpi::SQ_HEAD, 8);
             let _ = self.write_cpl(
                 qp,
                 cq_tail,
@@ -450,9 +454,7 @@ impl Device {
                     ..Default::default()
                 },
             );
-            *head = tail;
-            let _ = mem.store_u64(base + qpi::SQ_HEAD, *head, Ordering::Release);
-            coherence::publish(mem, Site::NdpHeadWrite, base + qpi::SQ_HEAD, 8);
+            self.count(CXLKV_NDP_CTR_ERRORS, 1);
             return true;
         }
         // Room in the completion ring? A cq_head that is not a plausible index is ignored (the

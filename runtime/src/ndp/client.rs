@@ -777,7 +777,11 @@ impl<'p> NdpDevice<'p> {
         match outcome {
             Ok(c) => self.finish_device(p, c).map(Some),
             Err(why) => {
-                // A staging block of a command the device may still run stays quarantined.
+                // A staging block of a command the device may still run stays quarantined (until
+                // `drain` sees its completion); if the completion already came, it is free now.
+                if self.done.remove(&tag).is_some() {
+                    self.release_staging(p.staging);
+                }
                 let mut stats = p.stats.clone();
                 let mut r = host_score_topk(&self.pool, &p.req.borrow(), self.opts.kernel)?;
                 stats.path = Some(NdpPath::Host(why));
