@@ -1291,16 +1291,18 @@ fn host_main(ctx: &Ctx, h: usize) {
     check_owners(ctx, &who, &pool);
     // Detach: a participant that is not presumed dead releases its partition (owner word holder
     // 0); the final check reads that from memory.
-    let mut m = lock(&ctx.model);
-    m.leaving[h] = true;
-    if let (Some(a), Some(c)) = (&adopter, successor_of) {
-        m.released.insert(c as u32, !a.presumed_dead());
+    // Each flag is taken right before its detach: a detach is memory steps, during which the
+    // simulated clock runs on and this host's own lease may lapse before the next one.
+    lock(&ctx.model).leaving[h] = true;
+    if let (Some(a), Some(c)) = (adopter, successor_of) {
+        let releases = !a.presumed_dead();
+        lock(&ctx.model).released.insert(c as u32, releases);
+        drop(a);
     }
     if owner {
-        m.released.insert(h as u32, !me.presumed_dead());
+        let releases = !me.presumed_dead();
+        lock(&ctx.model).released.insert(h as u32, releases);
     }
-    drop(m);
-    drop(adopter);
     drop(me);
 }
 
