@@ -260,21 +260,14 @@ impl Hotness {
             // Tracking off: no signal at all (and no cost on the get path).
             return 0;
         }
-        let device = self
-            .device
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .copied()
-            .unwrap_or(0.0);
-        let attention = self
-            .attention
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .copied()
-            .unwrap_or(0.0);
-        let extra = device + attention * f64::from(ATTENTION_ACCESSES);
+        let of = |m: &Mutex<HashMap<Key, f64>>| {
+            m.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&key)
+                .copied()
+                .unwrap_or(0.0)
+        };
+        let extra = of(&self.device) + of(&self.attention) * f64::from(ATTENTION_ACCESSES);
         self.estimate(key)
             .saturating_add(extra.min(f64::from(u32::MAX)) as u32)
     }

@@ -687,6 +687,12 @@ struct Model {
 }
 
 impl Model {
+    /// Host `q` may legitimately look dead or hold no current hotlist: it crashed, stalled past
+    /// its lease, is detaching, or has not attached yet.
+    fn out_of_watch(&self, q: usize) -> bool {
+        self.crashed == Some(q) || self.zombie == Some(q) || self.leaving[q] || self.beat_at[q] == 0
+    }
+
     fn log(&mut self, s: String) {
         if self.trace.len() >= 24 {
             self.trace.remove(0);
@@ -1325,9 +1331,7 @@ fn claim_done(ctx: &Ctx, p: u32, beat: Option<(usize, u64)>) {
 /// published at or after the one it had completed when the read began (torn or stale), or on no
 /// list at all while `q` published nothing during the read.
 fn check_hotlist(ctx: &Ctx, pool: &Pool, h: usize, q: usize) -> crate::pool::Result<()> {
-    let excused = |m: &Model| {
-        m.crashed == Some(q) || m.zombie == Some(q) || m.leaving[q] || m.beat_at[q] == 0
-    };
+    let excused = |m: &Model| m.out_of_watch(q);
     let (busy0, n0) = {
         let m = lock(&ctx.model);
         if excused(&m) {
@@ -1367,9 +1371,7 @@ fn check_hotlist(ctx: &Ctx, pool: &Pool, h: usize, q: usize) -> crate::pool::Res
 fn watch_predecessor(ctx: &Ctx, pool: &Pool, h: usize) -> crate::pool::Result<()> {
     let n = ctx.hosts.len();
     let q = (h + n - 1) % n;
-    let excused = |m: &Model| {
-        m.crashed == Some(q) || m.zombie == Some(q) || m.leaving[q] || m.beat_at[q] == 0
-    };
+    let excused = |m: &Model| m.out_of_watch(q);
     let beat_at = {
         let m = lock(&ctx.model);
         if excused(&m) {
