@@ -16,10 +16,10 @@
 mod common;
 use common::shuffled;
 
-use cxlkv_runtime::coherence::{self, detect, FlushKind};
 use cxlkv_runtime::{
     Backend, CoherenceMode, Key, Participant, Pool, PoolConfig, Region, RegionOptions,
 };
+use cxlkv_shm::cacheline::{self as coherence, detect, FlushKind};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 

@@ -11,9 +11,9 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use cxlkv_runtime::policy::PolicyKind;
-use cxlkv_runtime::tier::spill::{SpillFile, SpillOptions, SPILL_HEADER_SIZE};
-use cxlkv_runtime::tier::{TierConfig, Tiers};
 use cxlkv_runtime::{Key, Pool, PoolConfig, Region};
+use cxlkv_tier::spill::{SpillFile, SpillOptions, SPILL_HEADER_SIZE};
+use cxlkv_tier::{TierConfig, Tiers};
 use std::hint::black_box;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -209,7 +209,7 @@ fn spill_vs_fio(_c: &mut Criterion) {
     let (sf, _) = SpillFile::open(&probe, SpillOptions::default()).unwrap();
     let align = std::fs::File::open(&probe)
         .ok()
-        .and_then(|f| cxlkv_runtime::tier::uring::dio_alignment(&f).ok().flatten());
+        .and_then(|f| cxlkv_tier::uring::dio_alignment(&f).ok().flatten());
     let io = match sf.buffered_reason() {
         None => format!(
             "O_DIRECT, alignment memory/offset {align:?}, registered buffers {}",
@@ -311,12 +311,12 @@ fn lz4_on_kv(_c: &mut Criterion) {
             let s = Instant::now();
             let mut c = Vec::new();
             for _ in 0..10 {
-                c = cxlkv_runtime::tier::spill::lz4_compress(data);
+                c = cxlkv_tier::spill::lz4_compress(data);
             }
             let ct = s.elapsed().as_secs_f64() / 10.0;
             let s = Instant::now();
             for _ in 0..10 {
-                black_box(cxlkv_runtime::tier::spill::lz4_decompress(&c, data.len()).unwrap());
+                black_box(cxlkv_tier::spill::lz4_decompress(&c, data.len()).unwrap());
             }
             let dt = s.elapsed().as_secs_f64() / 10.0;
             println!(

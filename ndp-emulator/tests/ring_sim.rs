@@ -1,6 +1,6 @@
 //! The NDP queue pairs and registers on the non-coherence simulator (docs/COHERENCE.md): the host
 //! (client) and the device each see the pool through a private write-back cache of 64-byte lines
-//! (`cxlkv_runtime::sim::SimHost`), as a host and a Type-3 device's engine do without hardware
+//! (`cxlkv_sim::SimHost`), as a host and a Type-3 device's engine do without hardware
 //! coherence. With every publish/acquire site present, every SCORE_TOPK — submitted in bursts that
 //! wrap the rings many times — must be answered by the device, exactly as the host reference. With
 //! any one NDP site removed (`coherence-teeth` builds) a run must break: a fallback (the client saw
@@ -15,8 +15,8 @@ use cxlkv_kernels::{DType, GroupMode};
 use cxlkv_ndp::{Device, DeviceConfig};
 use cxlkv_runtime::coherence::{set_drop_site_everywhere, Site};
 use cxlkv_runtime::ndp::{NdpDevice, NdpOptions, NdpPath};
-use cxlkv_runtime::sim::{SimBacking, SimHost};
 use cxlkv_runtime::{AttachOptions, CoherenceMode, Participant, Pool, PoolConfig, SharedMemory};
+use cxlkv_sim::{SimBacking, SimHost};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -15,7 +15,7 @@
 //! partition_off + i*stride  partition i: header (4 KiB) | index slots | block headers | payloads
 //! ```
 
-use crate::mem::{self, SharedMemory};
+use cxlkv_shm::mem::{self, SharedMemory};
 
 /// Magic bytes at offset 0 of every pool.
 pub const MAGIC: [u8; 8] = *b"CXLKVPL\0";
@@ -44,26 +44,7 @@ pub const PINS_PER_PARTICIPANT: u64 = 64;
 /// Bytes of one pin entry.
 pub const PIN_SIZE: u64 = 32;
 
-/// Coherence mode of a pool, recorded in the superblock.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CoherenceMode {
-    /// All parties share hardware coherence (processes on one host): fences order accesses.
-    Hardware = 0,
-    /// Parties do not share coherence: writers write back, readers invalidate (docs/COHERENCE.md).
-    Software = 1,
-}
-
-impl CoherenceMode {
-    /// Decodes the superblock field.
-    pub fn from_code(code: u32) -> Option<Self> {
-        match code {
-            0 => Some(Self::Hardware),
-            1 => Some(Self::Software),
-            _ => None,
-        }
-    }
-}
+pub use cxlkv_shm::CoherenceMode;
 
 /// Payload encodings of a block (`BlockHeader::codec`).
 #[repr(u32)]

@@ -11,25 +11,21 @@
 //! reads concurrently is an atomic with a named ordering; every `unsafe` block says why it holds.
 
 pub mod check;
+pub mod clock;
 pub mod coherence;
 pub mod format;
 pub mod hotness;
 pub mod key;
 pub mod kv;
 pub mod locate;
-pub mod mem;
 pub mod ndp;
 pub mod participant;
 pub mod policy;
 pub mod pool;
-pub mod region;
-pub mod replay;
-pub mod sim;
 pub mod stats;
-pub mod tier;
-pub mod topo;
 
 pub use check::{check, CheckReport};
+pub use cxlkv_shm::{mem, region, topo};
 pub use format::{Codec, CoherenceMode};
 pub use key::{Key, KeyChain};
 pub use kv::{KvBlock, KvShape};

@@ -8,9 +8,9 @@
 //! `align`-aligned offset, then maps the pool with [`Region::open_range`].
 
 use crate::format::{read_plain, Superblock, MAGIC, SUPERBLOCK_SIZE};
-use crate::mem::SharedMemory;
 use crate::pool::{validate_superblock, Pool, PoolError};
-use crate::region::{Backend, Region, RegionError, RegionOptions};
+use cxlkv_shm::mem::SharedMemory;
+use cxlkv_shm::region::{Backend, Region, RegionError, RegionOptions};
 use std::sync::Arc;
 use thiserror::Error;
 

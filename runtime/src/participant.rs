@@ -217,7 +217,7 @@ impl Participant {
             )?;
         }
         // Heartbeat last, Release: a reader that sees it fresh sees the slot initialized.
-        mem.store_u64(base + slot::HEARTBEAT, now_ns(), Ordering::Release)?;
+        mem.store_u64(base + slot::HEARTBEAT, pool.now_ns(), Ordering::Release)?;
         // Pairs with the LivenessRead and PinScanRead acquires of other participants.
         coherence::publish(mem, Site::SlotWrite, base, format::PARTICIPANT_SLOT_SIZE);
 
@@ -231,7 +231,7 @@ impl Participant {
             counters: Default::default(),
             pin_used: Mutex::new(0),
             fenced: Arc::new(AtomicBool::new(false)),
-            last_beat: Arc::new(AtomicU64::new(now_ns())),
+            last_beat: Arc::new(AtomicU64::new(pool.now_ns())),
             self_fencing: format::CoherenceMode::from_code(pool.superblock().coherence)
                 == Some(format::CoherenceMode::Software),
             heartbeat: None,
@@ -378,7 +378,10 @@ impl Participant {
             return true;
         }
         let lapsed = self.self_fencing
-            && now_ns().saturating_sub(self.last_beat.load(Ordering::Relaxed))
+            && self
+                .pool
+                .now_ns()
+                .saturating_sub(self.last_beat.load(Ordering::Relaxed))
                 > self.pool.superblock().lease_ns;
         if lapsed {
             self.fenced.store(true, Ordering::Relaxed);
@@ -389,7 +392,7 @@ impl Participant {
     /// True when this participant would write nothing more to shared memory on a
     /// software-coherent pool: it fenced itself, or its own lease lapsed (it is presumed dead, see
     /// `lease_lost`). The simulator uses it to know whether a detach releases the partition.
-    pub(crate) fn presumed_dead(&self) -> bool {
+    pub fn presumed_dead(&self) -> bool {
         self.self_fencing && self.lease_lost()
     }
 
@@ -971,7 +974,7 @@ impl Participant {
             return Err(self.fenced_error());
         }
         let off = self.pool.slot_off(self.id) + slot::HEARTBEAT;
-        let now = now_ns();
+        let now = self.pool.now_ns();
         self.last_beat.store(now, Ordering::Relaxed);
         self.pool.mem().store_u64(off, now, Ordering::Release)?;
         // Pairs with the LivenessRead acquire of whoever judges this participant's liveness.
@@ -1041,7 +1044,7 @@ impl Drop for Participant {
     }
 }
 
-pub(crate) fn crc_of(mem: &dyn crate::mem::SharedMemory, off: u64, len: u64) -> Result<u32> {
+pub(crate) fn crc_of(mem: &dyn cxlkv_shm::mem::SharedMemory, off: u64, len: u64) -> Result<u32> {
     // Checksummed through a small private buffer: shared memory is never borrowed as a slice.
     let mut buf = [0u8; 16 << 10];
     let mut crc = format::Crc32c::default();
@@ -1056,7 +1059,7 @@ pub(crate) fn crc_of(mem: &dyn crate::mem::SharedMemory, off: u64, len: u64) -> 
 }
 
 /// True when participant `q`'s heartbeat is older than the pool's lease (or it holds no slot).
-pub(crate) fn participant_dead(pool: &Pool, q: u32) -> Result<bool> {
+pub fn participant_dead(pool: &Pool, q: u32) -> Result<bool> {
     let base = pool.slot_off(q);
     let mem = pool.mem();
     // Pairs with the SlotWrite and HeartbeatWrite publishes of participant `q`.
@@ -1065,7 +1068,7 @@ pub(crate) fn participant_dead(pool: &Pool, q: u32) -> Result<bool> {
         return Ok(true);
     }
     let hb = mem.load_u64(base + slot::HEARTBEAT, Ordering::Acquire)?;
-    Ok(now_ns().saturating_sub(hb) > pool.superblock().lease_ns)
+    Ok(pool.now_ns().saturating_sub(hb) > pool.superblock().lease_ns)
 }
 
 /// True when partition `p`, owned by participant `q`, has no live owner: `q` is dead, or its slot
@@ -1283,7 +1286,7 @@ fn spawn_heartbeat(me: &Participant) -> (mpsc::Sender<()>, std::thread::JoinHand
                 fenced.store(true, Ordering::Relaxed);
                 return;
             }
-            let now = now_ns();
+            let now = pool.now_ns();
             last_beat.store(now, Ordering::Relaxed);
             let _ = mem.store_u64(base + slot::HEARTBEAT, now, Ordering::Release);
             coherence::publish(mem, Site::HeartbeatWrite, base + slot::HEARTBEAT, 8);
@@ -1325,7 +1328,7 @@ impl Reservation<'_> {
 
     /// Writes `bytes` at `offset` within the reserved payload.
     pub fn write(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
-        crate::mem::check_range(offset, bytes.len() as u64, self.len)?;
+        cxlkv_shm::mem::check_range(offset, bytes.len() as u64, self.len)?;
         let pool = &self.participant.pool;
         pool.mem()
             .write(pool.payload_off(self.partition, self.block) + offset, bytes)?;
@@ -1403,7 +1406,7 @@ impl PinnedBlock<'_> {
 
     /// Copies payload bytes at `offset` into `dst`.
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
-        crate::mem::check_range(offset, dst.len() as u64, self.info.len)?;
+        cxlkv_shm::mem::check_range(offset, dst.len() as u64, self.info.len)?;
         Ok(self
             .participant
             .pool

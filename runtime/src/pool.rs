@@ -9,6 +9,7 @@
 //! and accept only if its version is still `v`. Anything else is retried a bounded number of times
 //! and then reported as a miss, so a torn, stale or foreign copy is never returned.
 
+use crate::clock::{Clock, SystemClock};
 use crate::coherence::{self, Site};
 use crate::format::{
     self, decode_entry, read_plain, BlockHeader, Codec, CoherenceMode, Superblock,
@@ -17,8 +18,8 @@ use crate::format::{
     VERSION_MAJOR, VERSION_MINOR,
 };
 use crate::key::Key;
-use crate::mem::{MemError, SharedMemory};
-use crate::region::{Backend, Region, RegionError, RegionOptions};
+use cxlkv_shm::mem::{MemError, SharedMemory};
+use cxlkv_shm::region::{Backend, Region, RegionError, RegionOptions};
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -267,23 +268,9 @@ pub fn plan(size: u64, cfg: &PoolConfig) -> Result<Superblock> {
     Ok(sb)
 }
 
-thread_local! {
-    /// The simulated clock of a non-coherence simulator host thread ([`crate::sim`]), if any.
-    pub(crate) static SIM_CLOCK: std::cell::RefCell<Option<Arc<std::sync::atomic::AtomicU64>>> =
-        const { std::cell::RefCell::new(None) };
-    /// How far this simulated host's clock runs ahead of the simulation's (a stalled host).
-    pub(crate) static SIM_SKEW: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
-/// Nanoseconds since the Unix epoch (the clock of heartbeats; hosts sharing a pool must keep
-/// their clocks synchronized within a small fraction of the lease).
+/// Nanoseconds since the Unix epoch on this host's wall clock (see [`crate::clock`]).
 pub fn now_ns() -> u64 {
-    if let Some(t) = SIM_CLOCK.with(|c| c.borrow().as_ref().map(|c| c.load(Ordering::Relaxed))) {
-        return t + SIM_SKEW.with(|s| s.get());
-    }
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
+    crate::clock::system_now_ns()
 }
 
 fn random_uuid() -> [u8; 16] {
@@ -477,6 +464,7 @@ pub(crate) struct PoolInner {
     pub(crate) mem: Arc<dyn SharedMemory>,
     pub(crate) sb: Superblock,
     pub(crate) backend: Option<Backend>,
+    pub(crate) clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -517,12 +505,19 @@ impl Pool {
                 mem,
                 sb,
                 backend: None,
+                clock: Arc::new(SystemClock),
             }),
         })
     }
 
     /// Opens an existing pool in `mem`, validating its superblock.
     pub fn open(mem: Arc<dyn SharedMemory>) -> Result<Pool> {
+        Self::open_with_clock(mem, Arc::new(SystemClock))
+    }
+
+    /// [`open`](Self::open) with the clock this party's heartbeats and lease checks read (the
+    /// simulator gives each simulated host its own).
+    pub fn open_with_clock(mem: Arc<dyn SharedMemory>, clock: Arc<dyn Clock>) -> Result<Pool> {
         if mem.size() < MIN_POOL_FOR_SB {
             return Err(PoolError::Truncated {
                 size: mem.size(),
@@ -542,6 +537,7 @@ impl Pool {
                 mem,
                 sb,
                 backend: None,
+                clock,
             }),
         })
     }
@@ -596,6 +592,16 @@ impl Pool {
         self.inner.sb.block_size
     }
 
+    /// Nanoseconds on this party's clock ([`crate::clock`]).
+    pub fn now_ns(&self) -> u64 {
+        self.inner.clock.now_ns()
+    }
+
+    /// This party's clock.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        self.inner.clock.clone()
+    }
+
     pub(crate) fn mem(&self) -> &dyn SharedMemory {
         &*self.inner.mem
     }
@@ -630,7 +636,7 @@ impl Pool {
 
     /// A consistent snapshot of an index slot: (version, key, entry), or `None` if it stayed
     /// mid-update for the whole spin budget.
-    pub(crate) fn read_slot(&self, p: u32, slot: u32) -> Result<Option<(u64, Key, u64)>> {
+    pub fn read_slot(&self, p: u32, slot: u32) -> Result<Option<(u64, Key, u64)>> {
         let off = self.index_slot_off(p, slot);
         let mem = self.mem();
         for _ in 0..SEQLOCK_SPINS {

@@ -2,7 +2,7 @@
 
 use crate::format::{counters, partition, slot, ENTRY_EMPTY, ENTRY_TOMBSTONE};
 use crate::participant::{participant_dead, ParticipantStats};
-use crate::pool::{now_ns, Pool, Result};
+use crate::pool::{Pool, Result};
 use std::sync::atomic::Ordering;
 
 /// One participant slot as seen from outside.
@@ -74,7 +74,7 @@ pub fn pool_stats(pool: &Pool) -> Result<PoolStats> {
             live: !participant_dead(pool, q)?,
             pid: mem.load_u64(base + slot::PID, Ordering::Relaxed)?,
             generation: mem.load_u64(base + slot::GENERATION, Ordering::Relaxed)?,
-            heartbeat_age_ms: now_ns().saturating_sub(hb) / 1_000_000,
+            heartbeat_age_ms: pool.now_ns().saturating_sub(hb) / 1_000_000,
             partition: part.checked_sub(1).map(|p| p as u32),
             counters: ParticipantStats::from_array(c),
         });

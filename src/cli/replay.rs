@@ -3,7 +3,7 @@
 use super::{Error, Result};
 use clap::Args;
 use cxlkv::runtime::policy::PolicyKind;
-use cxlkv::runtime::replay::{run_replay, ReplayOptions};
+use cxlkv::tier::replay::{run_replay, ReplayOptions};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -89,14 +89,14 @@ pub fn run(a: &ReplayArgs) -> Result<ExitCode> {
         eprintln!();
     }
     if let Some(p) = &a.plot {
-        std::fs::write(p, report.to_svg())
+        std::fs::write(p, cxlkv::render::replay_svg(&report))
             .map_err(|e| Error::Other(format!("write {}: {e}", p.display())))?;
         eprintln!("plot written to {}", p.display());
     }
     if a.json {
         println!("{}", report.to_json());
     } else {
-        println!("{report}");
+        println!("{}", cxlkv::render::ReplayTable(&report));
     }
     Ok(ExitCode::SUCCESS)
 }

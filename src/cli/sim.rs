@@ -2,7 +2,7 @@
 
 use super::{Error, Result};
 use clap::Args;
-use cxlkv::runtime::sim::{run_sim, sites, SimOptions};
+use cxlkv::sim::{run_sim, sites, SimOptions};
 use std::process::ExitCode;
 
 /// Arguments of `cxlkv sim`.

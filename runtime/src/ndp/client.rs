@@ -12,9 +12,9 @@
 
 use super::abi::*;
 use super::{
-    block_mass, decode_topk_result, encode_topk_result, futex, locate_token, qpi, reg,
-    resolve_block, sorted_ranges, topk_result_size, BlockExpect, DeviceLayout, DeviceStatus,
-    ResolvedBlock, ScanStats, TopKScan, DEPTH,
+    block_mass, decode_topk_result, encode_topk_result, locate_token, qpi, reg, resolve_block,
+    sorted_ranges, topk_result_size, BlockExpect, DeviceLayout, DeviceStatus, ResolvedBlock,
+    ScanStats, TopKScan, DEPTH,
 };
 use crate::coherence::{self, Site};
 use crate::format::{self, Codec};
@@ -36,7 +36,7 @@ pub enum NdpError {
     Pool(#[from] crate::pool::PoolError),
     /// A memory access failed.
     #[error(transparent)]
-    Mem(#[from] crate::mem::MemError),
+    Mem(#[from] cxlkv_shm::mem::MemError),
     /// The device rejected the command (the request itself is wrong: the host path would fail too).
     #[error(transparent)]
     Device(#[from] DeviceStatus),
@@ -553,7 +553,7 @@ impl<'p> NdpDevice<'p> {
                 cur = actual;
             }
             coherence::publish(&*mem, Site::NdpSubmitWrite, bell, 8);
-            futex::wake(&*mem, bell);
+            cxlkv_shm::futex::wake(&*mem, bell);
             sent += 8;
         }
         Ok(Ok(sent))
@@ -597,7 +597,7 @@ impl<'p> NdpDevice<'p> {
             mem.store_u64(base + qpi::CQ_WAITERS, 1, Ordering::SeqCst)?;
             let tail = mem.load_u64(base + qpi::CQ_TAIL, Ordering::SeqCst)?;
             if tail == self.cq_head {
-                futex::wait(
+                cxlkv_shm::futex::wait(
                     &*mem,
                     base + qpi::CQ_TAIL,
                     tail as u32,

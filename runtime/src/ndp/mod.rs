@@ -31,9 +31,8 @@
 #[rustfmt::skip] // bindgen's output verbatim: the drift test compares it byte for byte.
 pub mod abi;
 pub mod client;
-mod futex;
 
-pub use futex::shared::{futex_wait, futex_wake};
+pub use cxlkv_shm::futex::{wait as futex_wait, wake as futex_wake};
 
 pub use client::{
     host_gather, host_score_topk, BlockSpec, FallbackReason, NdpDevice, NdpError, NdpOptions,
@@ -44,12 +43,12 @@ use crate::coherence::{self, Site};
 use crate::format::{self, Codec, KvLayout, Plain};
 use crate::key::Key;
 use crate::kv::LAYOUT_SIZE;
-use crate::mem::SharedMemory;
 use crate::pool::{BlockRef, Pool};
 use abi::*;
 use cxlkv_kernels::{
     upper_bound, DType, GroupMode, Hit, KeyRows, QueryGroup, ScoreKernel, TopKSelector,
 };
+use cxlkv_shm::mem::SharedMemory;
 
 // SAFETY (for the five impls below): bindgen emits them `#[repr(C)]`; the compile-time layout
 // assertions in `abi.rs` pin every offset and the size, which leave no padding; all fields are
@@ -312,7 +311,7 @@ pub fn read_bounds(
     mem: &dyn SharedMemory,
     b: &ResolvedBlock,
     dim: usize,
-) -> crate::mem::Result<(Vec<f32>, Vec<f32>)> {
+) -> cxlkv_shm::mem::Result<(Vec<f32>, Vec<f32>)> {
     let mut raw = vec![0u8; dim * 8];
     coherence::acquire(mem, Site::PayloadRead, b.bounds_off, raw.len() as u64);
     mem.read(b.bounds_off, &mut raw)?;
@@ -665,5 +664,5 @@ pub fn check_owned_range(pool: &Pool, qp: u32, off: u64, len: u64) -> Result<(),
 
 /// Nanoseconds since the Unix epoch (the heartbeat clock).
 pub fn now_ns() -> u64 {
-    crate::pool::now_ns()
+    crate::clock::system_now_ns()
 }

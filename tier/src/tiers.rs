@@ -1,84 +1,19 @@
-//! Tiers: process-local DRAM ↔ the shared CXL pool ↔ SSD spill files.
-//!
-//! [`Tiers`] manages one participant's partition as the middle tier:
-//! - **DRAM** ([`dram::DramCache`]): replicas of hot pool blocks, promoted when their hotness
-//!   ([`crate::hotness::Hotness::heat`]: local gets, device scans, attention mass) reaches a threshold;
-//!   lock-free reads, epoch-based reclamation.
-//! - **Pool**: the participant's partition, holding at most `pool_blocks` blocks chosen by a
-//!   pluggable [`crate::policy`] (the same code the trace simulator runs).
-//! - **SSD** ([`spill::SpillFile`]): blocks demoted from the pool, one spill file per partition,
-//!   io_uring with `O_DIRECT` and up to a queue depth of reads or writes in flight, LZ4 where it
-//!   saves space.
-//!
-//! Invariant: a block lives in exactly one of pool and SSD; the DRAM cache may hold a replica of a
-//! pool block with the same bytes. [`Tiers::get`] looks in DRAM, then the pool, then SSD. Moves
-//! happen in [`Tiers::step`], bounded by a budget per call, from a background thread
-//! ([`Tiers::spawn`]) or inline (trace replay, which needs determinism). A move writes the block to
-//! its new tier before removing it from the old one, so a crash between the two leaves a
-//! duplicate, never a loss; [`Tiers::open`] resolves duplicates (the pool copy wins, the SSD
-//! record is forgotten) and the spill file's own recovery scan discards torn records.
+//! [`Tiers`]: one participant's partition as the middle tier between DRAM and SSD (crate docs).
 
-pub mod dram;
-pub mod spill;
-pub mod uring;
-
-use crate::hotness::{Access, Hotness};
-use crate::key::Key;
-use crate::participant::Participant;
-use crate::policy::{EvictionPolicy, PolicyKind};
-use crate::pool::PoolError;
-use crate::replay::SlotMap;
+use crate::slots::SlotMap;
+use cxlkv_runtime::hotness::{Access, Hotness};
+use cxlkv_runtime::key::Key;
+use cxlkv_runtime::participant::Participant;
+use cxlkv_runtime::policy::{EvictionPolicy, PolicyKind};
+use cxlkv_runtime::pool::PoolError;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use thiserror::Error;
 
-pub use dram::DramCache;
-pub use spill::{SpillFile, SpillOptions, SpillRecovery, SpillStats};
-
-/// Errors of the tiers.
-#[derive(Debug, Error)]
-pub enum TierError {
-    /// The pool refused an operation.
-    #[error(transparent)]
-    Pool(#[from] PoolError),
-    /// A spill file operation failed.
-    #[error("spill file {path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// An io_uring read or write transferred fewer bytes than asked (or failed: `result` < 0 is
-    /// `-errno`).
-    #[error("spill file {path}: I/O of {expected} bytes at offset {offset} returned {result}")]
-    ShortIo {
-        /// The file.
-        path: PathBuf,
-        /// File offset.
-        offset: u64,
-        /// Bytes asked.
-        expected: usize,
-        /// Kernel result.
-        result: i32,
-    },
-    /// A payload larger than a spill record holds.
-    #[error("payload of {len} bytes exceeds the spill record limit of {max} bytes")]
-    TooLarge {
-        /// Payload bytes.
-        len: usize,
-        /// Limit.
-        max: usize,
-    },
-    /// The configuration cannot work.
-    #[error("bad tier configuration: {0}")]
-    BadConfig(String),
-}
-
-/// Result alias of this module.
-pub type Result<T> = std::result::Result<T, TierError>;
+use crate::dram::DramCache;
+pub use crate::error::{Result, TierError};
+use crate::spill::{SpillFile, SpillOptions, SpillRecovery, SpillStats};
 
 /// Where a block was found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -266,7 +201,7 @@ impl Tiers {
         let mut rec = TierRecovery::default();
         for s in 0..pool.superblock().index_slots {
             if let Some((_, key, entry)) = pool.read_slot(p, s)? {
-                if crate::format::decode_entry(entry).is_some() {
+                if cxlkv_runtime::format::decode_entry(entry).is_some() {
                     if let Some(slot) = st.slots.assign(key) {
                         st.policy.insert(slot);
                         rec.pool_blocks += 1;

@@ -15,13 +15,14 @@
 //! deletes, evictions, heartbeats, a crash and its takeover by a designated successor, checking
 //! the invariants of docs/COHERENCE.md.
 
-use crate::coherence::{Site, LINE};
-use crate::format::CoherenceMode;
-use crate::hotness::{read_hotlist, Access, HotEntry, Hotness};
-use crate::key::Key;
-use crate::mem::{self, check_range, SharedMemory};
-use crate::participant::{AttachOptions, Participant, PinnedBlock};
-use crate::pool::{Pool, PoolConfig, PoolError};
+use cxlkv_runtime::clock::Clock;
+use cxlkv_runtime::coherence::{Site, LINE};
+use cxlkv_runtime::format::CoherenceMode;
+use cxlkv_runtime::hotness::{read_hotlist, Access, HotEntry, Hotness};
+use cxlkv_runtime::key::Key;
+use cxlkv_runtime::mem::{self, check_range, SharedMemory};
+use cxlkv_runtime::participant::{AttachOptions, Participant, PinnedBlock};
+use cxlkv_runtime::pool::{Pool, PoolConfig, PoolError};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -495,7 +496,7 @@ pub struct SimOptions {
     pub seeds: u64,
     /// First seed.
     pub seed_start: u64,
-    /// A publish/acquire site to remove (needs the `coherence-teeth` feature); see [`sites`].
+    /// A publish/acquire site to remove (needs a build whose runtime has the `coherence-teeth` feature); see [`sites`].
     pub drop_site: Option<String>,
     /// Operations per host per seed.
     pub ops: u32,
@@ -612,7 +613,7 @@ pub fn run_sim(opts: &SimOptions) -> SimReport {
                 ));
                 return rep;
             }
-            Some(s) if cfg!(feature = "coherence-teeth") => Some(s),
+            Some(s) if cxlkv_runtime::coherence::TEETH => Some(s),
             Some(_) => {
                 rep.error =
                     Some("--drop-site needs a build with the coherence-teeth feature".into());
@@ -706,8 +707,22 @@ impl Model {
     }
 }
 
+/// One simulated host's clock: the simulation's clock plus how far this host's runs ahead (a
+/// stalled host's clock ran on while the others saw no heartbeat).
+struct HostClock {
+    sim: Arc<AtomicU64>,
+    ahead: AtomicU64,
+}
+
+impl Clock for HostClock {
+    fn now_ns(&self) -> u64 {
+        self.sim.load(Ordering::Relaxed) + self.ahead.load(Ordering::Relaxed)
+    }
+}
+
 struct Ctx {
     hosts: Vec<Arc<SimHost>>,
+    clocks: Vec<Arc<HostClock>>,
     backing: Arc<SimBacking>,
     sched: Arc<Sched>,
     model: Mutex<Model>,
@@ -717,8 +732,6 @@ struct Ctx {
     /// `(host, op)`: the host stalls past its lease before that operation.
     stall: Option<(usize, u32)>,
     seed: u64,
-    // Read only when the `coherence-teeth` feature can drop a site.
-    #[cfg_attr(not(feature = "coherence-teeth"), allow(dead_code))]
     site: Option<Site>,
     stop: AtomicBool,
 }
@@ -770,7 +783,7 @@ fn run_seed(hosts: usize, seed: u64, ops: u32, site: Option<Site>) -> SeedOutcom
         coherence: CoherenceMode::Software,
     };
     let blocks = 3 + rng.below(3);
-    let base = crate::pool::plan(64 << 20, &cfg)
+    let base = cxlkv_runtime::pool::plan(64 << 20, &cfg)
         .expect("plan")
         .partition_off;
     let size = base + hosts as u64 * (blocks + 3) * 4096;
@@ -823,6 +836,14 @@ fn run_seed(hosts: usize, seed: u64, ops: u32, site: Option<Site>) -> SeedOutcom
     let keys = blocks as usize + 2;
     let ctx = Arc::new(Ctx {
         hosts: hs.clone(),
+        clocks: (0..hosts)
+            .map(|_| {
+                Arc::new(HostClock {
+                    sim: clock.clone(),
+                    ahead: AtomicU64::new(0),
+                })
+            })
+            .collect(),
         backing: backing.clone(),
         sched: sched.clone(),
         model: Mutex::new(Model {
@@ -845,11 +866,9 @@ fn run_seed(hosts: usize, seed: u64, ops: u32, site: Option<Site>) -> SeedOutcom
     });
     // Host 0 formats the pool before the others start.
     let created = {
-        #[cfg(feature = "coherence-teeth")]
-        crate::coherence::set_drop_site(site);
+        cxlkv_runtime::coherence::set_drop_site(site);
         let r = Pool::create(hs[0].clone(), &cfg);
-        #[cfg(feature = "coherence-teeth")]
-        crate::coherence::set_drop_site(None);
+        cxlkv_runtime::coherence::set_drop_site(None);
         r
     };
     if let Err(e) = created {
@@ -868,13 +887,10 @@ fn run_seed(hosts: usize, seed: u64, ops: u32, site: Option<Site>) -> SeedOutcom
     let threads: Vec<_> = (0..hosts)
         .map(|h| {
             let ctx = ctx.clone();
-            let clock = clock.clone();
             std::thread::Builder::new()
                 .name(format!("sim-host-{h}"))
                 .spawn(move || {
-                    crate::pool::SIM_CLOCK.with(|c| *c.borrow_mut() = Some(clock));
-                    #[cfg(feature = "coherence-teeth")]
-                    crate::coherence::set_drop_site(ctx.site);
+                    cxlkv_runtime::coherence::set_drop_site(ctx.site);
                     ctx.sched.wait_turn(h);
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         host_main(&ctx, h)
@@ -934,9 +950,9 @@ fn run_seed(hosts: usize, seed: u64, ops: u32, site: Option<Site>) -> SeedOutcom
 /// Makes host `h`'s published heartbeat older than a lease (time passed without it beating).
 fn age_heartbeat(ctx: &Ctx, h: usize) {
     let now = ctx.sched.clock.load(Ordering::SeqCst);
-    let off = crate::format::SUPERBLOCK_SIZE
-        + h as u64 * crate::format::PARTICIPANT_SLOT_SIZE
-        + crate::format::slot::HEARTBEAT;
+    let off = cxlkv_runtime::format::SUPERBLOCK_SIZE
+        + h as u64 * cxlkv_runtime::format::PARTICIPANT_SLOT_SIZE
+        + cxlkv_runtime::format::slot::HEARTBEAT;
     let _ = ctx
         .backing
         .store_u64(off, now.saturating_sub(2 * LEASE_NS), Ordering::SeqCst);
@@ -971,7 +987,7 @@ fn host_main(ctx: &Ctx, h: usize) {
         lock(&ctx.model).fail(s);
         ctx.stop.store(true, Ordering::SeqCst);
     };
-    let pool = match Pool::open(mem.clone()) {
+    let pool = match Pool::open_with_clock(mem.clone(), ctx.clocks[h].clone()) {
         Ok(p) => p,
         Err(e) => return fail(format!("{who}: open: {e}")),
     };
@@ -1025,7 +1041,9 @@ fn host_main(ctx: &Ctx, h: usize) {
                 m.log(format!("{who}: STALL past its lease"));
             }
             // Its clock ran on past the lease while it stalled, and the others saw no heartbeat.
-            crate::pool::SIM_SKEW.with(|s| s.set(s.get() + 2 * LEASE_NS));
+            ctx.clocks[h]
+                .ahead
+                .fetch_add(2 * LEASE_NS, Ordering::Relaxed);
             age_heartbeat(ctx, h);
             while !lock(&ctx.model).taken_over
                 && !ctx.stop.load(Ordering::SeqCst)
@@ -1330,7 +1348,7 @@ fn claim_done(ctx: &Ctx, p: u32, beat: Option<(usize, u64)>) {
 /// Host `h` reads host `q`'s hotlist (the HotlistRead site). Fails the run on a list `q` never
 /// published at or after the one it had completed when the read began (torn or stale), or on no
 /// list at all while `q` published nothing during the read.
-fn check_hotlist(ctx: &Ctx, pool: &Pool, h: usize, q: usize) -> crate::pool::Result<()> {
+fn check_hotlist(ctx: &Ctx, pool: &Pool, h: usize, q: usize) -> cxlkv_runtime::pool::Result<()> {
     let excused = |m: &Model| m.out_of_watch(q);
     let (busy0, n0) = {
         let m = lock(&ctx.model);
@@ -1368,7 +1386,7 @@ fn check_hotlist(ctx: &Ctx, pool: &Pool, h: usize, q: usize) -> crate::pool::Res
 
 /// Host `h` judges its predecessor's liveness from memory (`participant_dead`, the LivenessRead
 /// site). Fails the run if a host whose last published heartbeat is within a lease looks dead.
-fn watch_predecessor(ctx: &Ctx, pool: &Pool, h: usize) -> crate::pool::Result<()> {
+fn watch_predecessor(ctx: &Ctx, pool: &Pool, h: usize) -> cxlkv_runtime::pool::Result<()> {
     let n = ctx.hosts.len();
     let q = (h + n - 1) % n;
     let excused = |m: &Model| m.out_of_watch(q);
@@ -1379,7 +1397,7 @@ fn watch_predecessor(ctx: &Ctx, pool: &Pool, h: usize) -> crate::pool::Result<()
         }
         m.beat_at[q]
     };
-    let dead = crate::participant::participant_dead(pool, q as u32)?;
+    let dead = cxlkv_runtime::participant::participant_dead(pool, q as u32)?;
     let now = ctx.sched.clock.load(Ordering::SeqCst);
     let mut m = lock(&ctx.model);
     if dead && !excused(&m) && now.saturating_sub(beat_at) <= LEASE_NS {
@@ -1456,8 +1474,9 @@ fn final_check(ctx: &Ctx, backing: &Arc<SimBacking>, _cfg: &PoolConfig) {
     // ones: a claim in flight at a crash may or may not have landed), and released by a clean
     // detach.
     for (&p, &(started, done)) in &m.claims.clone() {
-        let off = pool.partition_off(p) + crate::format::partition::OWNER;
-        let word = match pool.mem().load_u64(off, Ordering::Acquire) {
+        let off = pool.partition_offset(p).expect("valid partition")
+            + cxlkv_runtime::format::partition::OWNER;
+        let word = match pool.memory().load_u64(off, Ordering::Acquire) {
             Ok(w) => w,
             Err(e) => return m.fail(format!("checker: owner word of partition {p}: {e}")),
         };

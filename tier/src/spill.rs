@@ -32,9 +32,9 @@
 //! make the next write there an allocating one, serialized the same way).
 
 use super::uring::{self, Completion, Op, Ring, ALIGN};
-use super::{Result, TierError};
-use crate::format::{as_bytes, crc32c, from_bytes, Plain};
-use crate::key::Key;
+use crate::error::{Result, TierError};
+use cxlkv_runtime::format::{as_bytes, crc32c, from_bytes, Plain};
+use cxlkv_runtime::key::Key;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;

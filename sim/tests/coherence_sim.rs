@@ -1,10 +1,11 @@
 //! Randomized protocol tests on the non-coherence simulator (docs/COHERENCE.md).
 //!
 //! `CXLKV_SIM_SEEDS=N` runs N seeds per host count instead of the default; the teeth test (needs
-//! the `coherence-teeth` feature: `cargo test -p cxlkv-runtime --features coherence-teeth --test
-//! coherence_sim`) removes each publish/acquire site in turn and requires a violation.
+//! the runtime's `coherence-teeth` feature: `cargo test -p cxlkv-sim --features
+//! cxlkv-runtime/coherence-teeth --test coherence_sim`; the workspace test enables it) removes
+//! each publish/acquire site in turn and requires a violation.
 
-use cxlkv_runtime::sim::{run_sim, SimOptions};
+use cxlkv_sim::{run_sim, SimOptions};
 
 fn seeds(default: u64) -> u64 {
     std::env::var("CXLKV_SIM_SEEDS")
@@ -37,10 +38,15 @@ fn unknown_site_is_refused() {
     assert!(r.error.is_some());
 }
 
-#[cfg(feature = "coherence-teeth")]
 #[test]
 fn every_site_is_needed() {
-    use cxlkv_runtime::sim::sites;
+    use cxlkv_sim::sites;
+    if !cxlkv_runtime::coherence::TEETH {
+        println!(
+            "every_site_is_needed skipped: this build's runtime lacks the coherence-teeth feature"
+        );
+        return;
+    }
     let budget = seeds(100);
     let mut missed = Vec::new();
     println!("| site | breaking seed (hosts) | violation |");

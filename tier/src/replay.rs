@@ -8,13 +8,14 @@
 //! are evicted while more than the capacity are cached. The hit rate is the sum of prefix hits over
 //! the sum of prompt blocks.
 //!
-//! Two drivers share one [`crate::policy`] implementation:
+//! Two drivers share one [`cxlkv_runtime::policy`] implementation:
 //! - [`simulate`]: a pure cache simulator (ids only), fast enough for tests in debug builds;
 //! - [`run_replay`]: the same procedure against a real pool with real tiers (DRAM cache, the CXL
 //!   pool partition, SSD spill files), scaled block payloads and per-tier accounting, producing a
 //!   [`ReplayReport`] (text, JSON, SVG).
 
-use crate::policy::PolicyKind;
+use crate::slots::SlotMap;
+use cxlkv_runtime::policy::PolicyKind;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -46,10 +47,10 @@ pub enum ReplayError {
     BadOptions(String),
     /// The pool refused an operation.
     #[error(transparent)]
-    Pool(#[from] crate::pool::PoolError),
+    Pool(#[from] cxlkv_runtime::pool::PoolError),
     /// A tier refused an operation.
     #[error(transparent)]
-    Tier(#[from] crate::tier::TierError),
+    Tier(#[from] crate::TierError),
 }
 
 /// Result alias of this module.
@@ -155,44 +156,6 @@ impl SimResult {
     }
 }
 
-/// Ids under a policy: the id ↔ policy-slot bookkeeping both drivers (and the tiers) share, so
-/// that the same sequence of operations numbers slots the same way everywhere.
-pub(crate) struct SlotMap<K> {
-    slot_of: HashMap<K, u32>,
-    id_of: Vec<K>,
-    free: Vec<u32>,
-}
-
-impl<K: std::hash::Hash + Eq + Copy + Default> SlotMap<K> {
-    pub(crate) fn new(slots: usize) -> Self {
-        SlotMap {
-            slot_of: HashMap::with_capacity(slots),
-            id_of: vec![K::default(); slots],
-            free: (0..slots as u32).rev().collect(),
-        }
-    }
-    pub(crate) fn get(&self, id: K) -> Option<u32> {
-        self.slot_of.get(&id).copied()
-    }
-    pub(crate) fn len(&self) -> usize {
-        self.slot_of.len()
-    }
-    /// Assigns a slot to a new id; `None` when every slot is taken.
-    pub(crate) fn assign(&mut self, id: K) -> Option<u32> {
-        let s = self.free.pop()?;
-        self.slot_of.insert(id, s);
-        self.id_of[s as usize] = id;
-        Some(s)
-    }
-    /// Frees a slot; returns the id it held.
-    pub(crate) fn release(&mut self, slot: u32) -> K {
-        let id = self.id_of[slot as usize];
-        self.slot_of.remove(&id);
-        self.free.push(slot);
-        id
-    }
-}
-
 /// Replays `trace` against a pure cache of `capacity` blocks under `policy`, following the
 /// reference procedure (module docs).
 pub fn simulate(trace: &Trace, policy: PolicyKind, capacity: usize) -> SimResult {
@@ -211,7 +174,7 @@ pub fn simulate(trace: &Trace, policy: PolicyKind, capacity: usize) -> SimResult
 /// `offline` feeds it next-use hints. Returns (prefix hits, prompt blocks).
 pub fn simulate_with(
     trace: &Trace,
-    pol: &mut dyn crate::policy::EvictionPolicy,
+    pol: &mut dyn cxlkv_runtime::policy::EvictionPolicy,
     offline: bool,
     capacity: usize,
 ) -> (u64, u64) {
@@ -297,7 +260,7 @@ impl Default for ReplayOptions {
 }
 
 const fn spill_header_size() -> usize {
-    crate::tier::spill::SPILL_HEADER_SIZE
+    crate::spill::SPILL_HEADER_SIZE
 }
 
 /// One (policy, capacity) run of [`run_replay`].
@@ -361,8 +324,8 @@ pub fn run_replay(
     opts: &ReplayOptions,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ReplayReport> {
-    use crate::key::Key;
-    use crate::tier::{SpillOptions, Tier, TierConfig, Tiers};
+    use crate::{SpillOptions, Tier, TierConfig, Tiers};
+    use cxlkv_runtime::key::Key;
     if opts.capacities.is_empty() || opts.policies.is_empty() || opts.capacities.contains(&0) {
         return Err(ReplayError::BadOptions(
             "need at least one policy and positive capacities".into(),
@@ -495,8 +458,8 @@ pub fn run_replay(
 }
 
 /// A private anonymous pool with one partition of at least `blocks` blocks of `block_size`.
-fn replay_pool(block_size: u64, blocks: usize) -> Result<crate::pool::Pool> {
-    use crate::pool::{plan, Pool, PoolConfig};
+fn replay_pool(block_size: u64, blocks: usize) -> Result<cxlkv_runtime::pool::Pool> {
+    use cxlkv_runtime::pool::{plan, Pool, PoolConfig};
     let cfg = PoolConfig {
         block_size,
         participants: 2,
@@ -507,8 +470,8 @@ fn replay_pool(block_size: u64, blocks: usize) -> Result<crate::pool::Pool> {
     loop {
         let sb = plan(size, &cfg)?;
         if sb.blocks_per_partition as usize >= blocks {
-            let region =
-                crate::region::Region::anonymous(size).map_err(crate::pool::PoolError::from)?;
+            let region = cxlkv_runtime::region::Region::anonymous(size)
+                .map_err(cxlkv_runtime::pool::PoolError::from)?;
             return Ok(Pool::create(std::sync::Arc::new(region), &cfg)?);
         }
         size += size / 8;
@@ -561,192 +524,5 @@ impl ReplayReport {
             0.0
         };
         Some((best.policy.clone(), best.prefix_hit_rate, lru, opt, closed))
-    }
-
-    /// An SVG line chart of prefix hit rate (memory tiers) against capacity, one line per policy
-    /// (Belady dashed), capacity on a log axis.
-    pub fn to_svg(&self) -> String {
-        let (w, h, ml, mr, mt, mb) = (720.0, 440.0, 60.0, 150.0, 30.0, 50.0);
-        let mut caps: Vec<usize> = self.results.iter().map(|r| r.capacity_blocks).collect();
-        caps.sort_unstable();
-        caps.dedup();
-        let (lo, hi) = (
-            *caps.first().unwrap_or(&1) as f64,
-            *caps.last().unwrap_or(&2) as f64,
-        );
-        let ymax = self
-            .results
-            .iter()
-            .map(|r| r.prefix_hit_rate)
-            .fold(10.0f64, f64::max)
-            .ceil();
-        let x = |c: f64| {
-            ml + (w - ml - mr)
-                * if hi > lo {
-                    (c.ln() - lo.ln()) / (hi.ln() - lo.ln())
-                } else {
-                    0.5
-                }
-        };
-        let y = |v: f64| h - mb - (h - mt - mb) * v / ymax;
-        let mut s = format!(
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{ml}\" y=\"18\">Prefix hit rate (DRAM + CXL pool) vs pool capacity: {}</text>\n",
-            xml_escape(&self.trace)
-        );
-        s += &format!(
-            "<line x1=\"{ml}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n",
-            h - mb,
-            w - mr,
-            h - mb
-        );
-        s += &format!(
-            "<line x1=\"{ml}\" y1=\"{mt}\" x2=\"{ml}\" y2=\"{}\" stroke=\"black\"/>\n",
-            h - mb
-        );
-        for &c in &caps {
-            s += &format!(
-                "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}k</text>\n",
-                x(c as f64),
-                h - mb + 16.0,
-                c as f64 / 1000.0
-            );
-        }
-        s += &format!(
-            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">capacity (blocks)</text>\n",
-            (ml + w - mr) / 2.0,
-            h - 10.0
-        );
-        let steps = 5;
-        for i in 0..=steps {
-            let v = ymax * i as f64 / steps as f64;
-            s += &format!(
-                "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{v:.0}%</text>\n",
-                ml - 6.0,
-                y(v) + 4.0
-            );
-            s += &format!(
-                "<line x1=\"{ml}\" y1=\"{:.1}\" x2=\"{}\" y2=\"{:.1}\" stroke=\"#ddd\"/>\n",
-                y(v),
-                w - mr,
-                y(v)
-            );
-        }
-        let colors = [
-            "#1f77b4", "#ff7f0e", "#2ca02c", "#444444", "#9467bd", "#8c564b",
-        ];
-        let mut policies: Vec<&str> = Vec::new();
-        for r in &self.results {
-            if !policies.contains(&r.policy.as_str()) {
-                policies.push(&r.policy);
-            }
-        }
-        for (i, p) in policies.iter().enumerate() {
-            let mut pts: Vec<(usize, f64)> = self
-                .results
-                .iter()
-                .filter(|r| r.policy == *p)
-                .map(|r| (r.capacity_blocks, r.prefix_hit_rate))
-                .collect();
-            pts.sort_by_key(|p| p.0);
-            let path: Vec<String> = pts
-                .iter()
-                .map(|(c, v)| format!("{:.1},{:.1}", x(*c as f64), y(*v)))
-                .collect();
-            let dash = if *p == "belady" {
-                " stroke-dasharray=\"6,4\""
-            } else {
-                ""
-            };
-            let color = colors[i % colors.len()];
-            s += &format!("<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"{dash} points=\"{}\"/>\n", path.join(" "));
-            for (c, v) in &pts {
-                s += &format!(
-                    "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\"/>\n",
-                    x(*c as f64),
-                    y(*v)
-                );
-            }
-            let ly = mt + 20.0 + 18.0 * i as f64;
-            s += &format!("<line x1=\"{}\" y1=\"{ly}\" x2=\"{}\" y2=\"{ly}\" stroke=\"{color}\" stroke-width=\"2\"{dash}/>\n", w - mr + 10.0, w - mr + 34.0);
-            s += &format!(
-                "<text x=\"{}\" y=\"{}\">{}</text>\n",
-                w - mr + 40.0,
-                ly + 4.0,
-                xml_escape(p)
-            );
-        }
-        s += "</svg>\n";
-        s
-    }
-}
-
-fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
-impl std::fmt::Display for ReplayReport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(
-            f,
-            "replay of {}: {} requests, {} prompt blocks per run, {}-byte blocks, SSD tier {}",
-            self.trace,
-            self.requests,
-            self.accesses,
-            self.block_bytes,
-            match (self.with_ssd, self.ssd_direct) {
-                (false, _) => "off".to_string(),
-                (true, Some(true)) => "on (io_uring, O_DIRECT)".to_string(),
-                (true, _) => "on (io_uring, buffered: O_DIRECT refused)".to_string(),
-            }
-        )?;
-        writeln!(
-            f,
-            "{:<13} {:>9} {:>8} {:>8} {:>7} {:>7} {:>7} {:>9} {:>10} {:>10} {:>10} {:>9} {:>7}",
-            "policy",
-            "capacity",
-            "hit %",
-            "sim %",
-            "dram %",
-            "pool %",
-            "ssd %",
-            "+ssd %",
-            "pool>ssd",
-            "ssd>pool",
-            "pool>dram",
-            "ssd MB/s",
-            "secs"
-        )?;
-        let mib = |b: u64| format!("{:.1}M", b as f64 / (1 << 20) as f64);
-        for r in &self.results {
-            writeln!(
-                f,
-                "{:<13} {:>9} {:>8.2} {:>8.2} {:>7.2} {:>7.2} {:>7.2} {:>9.2} {:>10} {:>10} {:>10} {:>9.0} {:>7.1}",
-                r.policy,
-                r.capacity_blocks,
-                r.prefix_hit_rate,
-                r.simulated_hit_rate,
-                r.dram_hit_rate,
-                r.pool_hit_rate,
-                r.ssd_hit_rate,
-                r.prefix_hit_rate_with_ssd,
-                mib(r.bytes_pool_to_ssd),
-                mib(r.bytes_ssd_to_pool),
-                mib(r.bytes_pool_to_dram),
-                r.ssd_mb_per_s,
-                r.seconds
-            )?;
-        }
-        for cap in [8_000, 16_000] {
-            if let Some((best, rate, lru, opt, closed)) = self.gap_closed(cap) {
-                writeln!(
-                    f,
-                    "at {cap} blocks: LRU {lru:.2} %, Belady {opt:.2} %; the best online policy ({best}, {rate:.2} %) closes {closed:.1} % of the gap"
-                )?;
-            }
-        }
-        Ok(())
     }
 }

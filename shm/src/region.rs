@@ -29,7 +29,7 @@
 //! Every backend that cannot work on this machine says why through [`RegionError::Unavailable`];
 //! none falls back silently to another.
 
-use crate::coherence::{self, Coherence, FlushKind};
+use crate::cacheline::{self as coherence, Coherence, FlushKind};
 use crate::mem::{self, RawMemory, SharedMemory};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
@@ -1048,7 +1048,7 @@ impl SharedMemory for Region {
             Some(kind) => self.mem.write_streaming(offset, src, kind),
         }
     }
-    fn set_coherence(&self, mode: crate::format::CoherenceMode) {
+    fn set_coherence(&self, mode: crate::cacheline::CoherenceMode) {
         let code = match Coherence::for_mode(mode) {
             Coherence::Hardware => 0,
             Coherence::Software(FlushKind::Clwb) => 1,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 /// Blocks while the low 32 bits of the u64 at `off` equal `expected`, at most `timeout`, or until
 /// woken. Returns early (spuriously) at will; callers re-check their condition.
-pub(crate) fn wait(mem: &dyn SharedMemory, off: u64, expected: u32, timeout: Duration) {
+pub fn wait(mem: &dyn SharedMemory, off: u64, expected: u32, timeout: Duration) {
     let Ok(Some(addr)) = mem.raw_range(off, 4) else {
         std::thread::sleep(timeout.min(Duration::from_micros(200)));
         return;
@@ -38,7 +38,7 @@ pub(crate) fn wait(mem: &dyn SharedMemory, off: u64, expected: u32, timeout: Dur
 }
 
 /// Wakes every waiter on the word at `off` (in any process mapping the same memory).
-pub(crate) fn wake(mem: &dyn SharedMemory, off: u64) {
+pub fn wake(mem: &dyn SharedMemory, off: u64) {
     let Ok(Some(addr)) = mem.raw_range(off, 4) else {
         return;
     };
@@ -57,18 +57,5 @@ pub(crate) fn wake(mem: &dyn SharedMemory, off: u64) {
             0usize,
             0u32,
         );
-    }
-}
-
-/// Public wrappers for the device model (same host, same rules).
-pub mod shared {
-    use super::*;
-    /// See the module documentation: wait while the low half of the u64 at `off` is `expected`.
-    pub fn futex_wait(mem: &dyn SharedMemory, off: u64, expected: u32, timeout: Duration) {
-        wait(mem, off, expected, timeout)
-    }
-    /// Wake every waiter on the u64 at `off`.
-    pub fn futex_wake(mem: &dyn SharedMemory, off: u64) {
-        wake(mem, off)
     }
 }

@@ -9,8 +9,8 @@
 //! The cache holds replicas: every block in it also lives in the pool, so dropping an entry (a set
 //! full of hotter blocks, a demotion of the pool copy) loses nothing.
 
-use crate::key::Key;
 use crossbeam_epoch::{self as epoch, Atomic, Owned, Shared};
+use cxlkv_runtime::key::Key;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 struct Entry {

@@ -105,8 +105,8 @@ pub trait SharedMemory: Send + Sync {
     /// ABI, DMA registration), or `None` for memory that has no stable address (simulators).
     fn raw_range(&self, offset: u64, len: u64) -> Result<Option<*mut u8>>;
     /// Sets how `publish` and `acquire` keep parties coherent (the pool's recorded mode; see
-    /// [`crate::coherence`]). Memory that models coherence itself (simulators) ignores it.
-    fn set_coherence(&self, _mode: crate::format::CoherenceMode) {}
+    /// [`crate::cacheline`]). Memory that models coherence itself (simulators) ignores it.
+    fn set_coherence(&self, _mode: crate::cacheline::CoherenceMode) {}
 }
 
 /// Shared memory at a fixed address: the raw-pointer operations behind [`SharedMemory`] for
@@ -154,17 +154,17 @@ impl RawMemory {
     }
 
     /// [`write`](Self::write) that leaves the bytes in memory, not in this CPU's caches
-    /// ([`crate::coherence::write_streaming`]).
+    /// ([`crate::cacheline::write_streaming`]).
     pub(crate) fn write_streaming(
         &self,
         offset: u64,
         src: &[u8],
-        kind: crate::coherence::FlushKind,
+        kind: crate::cacheline::FlushKind,
     ) -> Result<()> {
         let at = check_range(offset, src.len() as u64, self.size)?;
         // SAFETY: destination range checked above; src is private memory (no overlap), and no
         // reference into the mapping exists.
-        unsafe { crate::coherence::write_streaming(self.base.add(at), src, kind) };
+        unsafe { crate::cacheline::write_streaming(self.base.add(at), src, kind) };
         Ok(())
     }
 

@@ -3,9 +3,9 @@
 //! crashes of the tiering thread.
 
 use cxlkv_runtime::policy::PolicyKind;
-use cxlkv_runtime::tier::spill::{SpillFile, SpillOptions};
-use cxlkv_runtime::tier::{DramCache, FaultPoint, Tier, TierConfig, Tiers};
 use cxlkv_runtime::{Key, Pool, PoolConfig, Region};
+use cxlkv_tier::spill::{SpillFile, SpillOptions};
+use cxlkv_tier::{DramCache, FaultPoint, Tier, TierConfig, Tiers};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -202,7 +202,7 @@ fn spill_round_trip_compression_and_crash_recovery() {
 #[test]
 fn spill_pipeline_growth_and_versions() {
     use cxlkv_runtime::format::{as_bytes, crc32c, from_bytes};
-    use cxlkv_runtime::tier::spill::{SpillHeader, SPILL_HEADER_SIZE};
+    use cxlkv_tier::spill::{SpillHeader, SPILL_HEADER_SIZE};
     use std::os::unix::fs::FileExt;
     let dir = tempdir("pipeline");
     let path = SpillFile::path_for(&dir, 0);
