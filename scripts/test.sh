@@ -12,11 +12,17 @@ step() { echo; echo "=== $* ($(date +%T))"; }
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "layers: crate arrows one way, no module circle, no source file over 1,000 lines"
+python3 scripts/check-layers.py
+
 step "cargo clippy (all targets, hwloc topology) -D warnings"
 cargo clippy --workspace --all-targets --features cxlkv-runtime/hwloc -- -D warnings
 
 step "cargo build (workspace: the cxlkv binaries and libcxlkv.so for the C tests)"
 cargo build --workspace --features cxlkv-runtime/hwloc
+
+step "shipped artifacts carry no test-only code (teeth, crash points)"
+./scripts/check-shipped.sh
 
 step "cargo test (workspace, hwloc topology; coherence simulator: 500 seeds x 2/3/5/8 hosts, NDP rings: 20 seeds)"
 CXLKV_SIM_SEEDS=500 CXLKV_RING_SEEDS=20 cargo test --workspace --features cxlkv-runtime/hwloc
