@@ -2,7 +2,11 @@
 //!
 //! CXL memory as a first-class tier for LLM inference: a shared KV-cache pool on CXL (or emulated
 //! CXL) memory, and a near-data device that scores attention keys where they live.
-//! This facade re-exports the member crates; the `cxlkv` binary is the command line.
+//! This crate is the top layer: it re-exports the member crates under one name and holds what the
+//! command line renders ([`render`]); the `cxlkv` binary (src/main.rs, src/cli/) is the command
+//! line. The layers below it, bottom-up: [`kernels`] and [`shm`] (the memory substrate), [`runtime`]
+//! (the pool protocol and the device client), then [`tier`], [`sim`] and [`ndp`] (the device).
+//! docs/ARCHITECTURE.md is the map.
 
 pub mod render;
 
