@@ -249,8 +249,10 @@ uint32_t cxlkv_abi_version(void);
 // to ask for the size. Thread-safe.
 size_t cxlkv_result_message(uint32_t result, char *buf, size_t len);
 
-// Writes the detailed message of the last failed call on this thread into `buf` (as
-// `cxlkv_result_message`). Returns the size needed including the NUL. Thread-safe (per thread).
+// Writes the message of the last call on this thread that returned a `cxlkv_result` into `buf`
+// (as `cxlkv_result_message`): the detail of its failure, or the empty string if it succeeded
+// (every such call clears the message when it starts). Returns the size needed including the NUL
+// (1 for the empty string). Thread-safe (per thread).
 size_t cxlkv_last_error_message(char *buf, size_t len);
 
 // Default pool parameters (256 KiB blocks, 8 participants, 2 s lease). Thread-safe.

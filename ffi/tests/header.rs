@@ -20,6 +20,6 @@ fn header_matches_sources() {
     let committed = std::fs::read(&path).unwrap_or_default();
     assert!(
         committed == generated,
-        "ffi/include/cxlkv.h is out of date with ffi/src/lib.rs: run CXLKV_BLESS=1 cargo test -p cxlkv-ffi --test header and commit it"
+        "ffi/include/cxlkv.h is out of date with ffi/src: run CXLKV_BLESS=1 cargo test -p cxlkv-ffi --test header and commit it"
     );
 }

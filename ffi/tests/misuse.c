@@ -44,6 +44,20 @@ int main(void) {
     checks++;
     if (cxlkv_result_message(9999, NULL, 0) < 2) failures++;
 
+    /* The last error belongs to the last call: a failure leaves its message, a success clears it. */
+    cxlkv_key named;
+    char last[64] = "stale";
+    EXPECT(cxlkv_key_from_bytes(NULL, 1, &named), CXLKV_ERR_NULL);
+    checks++;
+    if (cxlkv_last_error_message(last, sizeof last) < 2 || last[0] == 0) { failures++; fprintf(stderr, "FAIL: no message after a failure\n"); }
+    EXPECT(cxlkv_key_from_bytes((const uint8_t *)"k", 1, &named), CXLKV_OK);
+    checks++;
+    if (cxlkv_last_error_message(last, sizeof last) != 1 || last[0] != 0) { failures++; fprintf(stderr, "FAIL: message after a success: %s\n", last); }
+    EXPECT(cxlkv_key_from_bytes(NULL, 1, &named), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_pool_close(NULL), CXLKV_OK);
+    checks++;
+    if (cxlkv_last_error_message(NULL, 0) != 1) { failures++; fprintf(stderr, "FAIL: message after releasing NULL\n"); }
+
     /* Pool creation and opening. */
     cxlkv_pool *pool = SENTINEL;
     EXPECT(cxlkv_pool_create(NULL, 1 << 20, NULL, &pool), CXLKV_ERR_NULL);

@@ -1,0 +1,371 @@
+//! The participant handle and the two handles a participant lends out: `cxlkv_participant`
+//! (`cxlkv_participant_attach` / `cxlkv_participant_detach`), `cxlkv_pinned`
+//! (`cxlkv_participant_pin` / `cxlkv_pinned_release`) and `cxlkv_reservation`
+//! (`cxlkv_participant_reserve` / `cxlkv_reservation_commit` or `_abort`), with the block calls
+//! (put, get, delete, stats). Pins and reservations hold an `Arc` of their participant, so a
+//! detach while they are held leaves it attached until the last of them is released.
+
+use crate::args::{bytes_in, need, put_out};
+use crate::errors::cxlkv_result::{
+    self, CXLKV_ERR_BUFFER_TOO_SMALL, CXLKV_ERR_INVALID_ARG, CXLKV_ERR_INVALID_HANDLE,
+    CXLKV_ERR_NOT_FOUND, CXLKV_ERR_NULL, CXLKV_ERR_UNAVAILABLE,
+};
+use crate::errors::{fail, guard, map_err};
+use crate::handles::{borrow, register, unregister, Kind};
+use crate::keys::{cxlkv_key, key_arg};
+use crate::pool::cxlkv_pool;
+use cxlkv_runtime::{Participant, PoolError, RawPin, RawReservation};
+use std::sync::Arc;
+
+/// A participant's counters (`cxlkv_participant_stats`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct cxlkv_stats {
+    /// Successful puts.
+    pub puts: u64,
+    /// Gets that found the key.
+    pub hits: u64,
+    /// Gets that did not.
+    pub misses: u64,
+    /// Optimistic reads retried.
+    pub retries: u64,
+    /// Blocks evicted.
+    pub evictions: u64,
+    /// Blocks deleted.
+    pub deletes: u64,
+    /// Pins taken.
+    pub pins: u64,
+}
+
+/// An attached participant (opaque).
+pub struct cxlkv_participant {
+    pub(crate) inner: Arc<Participant>,
+}
+
+/// A pinned block (opaque).
+pub struct cxlkv_pinned {
+    participant: Arc<Participant>,
+    pin: Option<RawPin>,
+}
+
+/// A reservation awaiting commit (opaque).
+pub struct cxlkv_reservation {
+    participant: Arc<Participant>,
+    res: Option<RawReservation>,
+}
+
+/// Attaches a participant to `pool` (claims a slot and, if one is free or dead, a partition).
+/// On success stores a handle in `*out`; release it with `cxlkv_participant_detach`. A
+/// participant handle may be used from several threads at once. Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_participant_attach(
+    pool: *const cxlkv_pool,
+    out: *mut *mut cxlkv_participant,
+) -> cxlkv_result {
+    guard(|| {
+        let p = borrow(pool, Kind::Pool)?;
+        need(out, "out")?;
+        let inner = Arc::new(p.pool.attach().map_err(map_err)?);
+        put_out(
+            out,
+            register(Box::new(cxlkv_participant { inner }), Kind::Participant),
+        );
+        Ok(())
+    })
+}
+
+/// Detaches a participant: its partition's blocks stay in the pool for others. Pins and
+/// reservations still held keep it attached until they are released. Calls on the handle after
+/// this return `CXLKV_ERR_INVALID_HANDLE`. NULL is accepted and ignored. Not thread-safe with other
+/// calls on the same handle.
+#[no_mangle]
+pub extern "C" fn cxlkv_participant_detach(p: *mut cxlkv_participant) -> cxlkv_result {
+    guard(|| {
+        if p.is_null() {
+            return Ok(());
+        }
+        unregister(p, Kind::Participant).map(drop)
+    })
+}
+
+/// This participant's slot number (its host id) in `*id`, and its partition in `*partition`
+/// (`UINT32_MAX` when it owns none). Either pointer may be NULL. Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_participant_id(
+    p: *const cxlkv_participant,
+    id: *mut u32,
+    partition: *mut u32,
+) -> cxlkv_result {
+    guard(|| {
+        let me = borrow(p, Kind::Participant)?;
+        if !id.is_null() {
+            put_out(id, me.inner.id());
+        }
+        if !partition.is_null() {
+            put_out(partition, me.inner.partition().unwrap_or(u32::MAX));
+        }
+        Ok(())
+    })
+}
+
+/// Stores `data[0..len]` under `key` in the participant's partition (copying it), evicting least
+/// recently used unpinned blocks if needed. Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_participant_put(
+    p: *const cxlkv_participant,
+    key: *const cxlkv_key,
+    data: *const u8,
+    len: usize,
+) -> cxlkv_result {
+    guard(|| {
+        let me = borrow(p, Kind::Participant)?;
+        let key = key_arg(key)?;
+        let bytes = bytes_in(data, len, "data")?;
+        me.inner.put(key, bytes).map_err(map_err)?;
+        Ok(())
+    })
+}
+
+/// Copies the block under `key` into `buf` (capacity `cap`) and stores its length in `*len`.
+/// `CXLKV_ERR_NOT_FOUND` on a miss; `CXLKV_ERR_BUFFER_TOO_SMALL` stores the needed size in `*len`.
+/// Never returns torn or foreign bytes. Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_participant_get(
+    p: *const cxlkv_participant,
+    key: *const cxlkv_key,
+    buf: *mut u8,
+    cap: usize,
+    len: *mut usize,
+) -> cxlkv_result {
+    guard(|| {
+        let me = borrow(p, Kind::Participant)?;
+        let key = key_arg(key)?;
+        need(len, "len")?;
+        if buf.is_null() && cap > 0 {
+            return Err(fail(
+                CXLKV_ERR_NULL,
+                format!("buf is NULL with capacity {cap}"),
+            ));
+        }
+        if cap > isize::MAX as usize {
+            return Err(fail(CXLKV_ERR_INVALID_ARG, "capacity too large"));
+        }
+        let dst: &mut [u8] = if cap == 0 {
+            &mut []
+        } else {
+            // SAFETY: non-null, bounded; the caller promises `cap` writable bytes at `buf`, which
+            // no one else accesses during the call.
+            unsafe { std::slice::from_raw_parts_mut(buf, cap) }
+        };
+        match me.inner.get_into(key, dst) {
+            Ok(Some(info)) => {
+                put_out(len, info.len as usize);
+                Ok(())
+            }
+            Ok(None) => Err(fail(CXLKV_ERR_NOT_FOUND, format!("key {key} not found"))),
+            Err(PoolError::BufferTooSmall { needed, capacity }) => {
+                put_out(len, needed as usize);
+                Err(fail(
+                    CXLKV_ERR_BUFFER_TOO_SMALL,
+                    format!("block of {needed} bytes, buffer of {capacity}"),
+                ))
+            }
+            Err(e) => Err(map_err(e)),
+        }
+    })
+}
+
+/// Deletes `key` from the participant's partition. `CXLKV_ERR_NOT_FOUND` if absent,
+/// `CXLKV_ERR_NOT_OWNER` if another participant owns it. Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_participant_delete(
+    p: *const cxlkv_participant,
+    key: *const cxlkv_key,
+) -> cxlkv_result {
+    guard(|| {
+        let me = borrow(p, Kind::Participant)?;
+        let key = key_arg(key)?;
+        match me.inner.delete(key).map_err(map_err)? {
+            true => Ok(()),
+            false => Err(fail(CXLKV_ERR_NOT_FOUND, format!("key {key} not found"))),
+        }
+    })
+}
+
+/// The participant's counters in `*out`. Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_participant_stats(
+    p: *const cxlkv_participant,
+    stats: *mut cxlkv_stats,
+) -> cxlkv_result {
+    guard(|| {
+        let me = borrow(p, Kind::Participant)?;
+        need(stats, "stats")?;
+        let s = me.inner.stats();
+        put_out(
+            stats,
+            cxlkv_stats {
+                puts: s.puts,
+                hits: s.hits,
+                misses: s.misses,
+                retries: s.retries,
+                evictions: s.evictions,
+                deletes: s.deletes,
+                pins: s.pins,
+            },
+        );
+        Ok(())
+    })
+}
+
+/// Pins the block under `key`: stores a handle in `*out`, and the payload's read-only address
+/// and length in `*data` and `*len`, valid until `cxlkv_pinned_release` (zero copy; suitable for
+/// DMA registration). The owner will not reuse the block meanwhile. `CXLKV_ERR_NOT_FOUND` on a
+/// miss. Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_participant_pin(
+    p: *const cxlkv_participant,
+    key: *const cxlkv_key,
+    out: *mut *mut cxlkv_pinned,
+    data: *mut *const u8,
+    len: *mut usize,
+) -> cxlkv_result {
+    guard(|| {
+        let me = borrow(p, Kind::Participant)?;
+        let key = key_arg(key)?;
+        need(out, "out")?;
+        need(data, "data")?;
+        need(len, "len")?;
+        let Some(pinned) = me.inner.pin(key).map_err(map_err)? else {
+            return Err(fail(CXLKV_ERR_NOT_FOUND, format!("key {key} not found")));
+        };
+        let raw = pinned.into_raw();
+        let ptr = match me.inner.raw_pin_ptr(&raw) {
+            Ok(Some(ptr)) => ptr,
+            other => {
+                me.inner.unpin_raw(raw);
+                return Err(match other {
+                    Err(e) => map_err(e),
+                    _ => fail(CXLKV_ERR_UNAVAILABLE, "pool memory has no stable address"),
+                });
+            }
+        };
+        let n = raw.info().len as usize;
+        let h = register(
+            Box::new(cxlkv_pinned {
+                participant: me.inner.clone(),
+                pin: Some(raw),
+            }),
+            Kind::Pinned,
+        );
+        put_out(out, h);
+        put_out(data, ptr);
+        put_out(len, n);
+        Ok(())
+    })
+}
+
+/// Releases a pin; the payload address must not be used afterwards. NULL is accepted and ignored.
+/// Not thread-safe with other calls on the same handle.
+#[no_mangle]
+pub extern "C" fn cxlkv_pinned_release(pinned: *mut cxlkv_pinned) -> cxlkv_result {
+    guard(|| {
+        if pinned.is_null() {
+            return Ok(());
+        }
+        let mut b = unregister(pinned, Kind::Pinned)?;
+        if let Some(raw) = b.pin.take() {
+            b.participant.unpin_raw(raw);
+        }
+        Ok(())
+    })
+}
+
+/// Reserves a block of `len` bytes under `key` for an in-place write: stores a handle in `*out`
+/// and the writable payload address in `*data`. Write exactly `len` bytes there, then call
+/// `cxlkv_reservation_commit` (or `_abort`). Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_participant_reserve(
+    p: *const cxlkv_participant,
+    key: *const cxlkv_key,
+    len: usize,
+    out: *mut *mut cxlkv_reservation,
+    data: *mut *mut u8,
+) -> cxlkv_result {
+    guard(|| {
+        let me = borrow(p, Kind::Participant)?;
+        let key = key_arg(key)?;
+        need(out, "out")?;
+        need(data, "data")?;
+        let r = me
+            .inner
+            .reserve(key, len as u64, cxlkv_runtime::Codec::Raw)
+            .map_err(map_err)?
+            .into_raw();
+        let ptr = match me.inner.raw_reservation_ptr(&r) {
+            Ok(Some(ptr)) => ptr,
+            other => {
+                me.inner.abort_raw(r);
+                return Err(match other {
+                    Err(e) => map_err(e),
+                    _ => fail(CXLKV_ERR_UNAVAILABLE, "pool memory has no stable address"),
+                });
+            }
+        };
+        put_out(
+            out,
+            register(
+                Box::new(cxlkv_reservation {
+                    participant: me.inner.clone(),
+                    res: Some(r),
+                }),
+                Kind::Reservation,
+            ),
+        );
+        put_out(data, ptr);
+        Ok(())
+    })
+}
+
+/// Checksums the written payload and publishes the block; releases the handle (also on error).
+/// Not thread-safe with other calls on the same handle.
+#[no_mangle]
+pub extern "C" fn cxlkv_reservation_commit(r: *mut cxlkv_reservation) -> cxlkv_result {
+    guard(|| {
+        let mut b = unregister(r, Kind::Reservation)?;
+        let res = b.res.take().ok_or(CXLKV_ERR_INVALID_HANDLE)?;
+        b.participant.commit_raw(res).map_err(map_err)?;
+        Ok(())
+    })
+}
+
+/// Abandons a reservation and frees its block; releases the handle. NULL is accepted and ignored.
+#[no_mangle]
+pub extern "C" fn cxlkv_reservation_abort(r: *mut cxlkv_reservation) -> cxlkv_result {
+    guard(|| {
+        if r.is_null() {
+            return Ok(());
+        }
+        let mut b = unregister(r, Kind::Reservation)?;
+        if let Some(res) = b.res.take() {
+            b.participant.abort_raw(res);
+        }
+        Ok(())
+    })
+}
+
+impl Drop for cxlkv_pinned {
+    fn drop(&mut self) {
+        if let Some(raw) = self.pin.take() {
+            self.participant.unpin_raw(raw);
+        }
+    }
+}
+
+impl Drop for cxlkv_reservation {
+    fn drop(&mut self) {
+        if let Some(r) = self.res.take() {
+            self.participant.abort_raw(r);
+        }
+    }
+}
