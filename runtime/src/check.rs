@@ -10,7 +10,7 @@ use crate::format::{
     ENTRY_EMPTY, ENTRY_TOMBSTONE, PINS_PER_PARTICIPANT, PIN_SIZE,
 };
 use crate::key::Key;
-use crate::participant::participant_dead;
+use crate::participant::liveness::participant_dead;
 use crate::pool::{Pool, Result};
 use std::sync::atomic::Ordering;
 

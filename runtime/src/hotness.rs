@@ -18,7 +18,7 @@
 use crate::coherence::{self, Site};
 use crate::format::slot;
 use crate::key::Key;
-use crate::participant::Participant;
+use crate::participant::state::Participant;
 use crate::pool::{Pool, Result};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};

@@ -1,8 +1,8 @@
 //! Eviction policies: which block to give up when a tier is full.
 //!
 //! A policy orders the blocks of one tier, numbered `0..blocks` (a partition's blocks for the pool
-//! owner, a tier's slots for [`crate::tier`], cache slots for the trace simulator in
-//! [`crate::replay`]: all three run this same code). Four are provided:
+//! owner, a tier's slots in the `cxlkv-tier` crate, cache slots for its trace simulator (`replay`):
+//! all three run this same code). Four are provided:
 //!
 //! - [`Lru`]: least recently used.
 //! - [`LfuDecay`]: least frequently used, with exponentially decayed counts (a half-life in

@@ -832,10 +832,7 @@ impl Pool {
     pub fn verify_payload(&self, r: &BlockRef) -> Result<bool> {
         // Pairs with the publish of the payload in the owner's commit.
         coherence::acquire(self.mem(), Site::PayloadRead, r.payload_off, r.header.len);
-        Ok(
-            crate::participant::crc_of(self.mem(), r.payload_off, r.header.len)?
-                == r.header.payload_crc,
-        )
+        Ok(format::crc32c_shared(self.mem(), r.payload_off, r.header.len)? == r.header.payload_crc)
     }
 
     /// Offset of a partition's first byte (for tools and the device; see docs/FORMAT.md).
@@ -859,10 +856,5 @@ impl Pool {
     /// True when `key` is present (index only; no payload read).
     pub fn contains(&self, key: Key) -> Result<bool> {
         Ok(self.locate(key)?.is_some())
-    }
-
-    /// Attaches a new participant to this pool (see [`crate::participant`]).
-    pub fn attach(&self) -> Result<crate::participant::Participant> {
-        crate::participant::Participant::attach(self, crate::participant::AttachOptions::default())
     }
 }

@@ -1,7 +1,8 @@
 //! Pool-wide statistics read from shared memory (`cxlkv pool stat`).
 
 use crate::format::{counters, partition, slot, ENTRY_EMPTY, ENTRY_TOMBSTONE};
-use crate::participant::{participant_dead, ParticipantStats};
+use crate::participant::liveness::participant_dead;
+use crate::participant::state::ParticipantStats;
 use crate::pool::{Pool, Result};
 use std::sync::atomic::Ordering;
 

@@ -1,0 +1,262 @@
+//! A participant's life: attaching (claiming a slot, then a partition), the heartbeat that keeps
+//! it alive, and detaching, which hands the partition back with every block kept.
+
+use super::liveness::participant_dead;
+use super::recovery::recover_partition;
+use super::state::{AttachOptions, Participant, Recovery};
+use crate::coherence::{self, Site};
+use crate::format::{self, counters, partition, pin, slot, PINS_PER_PARTICIPANT, PIN_SIZE};
+use crate::key::Key;
+use crate::pool::{now_ns, Pool, PoolError, Result};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+/// A fresh token for slot `id`: nonzero (zero marks a free slot) and distinct across processes
+/// and attaches, so a holder can tell whether its slot was reclaimed.
+fn new_token(id: u32) -> u64 {
+    let k = Key::from_bytes(
+        &[
+            now_ns().to_le_bytes(),
+            u64::from(std::process::id()).to_le_bytes(),
+            u64::from(id).to_le_bytes(),
+        ]
+        .concat(),
+    );
+    k.lo() | 1
+}
+
+impl Participant {
+    /// Attaches to `pool`: claims a participant slot (a free one, or one whose holder is dead) and,
+    /// unless asked not to, a partition (a free one, or one whose owner is dead).
+    pub fn attach(pool: &Pool, opts: AttachOptions) -> Result<Participant> {
+        let sb = *pool.superblock();
+        let mem = pool.mem();
+        let mut claimed = None;
+        for i in 0..sb.participants {
+            let off = pool.slot_off(i) + slot::TOKEN;
+            // Pairs with the publish of the slot by its claimer (SlotWrite).
+            coherence::acquire(mem, Site::LivenessRead, pool.slot_off(i), 64);
+            let cur = mem.load_u64(off, Ordering::Acquire)?;
+            if cur != 0 && !participant_dead(pool, i)? {
+                continue;
+            }
+            let token = new_token(i);
+            if mem.compare_exchange_u64(off, cur, token)?.is_ok() {
+                claimed = Some((i, token));
+                break;
+            }
+        }
+        let (id, token) = claimed.ok_or(PoolError::NoFreeParticipant(sb.participants))?;
+        Self::init_slot(pool, id, token, opts, None)
+    }
+
+    /// Attaches as participant `slot` without a compare-and-swap: the mode for hosts that share no
+    /// hardware coherence (a software-coherent pool), where an operator assigns each host its slot.
+    /// The slot must be free or its holder dead (lease expired); the participant then owns
+    /// partition `slot % partitions` if that is free, orphaned or its own — a dead host's partition
+    /// is taken over by the one successor the operator designates by attaching to its slot.
+    pub fn attach_slot(pool: &Pool, slot_id: u32, opts: AttachOptions) -> Result<Participant> {
+        let sb = *pool.superblock();
+        if slot_id >= sb.participants {
+            return Err(PoolError::BadConfig(format!(
+                "slot {slot_id} of {} participants",
+                sb.participants
+            )));
+        }
+        let mem = pool.mem();
+        // Pairs with the publish of the slot by its previous holder (SlotWrite, HeartbeatWrite).
+        coherence::acquire(mem, Site::LivenessRead, pool.slot_off(slot_id), 64);
+        let off = pool.slot_off(slot_id) + slot::TOKEN;
+        if mem.load_u64(off, Ordering::Acquire)? != 0 && !participant_dead(pool, slot_id)? {
+            return Err(PoolError::BadConfig(format!(
+                "slot {slot_id} is held by a live participant"
+            )));
+        }
+        let token = new_token(slot_id);
+        mem.store_u64(off, token, Ordering::Relaxed)?;
+        Self::init_slot(pool, slot_id, token, opts, Some(slot_id % sb.partitions))
+    }
+
+    /// Initializes claimed slot `id` and claims a partition (`assigned`: exactly that one, no CAS).
+    fn init_slot(
+        pool: &Pool,
+        id: u32,
+        token: u64,
+        opts: AttachOptions,
+        assigned: Option<u32>,
+    ) -> Result<Participant> {
+        let mem = pool.mem();
+        let base = pool.slot_off(id);
+        // Wrapping: the word is shared memory and may hold anything (a corrupt u64::MAX panicked).
+        let generation = mem
+            .load_u64(base + slot::GENERATION, Ordering::Relaxed)?
+            .wrapping_add(1);
+        mem.store_u64(base + slot::GENERATION, generation, Ordering::Relaxed)?;
+        mem.store_u64(
+            base + slot::PID,
+            u64::from(std::process::id()),
+            Ordering::Relaxed,
+        )?;
+        mem.store_u64(base + slot::PARTITION, 0, Ordering::Relaxed)?;
+        for c in 0..counters::COUNT {
+            mem.store_u64(base + slot::COUNTERS + 8 * c, 0, Ordering::Relaxed)?;
+        }
+        for p in 0..PINS_PER_PARTICIPANT {
+            mem.store_u64(
+                base + slot::PINS + p * PIN_SIZE + pin::SEQ,
+                0,
+                Ordering::Relaxed,
+            )?;
+        }
+        // Heartbeat last, Release: a reader that sees it fresh sees the slot initialized.
+        mem.store_u64(base + slot::HEARTBEAT, pool.now_ns(), Ordering::Release)?;
+        // Pairs with the LivenessRead and PinScanRead acquires of other participants.
+        coherence::publish(mem, Site::SlotWrite, base, format::PARTICIPANT_SLOT_SIZE);
+
+        let mut me = Participant {
+            pool: pool.clone(),
+            id,
+            token,
+            generation,
+            owner_word: 0,
+            owner: None,
+            counters: Default::default(),
+            pin_used: Mutex::new(0),
+            fenced: Arc::new(AtomicBool::new(false)),
+            last_beat: Arc::new(AtomicU64::new(pool.now_ns())),
+            self_fencing: format::CoherenceMode::from_code(pool.superblock().coherence)
+                == Some(format::CoherenceMode::Software),
+            heartbeat: None,
+            recovery: Recovery::default(),
+        };
+        if opts.own_partition {
+            let claim = match assigned {
+                Some(p) => me.claim_assigned_partition(p)?,
+                None => me.claim_free_partition()?,
+            };
+            if let Some(claim) = claim {
+                me.owner_word = claim.owner_word;
+                let (state, mut rec) = recover_partition(pool, claim.partition)?;
+                rec.took_over_from = claim.took_over_from;
+                me.recovery = rec;
+                me.owner = Some(Mutex::new(state));
+            }
+        }
+        if opts.heartbeat {
+            me.heartbeat = Some(spawn_heartbeat(&me));
+        }
+        Ok(me)
+    }
+
+    /// Writes a fresh heartbeat now (the heartbeat thread does this every quarter lease).
+    pub fn beat(&self) -> Result<()> {
+        if self.self_fencing && self.lease_lost() {
+            return Err(self.fenced_error());
+        }
+        let off = self.pool.slot_off(self.id) + slot::HEARTBEAT;
+        let now = self.pool.now_ns();
+        self.last_beat.store(now, Ordering::Relaxed);
+        self.pool.mem().store_u64(off, now, Ordering::Release)?;
+        // Pairs with the LivenessRead acquire of whoever judges this participant's liveness.
+        coherence::publish(self.pool.mem(), Site::HeartbeatWrite, off, 8);
+        Ok(())
+    }
+
+    fn detach_shared(&mut self) {
+        if let Some((tx, h)) = self.heartbeat.take() {
+            drop(tx);
+            let _ = h.join();
+        }
+        if self.self_fencing && self.lease_lost() {
+            // Presumed dead: the slot and partition may be a successor's now; write nothing.
+            return;
+        }
+        let pool = &self.pool;
+        let mem = pool.mem();
+        let base = pool.slot_off(self.id);
+        if let Some(p) = self.partition() {
+            // Hand the partition back (generation kept): its blocks stay readable and the next
+            // participant to attach adopts them.
+            let off = pool.partition_off(p) + partition::OWNER;
+            let released = self.owner_word & !0xffff_ffff;
+            // Without cross-host coherence the compare-and-swap below compares against this
+            // host's copy: refresh it first, so a successor's takeover is not undone. Pairs with
+            // the OwnerWrite publish of the successor.
+            coherence::acquire(mem, Site::OwnerRead, off, 8);
+            let _ = mem.compare_exchange_u64(off, self.owner_word, released);
+            coherence::publish(mem, Site::OwnerWrite, off, 8);
+        }
+        // A participant presumed dead may have lost its slot to a successor with the same id: then
+        // nothing in the slot is ours, and clearing its PARTITION word would make the successor's
+        // live partition look orphaned to the next attacher (fix: the slot was cleared blindly).
+        coherence::acquire(mem, Site::LivenessRead, base, 8);
+        if mem.load_u64(base + slot::TOKEN, Ordering::Acquire).ok() != Some(self.token) {
+            return;
+        }
+        for e in 0..PINS_PER_PARTICIPANT {
+            let _ = mem.store_u64(
+                base + slot::PINS + e * PIN_SIZE + pin::SEQ,
+                0,
+                Ordering::Relaxed,
+            );
+        }
+        let _ = mem.store_u64(base + slot::PARTITION, 0, Ordering::Relaxed);
+        let _ = mem.compare_exchange_u64(base + slot::TOKEN, self.token, 0);
+        coherence::publish(mem, Site::SlotWrite, base, format::PARTICIPANT_SLOT_SIZE);
+    }
+}
+
+impl Drop for Participant {
+    fn drop(&mut self) {
+        self.detach_shared();
+    }
+}
+
+fn spawn_heartbeat(me: &Participant) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel::<()>();
+    let pool = me.pool.clone();
+    let id = me.id;
+    let token = me.token;
+    let fenced = me.fenced.clone();
+    let last_beat = me.last_beat.clone();
+    let watch = me.partition().map(|p| (p, me.owner_word));
+    let period = Duration::from_nanos((pool.superblock().lease_ns / 4).max(1_000_000));
+    let h = std::thread::Builder::new()
+        .name(format!("cxlkv-heartbeat-{id}"))
+        .spawn(move || loop {
+            match rx.recv_timeout(period) {
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                _ => return,
+            }
+            let mem = pool.mem();
+            let base = pool.slot_off(id);
+            // Stop beating if our slot was reclaimed (we were presumed dead).
+            if mem.load_u64(base + slot::TOKEN, Ordering::Acquire).ok() != Some(token) {
+                fenced.store(true, Ordering::Relaxed);
+                return;
+            }
+            let now = pool.now_ns();
+            last_beat.store(now, Ordering::Relaxed);
+            let _ = mem.store_u64(base + slot::HEARTBEAT, now, Ordering::Release);
+            coherence::publish(mem, Site::HeartbeatWrite, base + slot::HEARTBEAT, 8);
+            if let Some((p, word)) = watch {
+                if mem
+                    .load_u64(pool.partition_off(p) + partition::OWNER, Ordering::Acquire)
+                    .ok()
+                    != Some(word)
+                {
+                    fenced.store(true, Ordering::Relaxed);
+                }
+            }
+        })
+        .expect("spawn heartbeat thread");
+    (tx, h)
+}
+
+impl Pool {
+    /// Attaches a new participant to this pool (see [`crate::participant`]).
+    pub fn attach(&self) -> Result<Participant> {
+        Participant::attach(self, AttachOptions::default())
+    }
+}

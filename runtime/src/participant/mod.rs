@@ -1,0 +1,38 @@
+//! Participants: the processes (or hosts) attached to a pool.
+//!
+//! Attaching claims a slot in the participant table (its "host id") and, when one is free or its
+//! owner is dead, a data partition. The participant alone writes its slot (heartbeat, counters,
+//! pins) and its partition (allocator, index, blocks): there is one writer per cache line, and no
+//! cross-host atomic is needed on the data path. The owner's allocator and eviction order live in
+//! private memory and are rebuilt from the index when a partition changes hands.
+//!
+//! Crash model: a participant may die at any instruction. Its heartbeat then goes stale; after the
+//! lease, the next participant that attaches takes its partition over by bumping the partition's
+//! generation, repairs any index slot left mid-update, and keeps every committed block readable.
+//!
+//! - `state`: the [`Participant`] handle, its options, counters and owner-private state.
+//! - `lifecycle`: attach (slot claim), heartbeat, detach.
+//! - `liveness`: who is dead ([`participant_dead`]), and when this participant is fenced.
+//! - `claim` and `recovery`: taking a partition into ownership and rebuilding its state.
+//! - `write`, `index` and `reservation`: put, commit, eviction, delete; in-place writes
+//!   ([`Reservation`]).
+//! - `read` and `pin`: counted reads, and pins that keep a block in place ([`PinnedBlock`]).
+//! - `crash`: the crash points of the write protocol ([`CRASH_SITES`]).
+
+mod claim;
+mod crash;
+mod index;
+mod lifecycle;
+pub(crate) mod liveness;
+mod pin;
+mod read;
+mod recovery;
+mod reservation;
+pub(crate) mod state;
+mod write;
+
+pub use crash::CRASH_SITES;
+pub use liveness::participant_dead;
+pub use pin::{PinnedBlock, RawPin};
+pub use reservation::{RawReservation, Reservation};
+pub use state::{AttachOptions, Participant, ParticipantStats, Recovery};

@@ -1,0 +1,177 @@
+//! Reservations: a block taken for an in-place (zero-copy) write, committed under its key once
+//! filled, and their raw form for language bindings.
+
+use super::state::Participant;
+use crate::format::{self, Codec};
+use crate::key::Key;
+use crate::pool::{Location, PoolError, Result};
+
+impl Participant {
+    /// Reserves a block for `len` bytes under `key`: the caller writes the payload in place (zero
+    /// copy) and then commits. Dropping the reservation without committing frees the block.
+    pub fn reserve(&self, key: Key, len: u64, codec: Codec) -> Result<Reservation<'_>> {
+        let cap = self.pool.block_size();
+        if len > cap {
+            return Err(PoolError::PayloadTooLarge { len, capacity: cap });
+        }
+        let mut st = self.owner()?;
+        let block = self.allocate(&mut st)?;
+        Ok(Reservation {
+            participant: self,
+            partition: st.partition,
+            block,
+            key,
+            len,
+            codec,
+            done: false,
+        })
+    }
+
+    /// Address of a raw reservation's payload, for in-place writes.
+    pub fn raw_reservation_ptr(&self, r: &RawReservation) -> Result<Option<*mut u8>> {
+        Ok(self
+            .pool
+            .mem()
+            .raw_range(self.pool.payload_off(r.partition, r.block), r.len)?)
+    }
+
+    /// Commits a reservation taken with [`Reservation::into_raw`].
+    pub fn commit_raw(&self, r: RawReservation) -> Result<Location> {
+        Reservation {
+            participant: self,
+            partition: r.partition,
+            block: r.block,
+            key: r.key,
+            len: r.len,
+            codec: r.codec,
+            done: false,
+        }
+        .commit()
+    }
+
+    /// Abandons a reservation taken with [`Reservation::into_raw`]; its block is freed.
+    pub fn abort_raw(&self, r: RawReservation) {
+        drop(Reservation {
+            participant: self,
+            partition: r.partition,
+            block: r.block,
+            key: r.key,
+            len: r.len,
+            codec: r.codec,
+            done: false,
+        });
+    }
+}
+
+/// A block reserved for an in-place write; see [`Participant::reserve`].
+pub struct Reservation<'a> {
+    participant: &'a Participant,
+    partition: u32,
+    block: u32,
+    key: Key,
+    len: u64,
+    codec: Codec,
+    done: bool,
+}
+
+impl Reservation<'_> {
+    /// Payload length reserved.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True for a zero-length reservation.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Writes `bytes` at `offset` within the reserved payload.
+    pub fn write(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
+        cxlkv_shm::mem::check_range(offset, bytes.len() as u64, self.len)?;
+        let pool = &self.participant.pool;
+        pool.mem()
+            .write(pool.payload_off(self.partition, self.block) + offset, bytes)?;
+        Ok(())
+    }
+
+    /// Pool offset of the reserved payload (what an NDP command names as its buffer; docs/ABI.md).
+    pub fn payload_offset(&self) -> u64 {
+        self.participant
+            .pool
+            .payload_off(self.partition, self.block)
+    }
+
+    /// Address of the reserved payload for in-place writes (`None` on memory without stable
+    /// addresses). Valid until commit or drop; only the reserver may write through it.
+    pub fn as_mut_ptr(&self) -> Result<Option<*mut u8>> {
+        let pool = &self.participant.pool;
+        Ok(pool
+            .mem()
+            .raw_range(pool.payload_off(self.partition, self.block), self.len)?)
+    }
+
+    /// Checksums the payload in place and publishes the block under its key.
+    pub fn commit(mut self) -> Result<Location> {
+        self.done = true;
+        let p = self.participant;
+        let crc = format::crc32c_shared(
+            p.pool.mem(),
+            p.pool.payload_off(self.partition, self.block),
+            self.len,
+        )?;
+        let mut st = p.owner()?;
+        p.finish_commit(
+            &mut st, self.key, self.block, self.codec, self.len, crc, false,
+        )
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            if let Some(m) = &self.participant.owner {
+                m.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .free
+                    .push(self.block);
+            }
+        }
+    }
+}
+
+/// A reservation detached from the borrow of its participant, for language bindings: finish it
+/// with [`Participant::commit_raw`] or [`Participant::abort_raw`] on the same participant.
+#[derive(Debug)]
+pub struct RawReservation {
+    partition: u32,
+    block: u32,
+    key: Key,
+    len: u64,
+    codec: Codec,
+}
+
+impl RawReservation {
+    /// Payload length reserved.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True for a zero-length reservation.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Reservation<'_> {
+    /// Detaches the reservation from its borrow; see [`RawReservation`].
+    pub fn into_raw(mut self) -> RawReservation {
+        self.done = true;
+        RawReservation {
+            partition: self.partition,
+            block: self.block,
+            key: self.key,
+            len: self.len,
+            codec: self.codec,
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! Writes to the owner's partition: put (copying a payload in), the commit that publishes a
+//! filled block under its key, eviction to make room, and delete.
+//!
+//! A block is published payload first, then header, then index entry (each step a crash point);
+//! a block leaves the index before its pins are looked for, and a pinned block is reused only
+//! once its pins are gone.
+
+use super::crash::crash_point;
+use super::index::write_slot;
+use super::state::{OwnerState, Participant};
+use crate::coherence::{self, Site};
+use crate::format::{
+    self, counters, decode_entry, encode_entry, partition, BlockHeader, Codec, ENTRY_EMPTY,
+    ENTRY_TOMBSTONE,
+};
+use crate::key::Key;
+use crate::kv::{self, KvShape};
+use crate::pool::{Location, PoolError, Probe, Result};
+use std::sync::atomic::{fence, Ordering};
+
+impl Participant {
+    /// Stores `payload` under `key` in this participant's partition (replacing an older block of
+    /// the same key there), evicting least recently used unpinned blocks when the partition is full.
+    pub fn put(&self, key: Key, payload: &[u8]) -> Result<Location> {
+        self.put_with_codec(key, Codec::Raw, payload)
+    }
+
+    /// Stores a typed KV block (K and V `[kv_heads][tokens][head_dim]` of `shape.dtype`) under
+    /// `key`; the key bounds are computed here so scorers can prune the block.
+    pub fn put_kv(&self, key: Key, shape: &KvShape, k: &[u8], v: &[u8]) -> Result<Location> {
+        let payload = kv::encode(shape, k, v)?;
+        self.put_with_codec(key, Codec::KvV1, &payload)
+    }
+
+    pub(crate) fn put_with_codec(
+        &self,
+        key: Key,
+        codec: Codec,
+        payload: &[u8],
+    ) -> Result<Location> {
+        let cap = self.pool.block_size();
+        if payload.len() as u64 > cap {
+            return Err(PoolError::PayloadTooLarge {
+                len: payload.len() as u64,
+                capacity: cap,
+            });
+        }
+        let mut st = self.owner()?;
+        let block = self.allocate(&mut st)?;
+        let p = st.partition;
+        let off = self.pool.payload_off(p, block);
+        // Checksummed from the private source, so the copy below never has to be read back.
+        let crc = format::crc32c(payload);
+        // The payload reaches memory before the header and index entry that announce it
+        // (`finish_commit`); on software-coherent memory it is streamed there with non-temporal
+        // stores, so no write-back pass follows. Pairs with the PayloadRead acquires of readers.
+        if let Err(e) = coherence::write_published(self.pool.mem(), Site::BlockWrite, off, payload)
+        {
+            st.free.push(block);
+            return Err(e.into());
+        }
+        crash_point("put:payload");
+        self.finish_commit(&mut st, key, block, codec, payload.len() as u64, crc, true)
+    }
+
+    /// Takes a free block, reusing deferred ones whose pins are gone, else evicting.
+    pub(super) fn allocate(&self, st: &mut OwnerState) -> Result<u32> {
+        if let Some(b) = st.free.pop() {
+            return Ok(b);
+        }
+        if !st.deferred.is_empty() {
+            let pins = self.live_pins(st.partition)?;
+            if let Some(i) = st
+                .deferred
+                .iter()
+                .position(|(b, s)| !pins.contains(&(*b, *s)))
+            {
+                return Ok(st.deferred.swap_remove(i).0);
+            }
+        }
+        let pins = self.live_pins(st.partition)?;
+        let mut skipped = Vec::new();
+        let result = loop {
+            let Some(victim) = st.policy.victim() else {
+                break Err(PoolError::PartitionFull(st.partition));
+            };
+            let (slot, seq) = st.indexed[victim as usize].expect("policy tracks indexed blocks");
+            if pins.contains(&(victim, seq)) {
+                skipped.push(victim);
+                continue;
+            }
+            self.unindex(st, victim, slot)?;
+            // The Dekker pair with `pin`: we removed the entry, then look for pins; a reader
+            // stores its pin, then re-checks the entry. SeqCst on both sides means at least one of
+            // us sees the other.
+            fence(Ordering::SeqCst);
+            self.count(counters::EVICTIONS, 1);
+            if self.pinned_now(st.partition, victim, seq)? {
+                st.deferred.push((victim, seq));
+                continue;
+            }
+            break Ok(victim);
+        };
+        for b in skipped {
+            st.policy.insert(b);
+        }
+        result
+    }
+
+    /// Writes header and index entry for a filled block; the last step of put and commit.
+    /// `payload_published`: the payload is already in memory (a put's `write_published`); else
+    /// (an in-place reservation) it is published here.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn finish_commit(
+        &self,
+        st: &mut OwnerState,
+        key: Key,
+        block: u32,
+        codec: Codec,
+        len: u64,
+        crc: u32,
+        payload_published: bool,
+    ) -> Result<Location> {
+        let pool = &self.pool;
+        let mem = pool.mem();
+        let p = st.partition;
+        if let Err(e) = self.check_fence(p) {
+            st.free.push(block);
+            return Err(e);
+        }
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        mem.store_u64(
+            pool.partition_off(p) + partition::NEXT_SEQ,
+            st.next_seq,
+            Ordering::Relaxed,
+        )?;
+        let mut h = BlockHeader {
+            key_lo: key.lo(),
+            key_hi: key.hi(),
+            seq,
+            len,
+            codec: codec as u32,
+            payload_crc: crc,
+            owner_generation: self.owner_word >> 32,
+            ..Default::default()
+        };
+        h.header_crc = h.compute_crc();
+        let hoff = pool.header_off(p, block);
+        format::write_plain(mem, hoff, &h)?;
+        // Payload and header reach memory before the index entry that points at them. Pairs with
+        // the acquires in `Pool::checked_header` and the payload read.
+        if !payload_published {
+            coherence::publish(mem, Site::BlockWrite, pool.payload_off(p, block), len);
+        }
+        coherence::publish(mem, Site::BlockWrite, hoff, format::BLOCK_HEADER_SIZE);
+        crash_point("put:header");
+
+        // Replace an existing entry for the key, else insert at the first free slot on its path.
+        let n = pool.superblock().index_slots;
+        let mask = n - 1;
+        let home = pool.home_slot(key);
+        let mut target = None;
+        let mut old = None;
+        for i in 0..n {
+            let s = (home + i) & mask;
+            let (_, k, entry) = self.own_slot(p, s)?;
+            if entry == ENTRY_EMPTY {
+                target.get_or_insert(s);
+                break;
+            }
+            if entry == ENTRY_TOMBSTONE {
+                target.get_or_insert(s);
+                continue;
+            }
+            if k == key {
+                target = Some(s);
+                old = decode_entry(entry);
+                break;
+            }
+        }
+        let Some(s) = target else {
+            st.free.push(block);
+            return Err(PoolError::PartitionFull(p));
+        };
+        write_slot(pool, p, s, key, encode_entry(block, seq))?;
+        crash_point("put:indexed");
+        st.indexed[block as usize] = Some((s, seq));
+        st.policy.insert(block);
+        if let Some((old_block, old_seq)) = old {
+            if (old_block as usize) < st.indexed.len() && old_block != block {
+                st.indexed[old_block as usize] = None;
+                st.policy.remove(old_block);
+                fence(Ordering::SeqCst); // Dekker pair with `pin`, as in `allocate`.
+                if self.pinned_now(p, old_block, old_seq)? {
+                    st.deferred.push((old_block, old_seq));
+                } else {
+                    st.free.push(old_block);
+                }
+            }
+        }
+        self.count(counters::PUTS, 1);
+        Ok(Location {
+            partition: p,
+            slot: s,
+            version: 0,
+            block,
+            seq,
+        })
+    }
+
+    /// Deletes `key` from this participant's partition. `Ok(false)` if it is nowhere;
+    /// [`PoolError::NotOwner`] if it lives in another participant's partition.
+    pub fn delete(&self, key: Key) -> Result<bool> {
+        let mut st = self.owner()?;
+        let p = st.partition;
+        match self.pool.probe(p, key)? {
+            Probe::Found(loc) => {
+                self.unindex(&mut st, loc.block, loc.slot)?;
+                fence(Ordering::SeqCst); // Dekker pair with `pin`, as in `allocate`.
+                if self.pinned_now(p, loc.block, loc.seq)? {
+                    st.deferred.push((loc.block, loc.seq));
+                } else {
+                    st.free.push(loc.block);
+                }
+                self.count(counters::DELETES, 1);
+                Ok(true)
+            }
+            Probe::Absent | Probe::Busy => match self.pool.locate(key)? {
+                Some(loc) => Err(PoolError::NotOwner {
+                    key,
+                    partition: loc.partition,
+                }),
+                None => Ok(false),
+            },
+        }
+    }
+}
