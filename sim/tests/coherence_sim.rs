@@ -1,8 +1,7 @@
 //! Randomized protocol tests on the non-coherence simulator (docs/COHERENCE.md).
 //!
 //! `CXLKV_SIM_SEEDS=N` runs N seeds per host count instead of the default; the teeth test (needs
-//! the runtime's `coherence-teeth` feature: `cargo test -p cxlkv-sim --features
-//! cxlkv-runtime/coherence-teeth --test coherence_sim`; the workspace test enables it) removes
+//! the runtime's `coherence-teeth` feature, which this crate's dev-dependency enables) removes
 //! each publish/acquire site in turn and requires a violation.
 
 use cxlkv_sim::{run_sim, SimOptions};
