@@ -48,6 +48,18 @@ fn mutate(img: &Image, rng: &mut SplitMix64, bytes: &mut [u8]) -> Vec<Mutation> 
     let mut done = Vec::new();
     for _ in 0..n {
         let live = img.live[rng.below(img.live.len() as u64) as usize];
+        // The live block's partition and `at` (its slot or block) three times in four, else a
+        // random partition and a random one of `count`.
+        let near_live = |rng: &mut SplitMix64, at: u32, count: u32| {
+            if rng.chance(75) {
+                (live.partition, at)
+            } else {
+                (
+                    rng.below(u64::from(sb.partitions)) as u32,
+                    rng.below(u64::from(count)) as u32,
+                )
+            }
+        };
         let (area, offset) = match rng.below(100) {
             0..=11 => {
                 let base = geo.slot(rng.below(u64::from(sb.participants)) as u32);
@@ -68,28 +80,14 @@ fn mutate(img: &Image, rng: &mut SplitMix64, bytes: &mut [u8]) -> Vec<Mutation> 
                 ("partition header", base + within)
             }
             22..=41 => {
-                let (p, s) = if rng.chance(75) {
-                    (live.partition, live.slot)
-                } else {
-                    (
-                        rng.below(u64::from(sb.partitions)) as u32,
-                        rng.below(u64::from(sb.index_slots)) as u32,
-                    )
-                };
+                let (p, s) = near_live(rng, live.slot, sb.index_slots);
                 (
                     "index slot",
                     geo.index_slot(p, s) + rng.below(INDEX_SLOT_SIZE),
                 )
             }
             42..=61 => {
-                let (p, b) = if rng.chance(75) {
-                    (live.partition, live.block)
-                } else {
-                    (
-                        rng.below(u64::from(sb.partitions)) as u32,
-                        rng.below(u64::from(sb.blocks_per_partition)) as u32,
-                    )
-                };
+                let (p, b) = near_live(rng, live.block, sb.blocks_per_partition);
                 (
                     "block header",
                     geo.header(p, b) + rng.below(BLOCK_HEADER_SIZE),

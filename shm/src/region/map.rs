@@ -363,7 +363,7 @@ impl Drop for Region {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::region::numa::{verify_node, verify_node_slow, MPOL_F_ADDR};
+    use crate::region::numa::{mempolicy_at, verify_node, verify_node_slow, MPOL_F_ADDR};
 
     #[test]
     fn a_character_device_that_is_not_dax_is_refused() {
@@ -374,21 +374,7 @@ mod tests {
 
     /// The memory policy mode of the mapping's first page (MPOL_BIND after `bind`).
     fn policy_mode(r: &Region) -> libc::c_int {
-        let mut mode: libc::c_int = -1;
-        // SAFETY: with MPOL_F_ADDR, get_mempolicy writes the policy mode of the VMA holding `addr`
-        // (inside the region's mapping) into `mode`, a live local; no nodemask is passed.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_get_mempolicy,
-                &mut mode as *mut libc::c_int,
-                std::ptr::null_mut::<libc::c_ulong>(),
-                0 as libc::c_ulong,
-                r.base(),
-                MPOL_F_ADDR,
-            )
-        };
-        assert_eq!(rc, 0, "get_mempolicy: {}", std::io::Error::last_os_error());
-        mode
+        mempolicy_at(r.base(), MPOL_F_ADDR).unwrap_or_else(|e| panic!("get_mempolicy: {e}"))
     }
 
     #[test]

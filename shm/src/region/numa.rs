@@ -159,22 +159,8 @@ pub(super) fn verify_node_slow(
     let page = page_size();
     for off in (from..mem.size()).step_by(page as usize) {
         let addr = mem.raw_range(off, 0).expect("page offsets are in bounds");
-        let mut actual: libc::c_int = -1;
-        // SAFETY: with MPOL_F_NODE | MPOL_F_ADDR, get_mempolicy writes the node of the page at
-        // `addr` (inside our mapping) into `actual`, a live local; no nodemask is passed.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_get_mempolicy,
-                &mut actual as *mut libc::c_int,
-                std::ptr::null_mut::<libc::c_ulong>(),
-                0 as libc::c_ulong,
-                addr,
-                MPOL_F_NODE | MPOL_F_ADDR,
-            )
-        };
-        if rc != 0 {
-            return Err(os("get_mempolicy", backend)(std::io::Error::last_os_error()));
-        }
+        let actual =
+            mempolicy_at(addr, MPOL_F_NODE | MPOL_F_ADDR).map_err(os("get_mempolicy", backend))?;
         if actual != node as libc::c_int {
             return Err(RegionError::Misplaced {
                 node,
@@ -184,4 +170,27 @@ pub(super) fn verify_node_slow(
         }
     }
     Ok(())
+}
+
+/// `get_mempolicy(2)` of the page at `addr`, without a nodemask: with `MPOL_F_ADDR` the policy mode
+/// of the mapping that holds it, with `MPOL_F_NODE | MPOL_F_ADDR` the node the page is on.
+pub(super) fn mempolicy_at(addr: *mut u8, flags: libc::c_ulong) -> std::io::Result<libc::c_int> {
+    let mut out: libc::c_int = -1;
+    // SAFETY: get_mempolicy writes one int into `out`, a live local; no nodemask is passed
+    // (maxnode 0). `addr` is only looked up, never written: an unmapped one is EFAULT.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_get_mempolicy,
+            &mut out as *mut libc::c_int,
+            std::ptr::null_mut::<libc::c_ulong>(),
+            0 as libc::c_ulong,
+            addr,
+            flags,
+        )
+    };
+    if rc == 0 {
+        Ok(out)
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
