@@ -10,6 +10,7 @@
 //!
 //! Workers are this test binary re-executed with `CXLKV_STRESS_ROLE=worker`.
 
+use cxlkv::kernels::rng::SplitMix64;
 use cxlkv::runtime::region::{Backend, Region, RegionOptions};
 use cxlkv::runtime::{check, CoherenceMode, Key, Pool, PoolConfig, PoolError};
 use std::io::Write;
@@ -20,16 +21,6 @@ use std::time::{Duration, Instant};
 const WORKERS: u32 = 4;
 const KEYS_PER_INCARNATION: u64 = 150;
 const BLOCK: u64 = 16 << 10;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
 
 fn key_of(worker: u64, incarnation: u64, i: u64) -> Key {
     Key::from_bytes(
@@ -44,9 +35,9 @@ fn key_of(worker: u64, incarnation: u64, i: u64) -> Key {
 
 /// The payload every writer stores under `key`: length and bytes derived from the key alone.
 fn payload_of(key: Key) -> Vec<u8> {
-    let mut r = Rng(key.lo() | 1);
-    let len = 1 + (r.next() % (BLOCK - 1)) as usize;
-    (0..len).map(|_| r.next() as u8).collect()
+    let mut r = SplitMix64::new(key.lo());
+    let len = 1 + r.below(BLOCK - 1) as usize;
+    (0..len).map(|_| r.next_u64() as u8).collect()
 }
 
 fn now_ms() -> u64 {
@@ -93,9 +84,7 @@ fn worker() -> ! {
         rec.repaired_slots
     )
     .unwrap();
-    let mut rng = Rng((w + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        ^ inc.wrapping_mul(0xff51_afd7_ed55_8ccd)
-        | 1);
+    let mut rng = SplitMix64::new((w << 32) ^ inc);
     let mut committed = vec![false; KEYS_PER_INCARNATION as usize];
     // Payloads made up front so that the loop is mostly puts and gets (kills land inside them).
     let mine: Vec<Vec<u8>> = (0..KEYS_PER_INCARNATION)
@@ -115,9 +104,9 @@ fn worker() -> ! {
         i += 1;
         // Get a random key of a random worker and incarnation; verify every byte of a hit.
         let (ow, oi, os) = (
-            rng.next() % u64::from(WORKERS),
-            rng.next() % 4,
-            rng.next() % KEYS_PER_INCARNATION,
+            rng.below(u64::from(WORKERS)),
+            rng.below(4),
+            rng.below(KEYS_PER_INCARNATION),
         );
         let k = key_of(ow, oi, os);
         if let Some(info) = me.get_into(k, &mut buf).unwrap() {
@@ -309,14 +298,14 @@ fn stress(coherence: CoherenceMode) {
     let mut children: Vec<(u32, u64, Child)> = (0..WORKERS)
         .map(|w| (w, 0, spawn(&spec, w, 0, until, &log(w, 0))))
         .collect();
-    let mut rng = Rng(now_ms() | 1);
+    let mut rng = SplitMix64::new(now_ms());
     let kills = 3;
     let mut killed = Vec::new();
     for _ in 0..kills {
         std::thread::sleep(Duration::from_millis(
-            200 + rng.next() % ((seconds * 1000 - 1200) / kills),
+            200 + rng.below((seconds * 1000 - 1200) / kills),
         ));
-        let idx = (rng.next() % children.len() as u64) as usize;
+        let idx = rng.below(children.len() as u64) as usize;
         let (w, inc, mut child) = children.swap_remove(idx);
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();

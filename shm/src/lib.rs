@@ -23,9 +23,9 @@
 //!
 //! ## Common changes
 //!
-//! - **A new memory backend**: a [`Backend`] variant and its parser in [`region`], the mapping in
-//!   `Region::open`, and a case in `runtime/tests/region_conformance.rs`, which every backend
-//!   passes.
+//! - **A new memory backend**: a [`Backend`] variant and its parser (`region/spec.rs`), its
+//!   creation and opening in `Region::create` / `Region::open` (`region/map.rs`), and a case in
+//!   `runtime/tests/region_conformance.rs`, which every backend passes.
 //! - **A new cache-maintenance instruction**: a [`cacheline::FlushKind`] variant, its detection in
 //!   [`cacheline::detect`] and its line loop in [`cacheline::write_back`] /
 //!   [`cacheline::invalidate`].

@@ -2,30 +2,20 @@
 //! crash recovery), and randomized properties of the whole DRAM ↔ pool ↔ SSD stack, including
 //! crashes of the tiering thread.
 
+use cxlkv_kernels::rng::SplitMix64;
 use cxlkv_runtime::policy::PolicyKind;
 use cxlkv_runtime::{Key, Pool, PoolConfig, Region};
 use cxlkv_tier::spill::{SpillFile, SpillOptions};
 use cxlkv_tier::{DramCache, FaultPoint, Tier, TierConfig, Tiers};
 use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// Bytes that identify their key and version: any mix-up or torn copy shows.
 fn payload(key: u64, version: u64, len: usize) -> Vec<u8> {
-    let mut r = Rng(key.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ version ^ 1);
-    let mut v: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
+    let mut r = SplitMix64::new((key << 32) ^ version);
+    let mut v: Vec<u8> = (0..len).map(|_| r.next_u64() as u8).collect();
     // Half of the blocks are compressible (runs), half are not.
     if key.is_multiple_of(2) {
         for (i, b) in v.iter_mut().enumerate() {
@@ -37,11 +27,43 @@ fn payload(key: u64, version: u64, len: usize) -> Vec<u8> {
     v
 }
 
-fn tempdir(name: &str) -> std::path::PathBuf {
+/// A fresh, empty directory for one test.
+fn tempdir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("cxlkv-tiers-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// A fresh directory for one test's spill file, the file's path, and spill options for payloads
+/// of up to `max_payload` bytes through `queue_depth` buffers.
+fn spill_setup(
+    name: &str,
+    max_payload: usize,
+    queue_depth: usize,
+) -> (PathBuf, PathBuf, SpillOptions) {
+    let dir = tempdir(name);
+    let path = SpillFile::path_for(&dir, 0);
+    let opts = SpillOptions {
+        max_payload,
+        queue_depth,
+        ..Default::default()
+    };
+    (dir, path, opts)
+}
+
+/// The spill file at `path`, opened for reading and writing behind the spill file's back.
+fn open_rw(path: &Path) -> File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap()
+}
+
+/// `(key, bytes)` pairs as `write_batch` takes them.
+fn batch(items: &[(Key, Vec<u8>)]) -> Vec<(Key, &[u8])> {
+    items.iter().map(|(k, b)| (*k, b.as_slice())).collect()
 }
 
 #[test]
@@ -51,7 +73,7 @@ fn dram_cache_stress_readers_never_see_freed_or_foreign_bytes() {
         .map(|t| {
             let c = cache.clone();
             std::thread::spawn(move || {
-                let mut r = Rng(t + 7);
+                let mut r = SplitMix64::new(t + 7);
                 let mut out = Vec::new();
                 let mut hits = 0u64;
                 for _ in 0..40_000 {
@@ -84,7 +106,7 @@ fn dram_cache_stress_readers_never_see_freed_or_foreign_bytes() {
 
 /// File offset of the valid-looking record header of `key` in a spill file (first page-aligned
 /// magic that names it).
-fn find_record(f: &std::fs::File, key: u64) -> u64 {
+fn find_record(f: &File, key: u64) -> u64 {
     use std::os::unix::fs::FileExt;
     let len = f.metadata().unwrap().len();
     let mut page = [0u8; 64];
@@ -101,21 +123,14 @@ fn find_record(f: &std::fs::File, key: u64) -> u64 {
 
 #[test]
 fn spill_round_trip_compression_and_crash_recovery() {
-    let dir = tempdir("spill");
-    let path = SpillFile::path_for(&dir, 0);
-    let opts = SpillOptions {
-        max_payload: 64 << 10,
-        queue_depth: 8,
-        ..Default::default()
-    };
+    let (dir, path, opts) = spill_setup("spill", 64 << 10, 8);
     let blocks: Vec<(Key, Vec<u8>)> = (0..40u64)
         .map(|k| (Key(u128::from(k)), payload(k, 1, 3000 + k as usize * 1500)))
         .collect();
     {
         let (mut sf, rec) = SpillFile::open(&path, opts).unwrap();
         assert_eq!(rec.records, 0);
-        let items: Vec<(Key, &[u8])> = blocks.iter().map(|(k, b)| (*k, b.as_slice())).collect();
-        sf.write_batch(&items).unwrap();
+        sf.write_batch(&batch(&blocks)).unwrap();
         let st = sf.stats();
         assert_eq!(st.writes, 40);
         assert!(
@@ -153,11 +168,7 @@ fn spill_round_trip_compression_and_crash_recovery() {
         .unwrap();
         sf.write_batch(&[(Key(99), &payload(99, 1, 9000))]).unwrap();
         drop(sf);
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .unwrap();
+        let f = open_rw(&path);
         let torn = find_record(&f, 99);
         f.write_all_at(&[0u8; 4096], torn + 4096).unwrap();
         f.write_all_at(&[0xff], find_record(&f, 5) + 100).unwrap();
@@ -188,8 +199,7 @@ fn spill_round_trip_compression_and_crash_recovery() {
                 )
             })
             .collect();
-        let refs: Vec<(Key, &[u8])> = items.iter().map(|(k, b)| (*k, b.as_slice())).collect();
-        sf.write_batch(&refs).unwrap();
+        sf.write_batch(&batch(&items)).unwrap();
     }
     assert!(
         sf.file_bytes() <= 2 * before + (1 << 20),
@@ -204,13 +214,7 @@ fn spill_pipeline_growth_and_versions() {
     use cxlkv_runtime::format::{as_bytes, crc32c, from_bytes};
     use cxlkv_tier::spill::{SpillHeader, SPILL_HEADER_SIZE};
     use std::os::unix::fs::FileExt;
-    let dir = tempdir("pipeline");
-    let path = SpillFile::path_for(&dir, 0);
-    let opts = SpillOptions {
-        max_payload: 16 << 10,
-        queue_depth: 4,
-        ..Default::default()
-    };
+    let (dir, path, opts) = spill_setup("pipeline", 16 << 10, 4);
     let (mut sf, _) = SpillFile::open(&path, opts).unwrap();
     // Far more records than buffers in one call, key 7 twice: the later one wins.
     let blocks: Vec<(Key, Vec<u8>)> = (0..100u64)
@@ -222,7 +226,7 @@ fn spill_pipeline_growth_and_versions() {
         })
         .collect();
     let seven = payload(7, 2, 12_345);
-    let mut items: Vec<(Key, &[u8])> = blocks.iter().map(|(k, b)| (*k, b.as_slice())).collect();
+    let mut items = batch(&blocks);
     items.push((Key(7), &seven));
     sf.write_batch(&items).unwrap();
     assert_eq!(sf.len(), 100);
@@ -253,11 +257,7 @@ fn spill_pipeline_growth_and_versions() {
     drop(sf);
     // Key 3's record claims a future major version; key 4's is of format 1.0 (zeros there) and
     // key 5's of 1.1, written by code that left removed records valid: neither is recovered.
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .unwrap();
+    let f = open_rw(&path);
     for (key, major, minor) in [(3u64, 2u16, 0u16), (4, 0, 0), (5, 1, 1)] {
         let off = find_record(&f, key);
         let mut hdr = [0u8; SPILL_HEADER_SIZE];
@@ -300,13 +300,7 @@ fn crash(sf: SpillFile) {
 
 #[test]
 fn spill_reopen_after_crash_returns_no_removed_or_superseded_record() {
-    let dir = tempdir("retire");
-    let path = SpillFile::path_for(&dir, 0);
-    let opts = SpillOptions {
-        max_payload: 64 << 10,
-        queue_depth: 4,
-        ..Default::default()
-    };
+    let (dir, path, opts) = spill_setup("retire", 64 << 10, 4);
     // Odd keys: incompressible payloads, so a payload's length decides its record's pages.
     let (k, r, d, s, y) = (1u64, 3, 5, 7, 9);
     let key = |k: u64| Key(u128::from(k));
@@ -354,20 +348,10 @@ fn spill_reopen_after_crash_returns_no_removed_or_superseded_record() {
 #[test]
 fn spill_crash_between_write_and_retire_keeps_the_newer_record() {
     use std::os::unix::fs::FileExt;
-    let dir = tempdir("between");
-    let path = SpillFile::path_for(&dir, 0);
-    let opts = SpillOptions {
-        max_payload: 64 << 10,
-        queue_depth: 4,
-        ..Default::default()
-    };
+    let (dir, path, opts) = spill_setup("between", 64 << 10, 4);
     let (mut sf, _) = SpillFile::open(&path, opts).unwrap();
     sf.write_batch(&[(Key(1), &payload(1, 1, 9000))]).unwrap();
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .unwrap();
+    let f = open_rw(&path);
     let old = find_record(&f, 1);
     let mut first_page = vec![0u8; 4096];
     f.read_exact_at(&mut first_page, old).unwrap();
@@ -399,18 +383,12 @@ fn spill_randomized_writes_removes_and_crashes_match_a_model() {
     const KEYS: u64 = 48;
     const SIZES: [usize; 6] = [300, 3000, 5000, 9000, 20_000, 60_000];
     for seed in [1u64, 2, 3] {
-        let dir = tempdir(&format!("model{seed}"));
-        let path = SpillFile::path_for(&dir, 0);
-        let opts = SpillOptions {
-            max_payload: 64 << 10,
-            queue_depth: 4,
-            // Odd seeds buffered: both I/O paths.
-            direct: seed % 2 == 0,
-            ..Default::default()
-        };
+        let (dir, path, mut opts) = spill_setup(&format!("model{seed}"), 64 << 10, 4);
+        // Odd seeds buffered: both I/O paths.
+        opts.direct = seed % 2 == 0;
         let (mut sf, _) = SpillFile::open(&path, opts).unwrap();
         let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
-        let mut r = Rng(seed * 1_000_003);
+        let mut r = SplitMix64::new(seed);
         let mut reopens = 0;
         for step in 0..600u64 {
             match r.below(16) {
@@ -423,9 +401,7 @@ fn spill_randomized_writes_removes_and_crashes_match_a_model() {
                             (Key(u128::from(k)), payload(k, step, len))
                         })
                         .collect();
-                    let refs: Vec<(Key, &[u8])> =
-                        items.iter().map(|(k, b)| (*k, b.as_slice())).collect();
-                    sf.write_batch(&refs).unwrap();
+                    sf.write_batch(&batch(&items)).unwrap();
                     for (k, b) in items {
                         model.insert(k.0 as u64, b);
                     }
@@ -490,7 +466,7 @@ fn small_pool() -> Pool {
     Pool::create(Arc::new(Region::anonymous(2 << 20).unwrap()), &cfg).unwrap()
 }
 
-fn tier_cfg(dir: &std::path::Path, policy: PolicyKind) -> TierConfig {
+fn tier_cfg(dir: &Path, policy: PolicyKind) -> TierConfig {
     TierConfig {
         pool_blocks: 24,
         dram_blocks: 8,
@@ -537,7 +513,7 @@ fn tiers_never_lose_or_duplicate_blocks() {
         let pool = small_pool();
         let (t, _) = Tiers::open(pool.attach().unwrap(), tier_cfg(&dir, policy)).unwrap();
         let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
-        let mut r = Rng(seed * 77 + 1);
+        let mut r = SplitMix64::new(seed);
         let mut out = Vec::new();
         for i in 0..600u64 {
             let k = r.below(80);
