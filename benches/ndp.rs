@@ -9,8 +9,10 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use cxlkv_kernels::rng::SplitMix64;
 use cxlkv_kernels::{scan_topk, DType, GroupMode, KeyRows, QueryGroup, ScoreKernel, TopK};
 use cxlkv_ndp::{Device, DeviceConfig};
+use cxlkv_runtime::kv::chunk_kv;
 use cxlkv_runtime::ndp::{BlockSpec, NdpDevice, NdpOptions, NdpPath, ScoreRequest};
 use cxlkv_runtime::{Backend, Key, KvShape, Pool, PoolConfig, Region, RegionOptions};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const N: usize = 1 << 20;
@@ -41,7 +43,7 @@ fn benches(c: &mut Criterion) {
         ..PoolConfig::default()
     };
     let pool = Pool::create_on(&backend, 640 << 20, &cfg, &RegionOptions::default()).expect("pool");
-    let p = pool.attach().expect("attach");
+    let p = Arc::new(pool.attach().expect("attach"));
     let _dev = Device::start(
         pool.clone(),
         DeviceConfig {
@@ -51,7 +53,7 @@ fn benches(c: &mut Criterion) {
     )
     .expect("device");
     let mut ndp = NdpDevice::open(
-        &p,
+        p.clone(),
         NdpOptions {
             spin: Duration::from_millis(50),
             ..NdpOptions::default()
@@ -82,8 +84,8 @@ fn benches(c: &mut Criterion) {
     let values = rng.key_bytes(N, DIM, DType::F16);
     let row = DIM * 2;
     let mut blocks = Vec::new();
-    for start in (0..N).step_by(PER_BLOCK) {
-        let end = (start + PER_BLOCK).min(N);
+    for (range, bk, bv) in chunk_kv(&keys, &values, 1, row, 0..N, PER_BLOCK) {
+        let (start, end) = (range.start, range.end);
         let shape = KvShape {
             dtype: DType::F16,
             layer: 0,
@@ -94,13 +96,7 @@ fn benches(c: &mut Criterion) {
             token_offset: start as u64,
         };
         let key = Key::from_bytes(format!("bench/{start}").as_bytes());
-        p.put_kv(
-            key,
-            &shape,
-            &keys[start * row..end * row],
-            &values[start * row..end * row],
-        )
-        .expect("put");
+        p.put_kv(key, &shape, &bk, &bv).expect("put");
         blocks.push(BlockSpec {
             key,
             token_offset: start as u64,
