@@ -28,8 +28,9 @@
 //! - [`attention`]: softmax attention over selected rows and the dense reference.
 //! - [`bitplane`]: lossless f16 bit-plane layout and an approximate scorer that reads the high
 //!   planes only.
-//! - [`parallel`]: the same scans split across threads; [`bench`]: the `cxlkv bench qk` harness;
-//!   [`npy`]: a small `.npy` reader for the real tensors; [`rng`]: a seeded generator for tests.
+//! - [`parallel`]: the same scans split across threads; [`bench`](mod@bench): the `cxlkv bench
+//!   qk` harness; [`npy`]: a small `.npy` reader for the real tensors; [`rng`]: a seeded generator
+//!   for tests.
 //!
 //! ## Invariants
 //!

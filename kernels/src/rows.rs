@@ -129,6 +129,7 @@ impl<'a> KeyRows<'a> {
         dtype: DType,
         dim: usize,
     ) -> Result<Self, ShapeError> {
+        debug_assert!(!ptr.is_null(), "a key view of a null pointer");
         check_dim(dim)?;
         let row_bytes = dim * dtype.size();
         if !len.is_multiple_of(row_bytes) {

@@ -8,11 +8,11 @@
 //! The device trusts nothing it reads. A command is copied out of its ring slot before any check;
 //! ring indices, opcodes, flags, k, G, dim, dtype, lengths and offsets are range-checked with
 //! checked arithmetic; argument and result buffers must lie inside one block of a partition the
-//! submitting participant owns; every named block goes through [`resolve_block`] (header CRC,
+//! submitting participant owns; every named block goes through [`cxlkv_runtime::ndp::resolve_block`] (header CRC,
 //! index sequence, typed layout against the command). Keys are scanned in place only while the
 //! device holds a pin on their block (its own read-only participant slot), so their owner cannot
 //! reuse or rewrite them mid-scan; value rows are copied out and every block is re-validated with
-//! [`Pool::still_valid`] after the command, the results being discarded if one changed. A bad command
+//! [`cxlkv_runtime::Pool::still_valid`] after the command, the results being discarded if one changed. A bad command
 //! completes with an error code and the device keeps serving; a panic in a handler becomes
 //! `CXLKV_NDP_ERR_INTERNAL`.
 //!

@@ -75,7 +75,7 @@ impl TopK {
     }
 
     /// The attention mass of list 0 per block of `blocks` (the request's block list): `(key,
-    /// mass)` pairs for [`Hotness::record_attention_mass`], so the blocks attention actually uses
+    /// mass)` pairs for [`crate::hotness::Hotness::record_attention_mass`], so the blocks attention actually uses
     /// count as hot.
     pub fn attention_mass(&self, blocks: &[BlockSpec]) -> Vec<(Key, f32)> {
         blocks
@@ -238,7 +238,7 @@ impl OwnedRequest {
     }
 }
 
-/// Options of [`NdpDevice::open`].
+/// Options of [`crate::ndp::client::ring::NdpDevice::open`].
 #[derive(Clone, Debug)]
 pub struct NdpOptions {
     /// How long to wait for a completion before computing on the host.

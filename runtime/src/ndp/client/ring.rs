@@ -40,13 +40,20 @@ pub(super) struct Staging {
 
 /// A command the client waits for: a SCORE_TOPK ticket, or a command run to completion.
 pub(super) struct Pending {
+    /// The command's tag on the ring.
     pub(super) tag: u64,
+    /// The staging block holding its buffers, once submitted.
     pub(super) staging: Option<usize>,
+    /// The request, for the host fallback.
     pub(super) req: OwnedRequest,
+    /// Where the device writes the result, and how many bytes it may.
     pub(super) result_off: u64,
     pub(super) result_len: u64,
+    /// What the device path cost so far.
     pub(super) stats: NdpStats,
+    /// When it was submitted (its deadline counts from here).
     pub(super) start: Instant,
+    /// Why it runs on the host without having been submitted.
     pub(super) forced: Option<FallbackReason>,
 }
 
