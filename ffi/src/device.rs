@@ -86,9 +86,7 @@ pub struct cxlkv_ndp_stats {
 
 /// An open NDP device client (opaque); owns a reference to its participant.
 pub struct cxlkv_device {
-    // Field order matters: fields drop in declaration order, and the client borrows the
-    // participant, so `dev` must stay declared before `participant` (see cxlkv_device_open).
-    dev: Mutex<NdpDevice<'static>>,
+    dev: Mutex<NdpDevice>,
     participant: Arc<Participant>,
 }
 
@@ -142,11 +140,7 @@ pub extern "C" fn cxlkv_device_open(
         if timeout_ms > 0 {
             opts.timeout = Duration::from_millis(u64::from(timeout_ms));
         }
-        // SAFETY: the reference points into the Arc's allocation, which lives as long as the
-        // `participant` field of the handle built below; the handle drops `dev` (the only user of
-        // the reference) before that field, so the reference never outlives the participant.
-        let borrowed: &'static Participant = unsafe { &*Arc::as_ptr(&participant) };
-        let dev = NdpDevice::open(borrowed, opts).map_err(map_ndp)?;
+        let dev = NdpDevice::open(participant.clone(), opts).map_err(map_ndp)?;
         put_out(
             out,
             register(

@@ -50,8 +50,11 @@ extern "C" int cxlkv_hls_scan_block(cxlkv_hls_scan* s, const uint16_t* keys, uin
     return 0;
 }
 
-extern "C" int cxlkv_hls_can_skip(const cxlkv_hls_scan* s, const float* ub) {
-    return can_skip<EGMAX, EKMAX>(ub, s->g, s->k, s->group_max, s->lists, s->count) ? 1 : 0;
+extern "C" int cxlkv_hls_kth(const cxlkv_hls_scan* s, uint32_t list, float* score) {
+    uint32_t lists = s->group_max ? 1 : s->g;
+    if (list >= lists || s->count[list] < s->k) return 0;
+    *score = s->lists[list][s->k - 1].score;
+    return 1;
 }
 
 extern "C" uint32_t cxlkv_hls_scan_finish(const cxlkv_hls_scan* s, uint32_t per_list,
@@ -65,15 +68,6 @@ extern "C" uint32_t cxlkv_hls_scan_finish(const cxlkv_hls_scan* s, uint32_t per_
         }
     }
     return lists;
-}
-
-extern "C" float cxlkv_hls_upper_bound(const float* q, const float* lo, const float* hi,
-                                       uint32_t dim) {
-    return upper_bound(q, lo, hi, dim);
-}
-
-extern "C" void cxlkv_hls_visit_order(const float* best, uint32_t n, uint32_t* order) {
-    visit_order(best, n, order);
 }
 
 extern "C" void cxlkv_hls_copy_row(const uint16_t* src, uint32_t words, uint16_t* dst) {

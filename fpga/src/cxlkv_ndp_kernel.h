@@ -304,7 +304,8 @@ inline void scan_block(const uint16_t* keys, uint32_t rows, uint32_t base, uint3
 }
 
 // True if no key of a block with per-query bounds ub can enter any list: strictly below every
-// list's k-th score (a tie could still win on a lower index). The same rule as TopKScan::can_skip.
+// list's k-th score (a tie could still win on a lower index). The same rule as can_skip
+// in kernels/src/pruned.rs.
 template <int GMAX, int KMAX>
 inline bool can_skip(const float* ub, uint32_t g, uint32_t k, bool group_max,
                      const Hit lists[GMAX][KMAX], const uint32_t count[GMAX]) {

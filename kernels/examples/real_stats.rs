@@ -71,8 +71,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                             .count();
                         let mut rescored = TopKSelector::new(topk);
                         for cand in ranked.iter().take(4 * topk) {
-                            let row = prefix.row(cand.index as usize);
-                            rescored.push(cand.index, dot_canonical(query(h, t), row, DType::F16));
+                            let row = prefix.row_vec(cand.index as usize);
+                            rescored.push(cand.index, dot_canonical(query(h, t), &row, DType::F16));
                         }
                         recall_prefilter += rescored
                             .into_sorted()

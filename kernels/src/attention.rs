@@ -4,7 +4,7 @@
 //! `1/sqrt(dim)`, see [`default_scale`]) with the maximum subtracted. Sums run in f64: these are
 //! references and the output of a sparse step, not the hot loop.
 
-use crate::rows::{KeyRows, QueryGroup};
+use crate::rows::{KeyRows, QueryGroup, MAX_ROW_BYTES};
 use crate::score::ScoreKernel;
 use crate::topk::Hit;
 
@@ -27,10 +27,11 @@ pub fn softmax_attention_selected(hits: &[Hit], values: &KeyRows<'_>, scale: f32
         .map(|h| scale as f64 * h.score as f64)
         .fold(f64::NEG_INFINITY, f64::max);
     let mut total = 0f64;
+    let mut buf = [0u8; MAX_ROW_BYTES];
     for h in hits {
         let w = (scale as f64 * h.score as f64 - max).exp();
         total += w;
-        let row = values.row(h.index as usize);
+        let row = values.copy_row(h.index as usize, &mut buf);
         for (d, o) in out.iter_mut().enumerate() {
             *o += w * values.dtype().load(row, d) as f64;
         }

@@ -12,7 +12,7 @@
 //! pre-filter: callers take more candidates than `k` and re-score them exactly.
 
 use crate::dtype::{f16_to_f32, DType};
-use crate::rows::{KeyRows, QueryGroup, LANES};
+use crate::rows::{KeyRows, QueryGroup, LANES, MAX_ROW_BYTES};
 use crate::score::reduce_lanes;
 use crate::topk::{Hit, TopKSelector};
 
@@ -74,7 +74,7 @@ pub fn to_bitplanes(keys: &KeyRows<'_>) -> BitPlanes {
     let (rows, dim) = (keys.len(), keys.dim());
     let plane_bytes = rows * dim / 8;
     let mut planes = vec![0u8; PLANES * plane_bytes];
-    for (e, h) in keys.bytes().chunks_exact(2).enumerate() {
+    for (e, h) in keys.to_vec().chunks_exact(2).enumerate() {
         let h = u16::from_le_bytes([h[0], h[1]]);
         for p in 0..PLANES {
             let bit = (h >> (15 - p)) & 1;
@@ -169,8 +169,10 @@ pub fn prefiltered_topk(
 ) -> Vec<Hit> {
     assert_eq!(planes.rows, keys.len(), "planes and keys differ");
     let mut sel = TopKSelector::new(k);
+    let mut buf = [0u8; MAX_ROW_BYTES];
     for hit in approx_topk(planes, query, mantissa_bits, candidates.max(k)) {
-        let exact = crate::score::dot_canonical(query, keys.row(hit.index as usize), keys.dtype());
+        let row = keys.copy_row(hit.index as usize, &mut buf);
+        let exact = crate::score::dot_canonical(query, row, keys.dtype());
         sel.push(hit.index, exact);
     }
     sel.into_sorted()

@@ -14,7 +14,7 @@
 //! to spare; the absolute term covers underflow. The result is a true upper bound of every
 //! computed score of the block, at the price of pruning a hair less.
 
-use crate::rows::KeyRows;
+use crate::rows::{KeyRows, MAX_ROW_BYTES};
 
 /// Element-wise key minimum and maximum per block of `block_tokens` tokens of one KV head.
 #[derive(Clone, Debug, PartialEq)]
@@ -78,9 +78,10 @@ pub fn block_bounds(keys: &KeyRows<'_>, block_tokens: usize) -> BlockBounds {
     let blocks = keys.len().div_ceil(block_tokens);
     let mut min = vec![f32::INFINITY; blocks * dim];
     let mut max = vec![f32::NEG_INFINITY; blocks * dim];
+    let mut buf = [0u8; MAX_ROW_BYTES];
     for i in 0..keys.len() {
         let b = i / block_tokens;
-        let row = keys.row(i);
+        let row = keys.copy_row(i, &mut buf);
         let (lo, hi) = (
             &mut min[b * dim..(b + 1) * dim],
             &mut max[b * dim..(b + 1) * dim],

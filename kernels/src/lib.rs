@@ -11,7 +11,9 @@
 //! ## Main types
 //!
 //! - [`KeyRows`]: `N` rows of `dim` elements of one [`DType`], little-endian bytes, row-major (one
-//!   KV head's keys or values). [`QueryGroup`]: the `G` f32 query vectors of one GQA group.
+//!   KV head's keys or values), held as a pointer and a length so that it may describe shared
+//!   memory without a Rust reference into it ([`KeyRows::from_raw`]). [`QueryGroup`]: the `G` f32
+//!   query vectors of one GQA group.
 //! - [`ScoreKernel`] ([`score`]): Q·K scoring with an implementation ([`Isa`]) chosen at run time:
 //!   AVX-512 (F16C conversion, bf16 by shift), AVX2+F16C+FMA, or the portable scalar oracle.
 //!   A `ScoreKernel` for a SIMD [`Isa`] can only be obtained after the CPU reported the features,
@@ -20,12 +22,15 @@
 //!   pairs with a running threshold; [`scan::scan_topk`] fuses scoring and selection in one pass
 //!   over the keys, per query or over the group's maximum ([`GroupMode`]).
 //! - [`BlockBounds`] ([`bounds`]) and [`pruned::pruned_topk`]: per-block element-wise key min/max,
-//!   Quest-style upper bounds and an *exact* pruned top-k that skips blocks.
+//!   Quest-style upper bounds and an *exact* pruned top-k that skips blocks. The block-wise scan
+//!   behind it ([`PrunedScan`]: visiting order, skip rule, [`BlockScorer`] engines) is the one the
+//!   NDP device and its host fallback run over a pool's blocks.
 //! - [`attention`]: softmax attention over selected rows and the dense reference.
 //! - [`bitplane`]: lossless f16 bit-plane layout and an approximate scorer that reads the high
 //!   planes only.
-//! - [`parallel`]: the same scans split across threads; [`bench`]: the `cxlkv bench qk` harness;
-//!   [`npy`]: a small `.npy` reader for the real tensors; [`rng`]: a seeded generator for tests.
+//! - [`parallel`]: the same scans split across threads; [`bench`](mod@bench): the `cxlkv bench
+//!   qk` harness; [`npy`]: a small `.npy` reader for the real tensors; [`rng`]: a seeded generator
+//!   for tests.
 //!
 //! ## Invariants
 //!
@@ -58,8 +63,10 @@ pub mod topk;
 
 pub use bounds::{block_bounds, upper_bound, BlockBounds};
 pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
-pub use pruned::{pruned_topk, PruneStats};
-pub use rows::{KeyRows, QueryGroup, ShapeError, MAX_DIM};
+pub use pruned::{
+    can_skip, pruned_topk, BlockScorer, KernelScorer, PruneStats, PrunedScan, VisitOrder,
+};
+pub use rows::{KeyRows, QueryGroup, ShapeError, MAX_DIM, MAX_ROW_BYTES};
 pub use scan::scan_topk;
 pub use score::{score_group, Isa, ScoreKernel};
 pub use topk::{GroupMode, Hit, TopK, TopKSelector};

@@ -41,8 +41,23 @@ pub fn scan_into(
     mode: GroupMode,
     selectors: &mut [TopKSelector],
 ) {
+    let mut scores = Vec::new();
+    scan_chunks(kernel, queries, keys, base, mode, selectors, &mut scores);
+}
+
+/// [`scan_into`] with a score buffer that the caller keeps from one call to the next (scans that
+/// feed many blocks): the chunk loop of every full and block-wise scan.
+pub fn scan_chunks(
+    kernel: ScoreKernel,
+    queries: &QueryGroup<'_>,
+    keys: &KeyRows<'_>,
+    base: u32,
+    mode: GroupMode,
+    selectors: &mut [TopKSelector],
+    scores: &mut Vec<f32>,
+) {
     let g = queries.count();
-    let mut scores = vec![0f32; SCAN_CHUNK_KEYS * g];
+    scores.resize(SCAN_CHUNK_KEYS * g, 0.0);
     let mut start = 0;
     while start < keys.len() {
         let end = (start + SCAN_CHUNK_KEYS).min(keys.len());

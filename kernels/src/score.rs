@@ -252,7 +252,7 @@ pub fn dot_canonical(q: &[f32], row: &[u8], dtype: DType) -> f32 {
 
 mod scalar {
     use super::dot_canonical;
-    use crate::rows::{KeyRows, QueryGroup};
+    use crate::rows::{KeyRows, QueryGroup, MAX_ROW_BYTES};
 
     pub(super) fn score_tile(
         queries: &QueryGroup<'_>,
@@ -261,8 +261,9 @@ mod scalar {
         stride: usize,
         first: usize,
     ) {
+        let mut buf = [0u8; MAX_ROW_BYTES];
         for i in 0..keys.len() {
-            let row = keys.row(i);
+            let row = keys.copy_row(i, &mut buf);
             for g in 0..queries.count() {
                 out[i * stride + first + g] = dot_canonical(queries.query(g), row, keys.dtype());
             }

@@ -10,19 +10,22 @@
 //! host from private copies of the keys, the attention-output error of the sparse step against
 //! dense attention, and the fraction of blocks pruned.
 
-use crate::device::{Device, DeviceConfig, DeviceHandle};
+use crate::device::config::DeviceConfig;
+use crate::device::model::{Device, DeviceHandle};
 use cxlkv_kernels::attention::{
     default_scale, dense_attention, relative_error, softmax_attention_selected,
 };
 use cxlkv_kernels::rng::SplitMix64;
 use cxlkv_kernels::score::dot_canonical;
 use cxlkv_kernels::{scan_topk, DType, GroupMode, Hit, KeyRows, QueryGroup, ScoreKernel, TopK};
+use cxlkv_runtime::kv::chunk_kv;
 use cxlkv_runtime::ndp::{
     host_score_topk, BlockSpec, NdpDevice, NdpOptions, NdpPath, ScoreRequest,
 };
 use cxlkv_runtime::{Backend, Key, KvShape, Participant, Pool, PoolConfig, Region, RegionOptions};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
@@ -237,18 +240,10 @@ fn store(
     layer: u32,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Sequence, DemoError> {
-    let row = dim * 2;
     let mut blocks = Vec::new();
-    let mut start = 0;
     let nblocks = tokens.div_ceil(per_block);
-    while start < tokens {
-        let end = (start + per_block).min(tokens);
-        let (mut bk, mut bv) = (Vec::new(), Vec::new());
-        for h in 0..heads {
-            let base = h * tokens * row;
-            bk.extend_from_slice(&k[base + start * row..base + end * row]);
-            bv.extend_from_slice(&v[base + start * row..base + end * row]);
-        }
+    for (range, bk, bv) in chunk_kv(&k, &v, heads, dim * 2, 0..tokens, per_block) {
+        let (start, end) = (range.start, range.end);
         let shape = KvShape {
             dtype: DType::F16,
             layer,
@@ -269,7 +264,6 @@ fn store(
         if blocks.len() % 32 == 0 || end == tokens {
             progress(&format!("loading {name}: {}", bar(blocks.len(), nblocks)));
         }
-        start = end;
     }
     Ok(Sequence {
         blocks,
@@ -453,7 +447,7 @@ fn model_ms(bytes: u64, round_trips: f64, device_ns: u64) -> f64 {
 #[allow(clippy::too_many_arguments)]
 fn run_steps(
     pool: &Pool,
-    ndp: &mut NdpDevice<'_>,
+    ndp: &mut NdpDevice,
     seq: &Sequence,
     kv_head: usize,
     tokens: usize,
@@ -553,7 +547,7 @@ fn run_steps(
                 .enumerate()
                 .map(|(i, &t)| Hit {
                     index: i as u32,
-                    score: dot_canonical(qg, keys.row(t as usize), DType::F16),
+                    score: dot_canonical(qg, &keys.row_vec(t as usize), DType::F16),
                 })
                 .collect();
             let sparse = softmax_attention_selected(&hits, &sel_vals, scale);
@@ -631,14 +625,14 @@ pub fn run_demo(
         ..PoolConfig::default()
     };
     let pool = Pool::create_on(&backend, size, &cfg, &RegionOptions::default())?;
-    let participant = pool.attach()?;
+    let participant = Arc::new(pool.attach()?);
     let running = start_device(&pool, &backend, opts.device_process)?;
     let device = match &running {
         Running::Thread(_) => "in-process thread".to_string(),
         Running::Process(d) => format!("cxlkv-ndpd process (pid {})", d.0.id()),
     };
     let mut ndp = NdpDevice::open(
-        &participant,
+        participant.clone(),
         NdpOptions {
             timeout: Duration::from_secs(10),
             ..NdpOptions::default()

@@ -10,12 +10,14 @@
 //! ordering rules.
 //!
 //! - [`device`]: [`Device`], the device loop: worker threads serving every participant's queue
-//!   pair with the `cxlkv-kernels` kernels on pool memory in place, per-block hotness, counters,
+//!   pair with the `cxlkv-kernels` block-wise scan on pool memory in place (pinned blocks read
+//!   through views that hold no reference into shared memory), per-block hotness, counters,
 //!   optional pacing to an internal bandwidth. The same loop runs in-process
 //!   ([`Device::start`]) or as the daemon `cxlkv-ndpd`.
 //! - [`engine_hls`]: the compute engines, [`Engine::Rust`] (the `cxlkv-kernels` kernels, default)
 //!   or [`Engine::Hls`] (the HLS kernel of `fpga/` compiled as a host library; `cxlkv-ndpd
-//!   --engine hls`), with identical results.
+//!   --engine hls`), with identical results: both score the blocks that the kernels' visiting
+//!   order and skip rule choose.
 //! - [`demo`]: [`demo::run_demo`], the `cxlkv demo` experiment: bytes over the link and time per
 //!   decode step, host scan versus NDP, on real SmolLM2 tensors and a long synthetic sequence.
 //!
@@ -27,5 +29,6 @@ pub mod demo;
 pub mod device;
 pub mod engine_hls;
 
-pub use device::{Device, DeviceConfig, DeviceError, DeviceHandle};
+pub use device::config::{DeviceConfig, DeviceError};
+pub use device::model::{Device, DeviceHandle};
 pub use engine_hls::Engine;

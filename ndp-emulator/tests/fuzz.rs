@@ -161,7 +161,7 @@ fn malformed_commands(engine: Engine) {
         .unwrap()
         .push((sb.device_area_off, sb.device_area_off + sb.device_area_size));
 
-    let p = Participant::attach(&pool, AttachOptions::default()).unwrap();
+    let p = Arc::new(Participant::attach(&pool, AttachOptions::default()).unwrap());
     let other = Participant::attach(&pool, AttachOptions::default()).unwrap();
     let (dim, heads, tokens) = (32usize, 2usize, 400usize);
     let (k, v) = random_kv(1, heads, tokens, dim, DType::F16);
@@ -189,7 +189,7 @@ fn malformed_commands(engine: Engine) {
     // The device's own participant slot, where it records the pins it holds while scanning.
     let slot = sb.participant_table_off + u64::from(_dev.device().participant_slot()) * 4096;
     view.writable.lock().unwrap().push((slot, slot + 4096));
-    let mut ndp = NdpDevice::open(&p, NdpOptions::default()).unwrap();
+    let mut ndp = NdpDevice::open(p.clone(), NdpOptions::default()).unwrap();
     for off in ndp.staging_offsets() {
         view.writable
             .lock()

@@ -12,6 +12,7 @@ use cxlkv_runtime::ndp::{
     host_score_topk, BlockExpect, FallbackReason, NdpDevice, NdpOptions, NdpPath,
 };
 use cxlkv_runtime::Pool;
+use std::sync::Arc;
 
 fn setup(tag: &str) -> (Cleanup, Pool) {
     let b = shm_backend(tag);
@@ -38,12 +39,12 @@ fn score_gather_and_friends_match_the_reference_hls_engine() {
 
 fn score_gather_and_friends(engine: Engine) {
     let (_c, pool) = setup(&format!("score-{engine}"));
-    let p = pool.attach().unwrap();
+    let p = Arc::new(pool.attach().unwrap());
     let (dim, heads, tokens) = (32, 2, 900);
     let (k, v) = random_kv(7, heads, tokens, dim, DType::F16);
     let s = store(&p, &k, &v, heads, tokens, dim, DType::F16, 100, 42, 3);
     let dev = Device::start(pool.clone(), config(engine)).unwrap();
-    let mut ndp = NdpDevice::open(&p, NdpOptions::default()).unwrap();
+    let mut ndp = NdpDevice::open(p.clone(), NdpOptions::default()).unwrap();
     ndp.nop().unwrap();
     let mut rng = SplitMix64::new(9);
     for &(mode, prune, kk, g) in &[
@@ -80,7 +81,7 @@ fn score_gather_and_friends(engine: Engine) {
     let rows = s.value_rows(1);
     let want: Vec<u8> = tokens_wanted
         .iter()
-        .flat_map(|&t| rows.row(t as usize).to_vec())
+        .flat_map(|&t| rows.row_vec(t as usize))
         .collect();
     assert_eq!(vals, want);
     let expect = BlockExpect {
@@ -127,13 +128,13 @@ fn async_submissions_and_restart_hls_engine() {
 
 fn async_submissions_and_restart(engine: Engine) {
     let (_c, pool) = setup(&format!("async-{engine}"));
-    let p = pool.attach().unwrap();
+    let p = Arc::new(pool.attach().unwrap());
     let (dim, heads, tokens) = (64, 1, 700);
     let (k, v) = random_kv(3, heads, tokens, dim, DType::Bf16);
     let s = store(&p, &k, &v, heads, tokens, dim, DType::Bf16, 128, 5, 0);
     let dev = Device::start(pool.clone(), config(engine)).unwrap();
     let mut ndp = NdpDevice::open(
-        &p,
+        p.clone(),
         NdpOptions {
             staging: 3,
             ..NdpOptions::default()
@@ -186,9 +187,9 @@ type Answer = (
 type Case<'a> = (&'a Stored, Vec<f32>, usize, GroupMode, bool);
 
 fn answers(engine: Engine, pool: &Pool, cases: &[Case<'_>]) -> Vec<Answer> {
-    let p = pool.attach().unwrap();
+    let p = Arc::new(pool.attach().unwrap());
     let dev = Device::start(pool.clone(), config(engine)).unwrap();
-    let mut ndp = NdpDevice::open(&p, NdpOptions::default()).unwrap();
+    let mut ndp = NdpDevice::open(p.clone(), NdpOptions::default()).unwrap();
     let mut out = Vec::new();
     for (s, q, k, mode, prune) in cases {
         let got = ndp
@@ -219,7 +220,7 @@ fn answers(engine: Engine, pool: &Pool, cases: &[Case<'_>]) -> Vec<Answer> {
 #[test]
 fn rust_and_hls_engines_return_identical_results() {
     let (_c, pool) = setup("engines");
-    let p = pool.attach().unwrap();
+    let p = Arc::new(pool.attach().unwrap());
     let mut stored = Vec::new();
     for (seq, dtype, dim) in [
         (1u64, DType::F16, 64usize),
@@ -255,13 +256,13 @@ fn rust_and_hls_engines_return_identical_results() {
 #[test]
 fn device_scans_and_attention_mass_feed_hotness() {
     let (_c, pool) = setup("hotness");
-    let p = pool.attach().unwrap();
+    let p = Arc::new(pool.attach().unwrap());
     let (dim, tokens) = (32, 400);
     let (k, v) = random_kv(11, 1, tokens, dim, DType::F16);
     let s = store(&p, &k, &v, 1, tokens, dim, DType::F16, 100, 5, 2);
     assert_eq!(s.blocks.len(), 4);
     let dev = Device::start(pool.clone(), config(Engine::Rust)).unwrap();
-    let mut ndp = NdpDevice::open(&p, NdpOptions::default()).unwrap();
+    let mut ndp = NdpDevice::open(p.clone(), NdpOptions::default()).unwrap();
     let hot = cxlkv_runtime::hotness::Hotness::default();
     let mut rng = SplitMix64::new(3);
     // The device scans only the first two blocks, three times: its HOTLIST names them.

@@ -10,6 +10,7 @@ use cxlkv_runtime::ndp::{host_score_topk, FallbackReason, NdpDevice, NdpOptions,
 use cxlkv_runtime::Backend;
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 struct Daemon(Child);
@@ -60,9 +61,9 @@ fn separate_process_matches_reference(engine: &str) {
     let b = shm_backend(&format!("proc-{engine}"));
     let _c = Cleanup(b.clone());
     let pool = create_pool(&b, 96 << 20, 128 << 10);
-    let p = pool.attach().unwrap();
+    let p = Arc::new(pool.attach().unwrap());
     let _d = Daemon::spawn(&b, &["--workers", "1", "--engine", engine]);
-    let mut ndp = NdpDevice::open(&p, NdpOptions::default()).unwrap();
+    let mut ndp = NdpDevice::open(p.clone(), NdpOptions::default()).unwrap();
     // Real tensors: layer 4 of SmolLM2 (3 KV heads, 9 query heads, head dim 64, 2048 tokens).
     let (q, k, v) = smollm2(4).expect("data/kv/smollm2_devil_2048 is part of the repository");
     let real = store(&p, &k, &v, 3, 2048, 64, DType::F16, 128, 1, 4);
@@ -105,7 +106,7 @@ fn separate_process_matches_reference(engine: &str) {
         assert_eq!(
             vals,
             toks.iter()
-                .flat_map(|&t| rows.row(t as usize).to_vec())
+                .flat_map(|&t| rows.row_vec(t as usize))
                 .collect::<Vec<u8>>()
         );
     }
@@ -125,7 +126,7 @@ fn killed_device_falls_back_and_a_restarted_one_serves(engine: &str) {
     let b = shm_backend(&format!("kill-{engine}"));
     let _c = Cleanup(b.clone());
     let pool = create_pool(&b, 64 << 20, 128 << 10);
-    let p = pool.attach().unwrap();
+    let p = Arc::new(pool.attach().unwrap());
     let (k, v) = random_kv(11, 1, 2000, 64, DType::F16);
     let s = store(&p, &k, &v, 1, 2000, 64, DType::F16, 500, 8, 1);
     let qs = SplitMix64::new(5).normal_vec(2 * 64);
@@ -134,7 +135,7 @@ fn killed_device_falls_back_and_a_restarted_one_serves(engine: &str) {
     let mut d = Daemon::spawn(&b, &["--internal-bw", "0.001", "--engine", engine]);
     let timeout = Duration::from_millis(1500);
     let mut ndp = NdpDevice::open(
-        &p,
+        p.clone(),
         NdpOptions {
             timeout,
             stale_after: Duration::from_millis(200),

@@ -44,7 +44,7 @@ fn run(seed: u64, rounds: usize) -> Result<usize, String> {
         heartbeat: false,
         own_partition: true,
     };
-    let p = Participant::attach_slot(&pool, 0, opts).map_err(|e| format!("attach: {e}"))?;
+    let p = Arc::new(Participant::attach_slot(&pool, 0, opts).map_err(|e| format!("attach: {e}"))?);
     let (dim, heads, tokens) = (32, 2, 300);
     let (k, v) = random_kv(seed, heads, tokens, dim, DType::F16);
     let s = store(&p, &k, &v, heads, tokens, dim, DType::F16, 100, 7, 1);
@@ -59,7 +59,7 @@ fn run(seed: u64, rounds: usize) -> Result<usize, String> {
     )
     .map_err(|e| format!("device start: {e}"))?;
     let mut ndp = NdpDevice::open(
-        &p,
+        p.clone(),
         NdpOptions {
             timeout: Duration::from_secs(2),
             stale_after: Duration::from_secs(2),

@@ -186,6 +186,48 @@ impl<'a> KvBlock<'a> {
     }
 }
 
+/// Cuts a sequence's head-major K and V (`[heads][tokens][row_bytes]` bytes each, `tokens` the
+/// sequence's length) into typed blocks of `per_block` tokens covering `span` (the last block may
+/// hold fewer): per block, its token range and its K and V bytes, `[heads][range][row_bytes]` each,
+/// as [`encode`] and `Participant::put_kv` take them. Panics if K and V differ in length or are not
+/// whole rows of `heads` heads, if `span` ends past the sequence, or if `per_block` is 0.
+pub fn chunk_kv<'a>(
+    k: &'a [u8],
+    v: &'a [u8],
+    heads: usize,
+    row_bytes: usize,
+    span: std::ops::Range<usize>,
+    per_block: usize,
+) -> impl Iterator<Item = (std::ops::Range<usize>, Vec<u8>, Vec<u8>)> + 'a {
+    let token_bytes = heads * row_bytes;
+    assert!(
+        token_bytes > 0 && k.len() == v.len() && k.len().is_multiple_of(token_bytes),
+        "K and V of {} and {} bytes are not whole [{heads}][tokens][{row_bytes}] arrays",
+        k.len(),
+        v.len()
+    );
+    assert!(per_block > 0, "blocks hold at least one token");
+    let tokens = k.len() / token_bytes;
+    assert!(
+        span.end <= tokens,
+        "tokens {span:?} outside a sequence of {tokens}"
+    );
+    let take = move |x: &[u8], r: &std::ops::Range<usize>| {
+        let mut out = Vec::with_capacity(heads * r.len() * row_bytes);
+        for h in 0..heads {
+            let head = h * tokens;
+            out.extend_from_slice(&x[(head + r.start) * row_bytes..(head + r.end) * row_bytes]);
+        }
+        out
+    };
+    let end = span.end;
+    span.step_by(per_block).map(move |start| {
+        let r = start..(start + per_block).min(end);
+        let (bk, bv) = (take(k, &r), take(v, &r));
+        (r, bk, bv)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,5 +266,26 @@ mod tests {
         bad[16] = 200; // tokens field
         assert!(KvBlock::parse(&bad).is_err());
         assert!(KvBlock::parse(&p[..p.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn chunks_cut_every_head_at_the_same_tokens() {
+        // 2 heads x 5 tokens of 1-byte rows: K byte = 10 * head + token, V = K + 100.
+        let k: Vec<u8> = (0..2u8)
+            .flat_map(|h| (0..5u8).map(move |t| 10 * h + t))
+            .collect();
+        let v: Vec<u8> = k.iter().map(|x| x + 100).collect();
+        let got: Vec<_> = chunk_kv(&k, &v, 2, 1, 0..5, 2).collect();
+        assert_eq!(
+            got,
+            vec![
+                (0..2, vec![0, 1, 10, 11], vec![100, 101, 110, 111]),
+                (2..4, vec![2, 3, 12, 13], vec![102, 103, 112, 113]),
+                (4..5, vec![4, 14], vec![104, 114]),
+            ]
+        );
+        let part: Vec<_> = chunk_kv(&k, &v, 2, 1, 1..4, 2).map(|c| c.0).collect();
+        assert_eq!(part, vec![1..3, 3..4]);
+        assert_eq!(chunk_kv(&k, &v, 2, 1, 5..5, 2).count(), 0);
     }
 }

@@ -22,6 +22,7 @@ use super::{human, Error, Result};
 use clap::Args;
 use cxlkv::kernels::npy::read_npy;
 use cxlkv::kernels::DType;
+use cxlkv::runtime::kv::chunk_kv;
 use cxlkv::runtime::region::{Backend, Region, RegionOptions};
 use cxlkv::runtime::{
     check, pool_stats, Key, KeyChain, KvBlock, KvShape, Participant, Pool, PoolConfig,
@@ -146,18 +147,15 @@ fn load(dir: &Path) -> Result<Tensors> {
 }
 
 impl Tensors {
-    /// K and V bytes of `layer_idx` for tokens `[t0, t1)`, head-major.
-    fn chunk(&self, layer_idx: usize, t0: usize, t1: usize) -> (Vec<u8>, Vec<u8>) {
-        let n = self.tokens.len();
-        let row = self.dim * 2;
-        let take = |src: &[u8]| {
-            let mut out = Vec::with_capacity(self.heads * (t1 - t0) * row);
-            for h in 0..self.heads {
-                out.extend_from_slice(&src[(h * n + t0) * row..(h * n + t1) * row]);
-            }
-            out
-        };
-        (take(&self.k[layer_idx]), take(&self.v[layer_idx]))
+    /// The typed blocks of `layer_idx` that cover tokens `span`, [`CHUNK`] tokens each (the last
+    /// may hold fewer): token range, K and V bytes (head-major).
+    fn chunks(
+        &self,
+        layer_idx: usize,
+        span: std::ops::Range<usize>,
+    ) -> impl Iterator<Item = (std::ops::Range<usize>, Vec<u8>, Vec<u8>)> + '_ {
+        let (k, v) = (&self.k[layer_idx], &self.v[layer_idx]);
+        chunk_kv(k, v, self.heads, self.dim * 2, span, CHUNK)
     }
 
     fn shape(&self, layer: u32, t0: usize, t1: usize) -> KvShape {
@@ -419,7 +417,10 @@ pub fn worker(a: &WorkerArgs) -> Result<ExitCode> {
                         Error::Other(format!("chunk {c} of layer {layer} vanished"))
                     })?;
                     let blk = KvBlock::parse(&payload)?;
-                    let (k, v) = t.chunk(li, c * CHUNK, (c + 1) * CHUNK);
+                    let (_, k, v) = t
+                        .chunks(li, c * CHUNK..(c + 1) * CHUNK)
+                        .next()
+                        .expect("a chunk of tokens");
                     if blk.k != k || blk.v != v || blk.shape.token_offset != (c * CHUNK) as u64 {
                         return Err(Error::Other(format!(
                             "chunk {c} of layer {layer}: bytes differ from the model's"
@@ -455,10 +456,9 @@ fn store_chunks(me: &Participant, t: &Tensors, from: usize, to: usize) -> Result
     let mut blocks = 0;
     for (li, &layer) in LAYERS.iter().enumerate() {
         let keys = t.keys(layer, to);
-        for (c, key) in keys.iter().enumerate().skip(from / CHUNK) {
-            let (t0, t1) = (c * CHUNK, ((c + 1) * CHUNK).min(to));
-            let (k, v) = t.chunk(li, t0, t1);
-            me.put_kv(*key, &t.shape(layer, t0, t1), &k, &v)?;
+        for (range, k, v) in t.chunks(li, from..to) {
+            let key = keys[range.start / CHUNK];
+            me.put_kv(key, &t.shape(layer, range.start, range.end), &k, &v)?;
             bytes += (k.len() + v.len()) as u64;
             blocks += 1;
         }

@@ -35,7 +35,7 @@ pub(super) unsafe fn score_tile(
     let args = TileArgs {
         q: queries.data().as_ptr(),
         dim: keys.dim(),
-        keys: keys.bytes().as_ptr(),
+        keys: keys.as_ptr(),
         n: keys.len(),
         out: out[first..].as_mut_ptr(),
         stride,
@@ -53,7 +53,8 @@ pub(super) unsafe fn score_tile(
     }
     // SAFETY: the caller guarantees the CPU features; the asserts above and the KeyRows /
     // QueryGroup invariants (whole rows of `dim` elements, `g * dim` query floats, `dim` a
-    // multiple of 16) keep every pointer `tile` forms inside its slice.
+    // multiple of 16) keep every pointer `tile` forms inside its operand (the
+    // key view's readable bytes, the query slice, `out`).
     unsafe {
         match keys.dtype() {
             DType::F16 => dispatch!(F16),

@@ -240,7 +240,7 @@ fn guest(
         ..PoolConfig::default()
     };
     let pool = Pool::create(Arc::new(region), &cfg)?;
-    let p = pool.attach()?;
+    let p = Arc::new(pool.attach()?);
     println!(
         "CXLKV-TB POOL-CREATED backend={backend} window={size} pool={} participant={} ms={:.1}",
         pool.superblock().pool_size,
@@ -375,10 +375,10 @@ fn same_topk(a: &cxlkv_runtime::ndp::TopK, b: &cxlkv_runtime::ndp::TopK) -> Resu
     Ok(())
 }
 
-fn guest_ndp(p: &Participant, timeout: Duration, iters: usize) -> Res<(String, NdpRun)> {
+fn guest_ndp(p: &Arc<Participant>, timeout: Duration, iters: usize) -> Res<(String, NdpRun)> {
     let (blocks, v0) = store_sequence(p)?;
     let queries = SplitMix64::new(78).normal_vec(GROUP * DIM);
-    let mut dev = NdpDevice::open(p, ndp_options(Duration::from_secs(10)))?;
+    let mut dev = NdpDevice::open(p.clone(), ndp_options(Duration::from_secs(10)))?;
     // Wait for the host to start the device on the pool.
     let t = Instant::now();
     loop {
@@ -451,7 +451,7 @@ fn guest_ndp(p: &Participant, timeout: Duration, iters: usize) -> Res<(String, N
     Ok((line, NdpRun { blocks, queries }))
 }
 
-fn guest_fallback(p: &Participant, timeout: Duration, run: Option<NdpRun>) -> Res<String> {
+fn guest_fallback(p: &Arc<Participant>, timeout: Duration, run: Option<NdpRun>) -> Res<String> {
     let run = match run {
         Some(r) => r,
         None => {
@@ -470,7 +470,7 @@ fn guest_fallback(p: &Participant, timeout: Duration, run: Option<NdpRun>) -> Re
         "the host to stop the device",
     )?;
     let dev_timeout = Duration::from_secs(2);
-    let mut dev = NdpDevice::open(p, ndp_options(dev_timeout))?;
+    let mut dev = NdpDevice::open(p.clone(), ndp_options(dev_timeout))?;
     let req = request(&run.queries, &run.blocks);
     let t = Instant::now();
     let got = dev.score_topk(&req)?;

@@ -3,6 +3,7 @@
 
 use cxlkv_kernels::rng::SplitMix64;
 use cxlkv_kernels::{scan_topk, DType, GroupMode, Hit, KeyRows, QueryGroup, ScoreKernel, TopK};
+use cxlkv_runtime::kv::chunk_kv;
 use cxlkv_runtime::ndp::{BlockSpec, ScoreRequest};
 use cxlkv_runtime::{Backend, Key, KvShape, Participant, Pool, PoolConfig, RegionOptions};
 use std::path::PathBuf;
@@ -70,15 +71,8 @@ pub fn store(
 ) -> Stored {
     let row = dim * dtype.size();
     let mut blocks = Vec::new();
-    let mut start = 0;
-    while start < tokens {
-        let end = (start + per_block).min(tokens);
-        let (mut bk, mut bv) = (Vec::new(), Vec::new());
-        for h in 0..heads {
-            let base = h * tokens * row;
-            bk.extend_from_slice(&k[base + start * row..base + end * row]);
-            bv.extend_from_slice(&v[base + start * row..base + end * row]);
-        }
+    for (range, bk, bv) in chunk_kv(k, v, heads, row, 0..tokens, per_block) {
+        let (start, end) = (range.start, range.end);
         let shape = KvShape {
             dtype,
             layer,
@@ -94,7 +88,6 @@ pub fn store(
             key,
             token_offset: start as u64,
         });
-        start = end;
     }
     let split = |x: &[u8]| {
         (0..heads)
@@ -157,7 +150,7 @@ pub fn reference_values(s: &Stored, h: usize, lists: &[Vec<Hit>]) -> Vec<u8> {
     lists
         .iter()
         .flatten()
-        .flat_map(|hit| rows.row(hit.index as usize).to_vec())
+        .flat_map(|hit| rows.row_vec(hit.index as usize))
         .collect()
 }
 

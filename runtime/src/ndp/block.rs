@@ -1,0 +1,176 @@
+//! The checks both the device and the host fallback apply to the blocks and buffers a command
+//! names: [`resolve_block`] (header CRC and index sequence via [`Pool::block_ref`], then the typed
+//! layout against the command), overlap and lookup of token ranges ([`sorted_ranges`],
+//! [`locate_token`]), the stored key bounds ([`read_bounds`]), and [`check_owned_range`] for
+//! argument and result buffers.
+
+use crate::coherence::{self, Site};
+use crate::format::{self, Codec, KvLayout};
+use crate::key::Key;
+use crate::kv::LAYOUT_SIZE;
+use crate::ndp::abi::*;
+use crate::ndp::layout::DeviceStatus;
+use crate::pool::{BlockRef, Pool};
+use cxlkv_kernels::DType;
+use cxlkv_shm::mem::SharedMemory;
+
+/// What every block of a command must be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockExpect {
+    /// Sequence id.
+    pub sequence: u64,
+    /// Layer.
+    pub layer: u32,
+    /// KV head to read (must be below the block's head count).
+    pub kv_head: u32,
+    /// Element type.
+    pub dtype: DType,
+    /// Head dimension.
+    pub dim: u32,
+}
+
+/// A validated typed block: where the selected head's K, V and bounds are.
+#[derive(Clone, Copy, Debug)]
+pub struct ResolvedBlock {
+    /// The header snapshot and slot version ([`Pool::still_valid`] re-checks it).
+    pub block: BlockRef,
+    /// Tokens in the block.
+    pub tokens: u32,
+    /// Token index of row 0 (checked to fit with every row in `u32`).
+    pub base: u32,
+    /// Pool offset of the head's keys (`tokens × dim` elements).
+    pub k_off: u64,
+    /// Pool offset of the head's values.
+    pub v_off: u64,
+    /// Pool offset of the head's bounds (`2 × dim` f32: min then max).
+    pub bounds_off: u64,
+    /// Bytes of the head's keys (and of its values).
+    pub head_bytes: u64,
+}
+
+/// Finds and validates block `entry` for a command expecting `want`; `index` is its position in
+/// the block list (reported in errors). Both the device and the host fallback call this.
+pub fn resolve_block(
+    pool: &Pool,
+    entry: &cxlkv_ndp_block,
+    want: &BlockExpect,
+    index: usize,
+) -> Result<ResolvedBlock, DeviceStatus> {
+    let block_err = DeviceStatus::at(CXLKV_NDP_ERR_BLOCK, index);
+    let layout_err = DeviceStatus::at(CXLKV_NDP_ERR_LAYOUT, index);
+    let key = Key::from_parts(entry.key_lo, entry.key_hi);
+    let r = match pool.block_ref(key) {
+        Ok(Some(r)) => r,
+        _ => return Err(block_err),
+    };
+    if Codec::from_code(r.header.codec) != Some(Codec::KvV1) || r.header.len < LAYOUT_SIZE as u64 {
+        return Err(layout_err);
+    }
+    let mem = pool.memory();
+    coherence::acquire(&**mem, Site::PayloadRead, r.payload_off, LAYOUT_SIZE as u64);
+    let l: KvLayout = format::read_plain(&**mem, r.payload_off).map_err(|_| block_err)?;
+    let esize = want.dtype.size() as u64;
+    let t = u64::from(l.kv_heads) * u64::from(l.tokens) * u64::from(l.head_dim) * esize;
+    let total = LAYOUT_SIZE as u64 + 2 * t + u64::from(l.kv_heads) * u64::from(l.head_dim) * 8;
+    let ok = l.dtype == want.dtype as u32
+        && l.sequence == want.sequence
+        && l.layer == want.layer
+        && l.head_dim == want.dim
+        && want.kv_head < l.kv_heads
+        && l.tokens > 0
+        && l.token_offset == entry.token_offset
+        && l.token_offset
+            .checked_add(u64::from(l.tokens))
+            .is_some_and(|e| e <= u64::from(u32::MAX))
+        && u64::from(l.k_off) == LAYOUT_SIZE as u64
+        && u64::from(l.v_off) == LAYOUT_SIZE as u64 + t
+        && u64::from(l.bounds_off) == LAYOUT_SIZE as u64 + 2 * t
+        && total == r.header.len
+        && total <= pool.block_size();
+    if !ok {
+        return Err(layout_err);
+    }
+    let head_bytes = u64::from(l.tokens) * u64::from(l.head_dim) * esize;
+    let h = u64::from(want.kv_head);
+    Ok(ResolvedBlock {
+        block: r,
+        tokens: l.tokens,
+        base: l.token_offset as u32,
+        k_off: r.payload_off + u64::from(l.k_off) + h * head_bytes,
+        v_off: r.payload_off + u64::from(l.v_off) + h * head_bytes,
+        bounds_off: r.payload_off + u64::from(l.bounds_off) + h * u64::from(l.head_dim) * 8,
+        head_bytes,
+    })
+}
+
+/// Reads the `2 × dim` f32 bounds of a resolved block (min, max).
+pub fn read_bounds(
+    mem: &dyn SharedMemory,
+    b: &ResolvedBlock,
+    dim: usize,
+) -> cxlkv_shm::mem::Result<(Vec<f32>, Vec<f32>)> {
+    let mut raw = vec![0u8; dim * 8];
+    coherence::acquire(mem, Site::PayloadRead, b.bounds_off, raw.len() as u64);
+    mem.read(b.bounds_off, &mut raw)?;
+    let f: Vec<f32> = raw
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    Ok((f[..dim].to_vec(), f[dim..].to_vec()))
+}
+
+/// Checks that a block list's token ranges do not overlap; returns block indices sorted by base.
+pub fn sorted_ranges(blocks: &[ResolvedBlock]) -> Result<Vec<usize>, DeviceStatus> {
+    let mut order: Vec<usize> = (0..blocks.len()).collect();
+    order.sort_by_key(|&i| blocks[i].base);
+    for w in order.windows(2) {
+        let (a, b) = (&blocks[w[0]], &blocks[w[1]]);
+        if u64::from(a.base) + u64::from(a.tokens) > u64::from(b.base) {
+            return Err(DeviceStatus::at(CXLKV_NDP_ERR_LAYOUT, w[1]));
+        }
+    }
+    Ok(order)
+}
+
+/// The block (index into `blocks`) and row holding `token`, given `order` from [`sorted_ranges`].
+pub fn locate_token(
+    blocks: &[ResolvedBlock],
+    order: &[usize],
+    token: u32,
+) -> Option<(usize, usize)> {
+    let pos = order.partition_point(|&i| blocks[i].base <= token);
+    let i = *order.get(pos.checked_sub(1)?)?;
+    let row = (token - blocks[i].base) as usize;
+    (row < blocks[i].tokens as usize).then_some((i, row))
+}
+
+/// True if `[off, off + len)` lies inside one payload block of a partition owned by participant
+/// `qp` (the only places a command's buffers may be). Returns the error status otherwise.
+pub fn check_owned_range(pool: &Pool, qp: u32, off: u64, len: u64) -> Result<(), DeviceStatus> {
+    let bad = DeviceStatus::new(CXLKV_NDP_ERR_RANGE);
+    let sb = pool.superblock();
+    let rel = off.checked_sub(sb.partition_off).ok_or(bad)?;
+    let p = rel / sb.partition_stride;
+    if p >= u64::from(sb.partitions) {
+        return Err(bad);
+    }
+    let in_part = rel % sb.partition_stride;
+    let in_payloads = in_part.checked_sub(sb.payloads_off).ok_or(bad)?;
+    let block = in_payloads / sb.block_size;
+    if block >= u64::from(sb.blocks_per_partition) {
+        return Err(bad);
+    }
+    let block_end = sb.payloads_off + (block + 1) * sb.block_size;
+    if in_part.checked_add(len).is_none_or(|e| e > block_end) {
+        return Err(bad);
+    }
+    let owner_off = pool.partition_offset(p as u32).ok_or(bad)? + format::partition::OWNER;
+    let owner = pool
+        .memory()
+        .load_u64(owner_off, std::sync::atomic::Ordering::Acquire)
+        .map_err(|_| bad)?;
+    if owner & 0xffff_ffff != u64::from(qp) + 1 {
+        return Err(bad);
+    }
+    Ok(())
+}

@@ -1,0 +1,522 @@
+//! The device's commands as the client issues them: SCORE_TOPK submitted, polled and waited for
+//! (computed on the host when the device cannot answer), and NOP, GATHER, BUILD_BOUNDS, HOTLIST
+//! and raw commands run to completion.
+
+use crate::coherence::{self, Site};
+use crate::format;
+use crate::hotness::Hotness;
+use crate::key::Key;
+use crate::ndp::abi::*;
+use crate::ndp::block::BlockExpect;
+use crate::ndp::client::error::{FallbackReason, NdpError, Result};
+use crate::ndp::client::fallback::{host_gather, host_score_topk};
+use crate::ndp::client::request::{BlockSpec, NdpPath, NdpStats, ScoreRequest, TopK};
+use crate::ndp::client::ring::{NdpDevice, Pending, Ticket};
+use crate::ndp::layout::DeviceStatus;
+use crate::ndp::result::{decode_topk_result, topk_result_size};
+use cxlkv_kernels::{DType, GroupMode};
+use std::time::{Duration, Instant};
+
+impl NdpDevice {
+    /// Submits a SCORE_TOPK. The answer comes from [`NdpDevice::poll`] or [`NdpDevice::wait`];
+    /// when the device cannot take the command it will be computed on the host.
+    pub fn submit_score(&mut self, req: &ScoreRequest<'_>) -> Result<Ticket> {
+        req.check()?;
+        let start = Instant::now();
+        let id = self.next_ticket;
+        self.next_ticket += 1;
+        let tag = self.new_tag();
+        let mut pending = Pending {
+            tag,
+            staging: None,
+            req: req.owned(),
+            result_off: 0,
+            result_len: 0,
+            stats: NdpStats::default(),
+            start,
+            forced: None,
+        };
+        match self.try_submit_score(req, tag)? {
+            Ok((staging, result_off, result_len, sent)) => {
+                pending.staging = Some(staging);
+                pending.result_off = result_off;
+                pending.result_len = result_len;
+                pending.stats.bytes_to_device = sent;
+            }
+            Err(why) => pending.forced = Some(why),
+        }
+        self.pending.insert(id, pending);
+        Ok(Ticket(id))
+    }
+
+    fn try_submit_score(
+        &mut self,
+        req: &ScoreRequest<'_>,
+        tag: u64,
+    ) -> Result<std::result::Result<(usize, u64, u64, u64), FallbackReason>> {
+        let generation = match self.device_state()? {
+            Ok(g) => g,
+            Err(why) => return Ok(Err(why)),
+        };
+        self.release_old(generation);
+        self.drain()?;
+        let g = req.group();
+        let lists = if req.mode == GroupMode::PerQuery {
+            g
+        } else {
+            1
+        };
+        let mut args = Vec::with_capacity(req.queries.len() * 4 + req.blocks.len() * 24);
+        for q in req.queries {
+            args.extend_from_slice(&q.to_le_bytes());
+        }
+        for b in req.blocks {
+            let e = cxlkv_ndp_block {
+                key_lo: b.key.lo(),
+                key_hi: b.key.hi(),
+                token_offset: b.token_offset,
+            };
+            args.extend_from_slice(format::as_bytes(&e));
+        }
+        let result_len = topk_result_size(
+            lists,
+            req.k,
+            req.dim,
+            req.dtype.size(),
+            req.gather_values,
+            req.blocks.len(),
+        )
+        .unwrap_or(u64::MAX);
+        let result_at = (args.len() as u64).next_multiple_of(64);
+        if result_at.saturating_add(result_len) > self.pool.block_size()
+            || result_len > u64::from(u32::MAX)
+        {
+            return Ok(Err(FallbackReason::TooLarge));
+        }
+        let Some(si) = self.staging.iter().position(|s| s.owner.is_none()) else {
+            return Ok(Err(FallbackReason::Busy));
+        };
+        let off = self.staging[si].off;
+        let mem = self.pool.memory().clone();
+        mem.write(off, &args)?;
+        coherence::publish(&*mem, Site::NdpSubmitWrite, off, args.len() as u64);
+        let mut flags = 0u16;
+        if req.prune {
+            flags |= CXLKV_NDP_FLAG_PRUNE as u16;
+        }
+        if req.mode == GroupMode::GroupMax {
+            flags |= CXLKV_NDP_FLAG_GROUP_MAX as u16;
+        }
+        if req.gather_values {
+            flags |= CXLKV_NDP_FLAG_GATHER_V as u16;
+        }
+        let cmd = cxlkv_ndp_cmd {
+            tag,
+            opcode: CXLKV_NDP_OP_SCORE_TOPK as u16,
+            flags,
+            k: req.k as u32,
+            sequence: req.sequence,
+            layer: req.layer,
+            kv_head: req.kv_head as u16,
+            dtype: req.dtype as u8,
+            group: g as u8,
+            dim: req.dim as u32,
+            nblocks: req.blocks.len() as u32,
+            args_off: off,
+            result_off: off + result_at,
+            args_len: args.len() as u32,
+            result_len: result_len as u32,
+        };
+        match self.push(&cmd)? {
+            Ok(sent) => {
+                self.staging[si].owner = Some(tag);
+                self.staging[si].generation = generation;
+                Ok(Ok((
+                    si,
+                    off + result_at,
+                    result_len,
+                    sent + args.len() as u64,
+                )))
+            }
+            Err(why) => Ok(Err(why)),
+        }
+    }
+
+    /// The answer of `ticket` if it is ready (computed on the host if the device gave up on it or
+    /// its deadline passed), else `None`.
+    pub fn poll(&mut self, ticket: &Ticket) -> Result<Option<TopK>> {
+        self.settle(ticket, false)
+    }
+
+    /// Waits for the answer of `ticket`: from the device within the timeout, else from the host.
+    pub fn wait(&mut self, ticket: Ticket) -> Result<TopK> {
+        Ok(self
+            .settle(&ticket, true)?
+            .expect("a blocking settle always answers"))
+    }
+
+    /// Submits and waits: [`NdpDevice::submit_score`] then [`NdpDevice::wait`].
+    pub fn score_topk(&mut self, req: &ScoreRequest<'_>) -> Result<TopK> {
+        let t = self.submit_score(req)?;
+        self.wait(t)
+    }
+
+    fn settle(&mut self, ticket: &Ticket, block: bool) -> Result<Option<TopK>> {
+        let p = self
+            .pending
+            .get(&ticket.0)
+            .ok_or(NdpError::UnknownTicket(ticket.0))?;
+        let (tag, forced, start) = (p.tag, p.forced, p.start);
+        let outcome = if let Some(why) = forced {
+            Err(why)
+        } else if block {
+            self.await_tag(tag, start + self.opts.timeout)?
+        } else {
+            self.drain()?;
+            match self.done.remove(&tag) {
+                Some(c) => Ok(c),
+                None if start.elapsed() >= self.opts.timeout => Err(FallbackReason::Timeout),
+                None => match self.device_state()? {
+                    Err(why) => Err(why),
+                    Ok(_) => return Ok(None),
+                },
+            }
+        };
+        let p = self.pending.remove(&ticket.0).expect("checked above");
+        match outcome {
+            Ok(c) => self.finish_device(p, c).map(Some),
+            Err(why) => {
+                // A staging block of a command the device may still run stays quarantined (until
+                // `drain` sees its completion); if the completion already came, it is free now.
+                if self.done.remove(&tag).is_some() {
+                    self.release_staging(p.staging);
+                }
+                self.on_host(p, why).map(Some)
+            }
+        }
+    }
+
+    /// Computes `p`'s request on the host because of `why`: the answer's stats are `p`'s (what
+    /// the device path already cost) with the host scan's costs and counts.
+    fn on_host(&self, p: Pending, why: FallbackReason) -> Result<TopK> {
+        let mut r = host_score_topk(&self.pool, &p.req.borrow(), self.opts.kernel)?;
+        let mut stats = p.stats;
+        stats.path = Some(NdpPath::Host(why));
+        stats.host_scan_bytes = r.stats.host_scan_bytes;
+        stats.bytes_scanned = r.stats.bytes_scanned;
+        stats.blocks_scanned = r.stats.blocks_scanned;
+        stats.blocks_pruned = r.stats.blocks_pruned;
+        stats.block_mass = std::mem::take(&mut r.stats.block_mass);
+        stats.elapsed = p.start.elapsed();
+        r.stats = stats;
+        Ok(r)
+    }
+
+    fn finish_device(&mut self, mut p: Pending, c: cxlkv_ndp_cpl) -> Result<TopK> {
+        p.stats.bytes_from_device += u64::from(CXLKV_NDP_CPL_SIZE) + 8;
+        if c.status == CXLKV_NDP_ERR_STALE
+            || c.status == CXLKV_NDP_ERR_RESTARTED
+            || c.status == CXLKV_NDP_ERR_INTERNAL
+        {
+            self.release_staging(p.staging);
+            return self.on_host(p, FallbackReason::DeviceRetry);
+        }
+        let mut stats = std::mem::take(&mut p.stats);
+        if c.status != CXLKV_NDP_OK {
+            self.release_staging(p.staging);
+            return Err(DeviceStatus {
+                code: c.status,
+                detail: c.detail,
+            }
+            .into());
+        }
+        let n = c.result_bytes.min(p.result_len);
+        let mut buf = vec![0u8; n as usize];
+        let mem = self.pool.memory().clone();
+        coherence::acquire(&*mem, Site::NdpCompleteRead, p.result_off, n);
+        let read = mem.read(p.result_off, &mut buf);
+        // The result is copied out: the device is done with the block, and so are we.
+        self.release_staging(p.staging);
+        read?;
+        stats.bytes_from_device += n;
+        let d = decode_topk_result(&buf, p.req.dtype.size()).ok_or(NdpError::BadResult(n))?;
+        stats.path = Some(NdpPath::Device);
+        stats.bytes_scanned = c.bytes_scanned;
+        stats.blocks_scanned = c.blocks_scanned;
+        stats.blocks_pruned = c.blocks_pruned;
+        stats.device_ns = c.device_ns;
+        stats.block_mass = d.mass;
+        stats.elapsed = p.start.elapsed();
+        Ok(TopK {
+            indices: d
+                .lists
+                .iter()
+                .map(|l| l.iter().map(|h| h.index).collect())
+                .collect(),
+            scores: d
+                .lists
+                .iter()
+                .map(|l| l.iter().map(|h| h.score).collect())
+                .collect(),
+            values: d.values,
+            stats,
+        })
+    }
+
+    /// Runs a command without host fallback and returns its completion and result bytes.
+    fn run_simple(
+        &mut self,
+        mut cmd: cxlkv_ndp_cmd,
+        args: &[u8],
+        result_len: u64,
+    ) -> Result<(cxlkv_ndp_cpl, Vec<u8>, NdpStats)> {
+        let start = Instant::now();
+        let generation = match self.device_state()? {
+            Ok(g) => g,
+            Err(why) => return Err(NdpError::Unavailable(why)),
+        };
+        self.release_old(generation);
+        self.drain()?;
+        let tag = self.new_tag();
+        cmd.tag = tag;
+        let mut stats = NdpStats::default();
+        let mut si = None;
+        if !args.is_empty() || result_len > 0 {
+            let result_at = (args.len() as u64).next_multiple_of(64);
+            if result_at + result_len > self.pool.block_size() {
+                return Err(NdpError::Unavailable(FallbackReason::TooLarge));
+            }
+            let i = self
+                .staging
+                .iter()
+                .position(|s| s.owner.is_none())
+                .ok_or(NdpError::Unavailable(FallbackReason::Busy))?;
+            let off = self.staging[i].off;
+            self.pool.memory().write(off, args)?;
+            coherence::publish(
+                &**self.pool.memory(),
+                Site::NdpSubmitWrite,
+                off,
+                args.len() as u64,
+            );
+            cmd.args_off = off;
+            cmd.args_len = args.len() as u32;
+            cmd.result_off = off + result_at;
+            cmd.result_len = result_len as u32;
+            si = Some(i);
+            stats.bytes_to_device += args.len() as u64;
+        }
+        stats.bytes_to_device += match self.push(&cmd)? {
+            Ok(n) => n,
+            Err(why) => return Err(NdpError::Unavailable(why)),
+        };
+        if let Some(i) = si {
+            self.staging[i].owner = Some(tag);
+            self.staging[i].generation = generation;
+        }
+        // A pending entry makes `drain` keep this tag's completion.
+        self.pending
+            .insert(u64::MAX - tag, Pending::bare(tag, start));
+        let got = self.await_tag(tag, start + self.opts.timeout);
+        self.pending.remove(&(u64::MAX - tag));
+        let c = match got? {
+            Ok(c) => c,
+            Err(why) => return Err(NdpError::Unavailable(why)),
+        };
+        if let Some(i) = si {
+            self.staging[i].owner = None;
+        }
+        stats.bytes_from_device += u64::from(CXLKV_NDP_CPL_SIZE) + 8;
+        if c.status != CXLKV_NDP_OK {
+            return Err(DeviceStatus {
+                code: c.status,
+                detail: c.detail,
+            }
+            .into());
+        }
+        let mut buf = vec![0u8; c.result_bytes.min(result_len) as usize];
+        if !buf.is_empty() {
+            coherence::acquire(
+                &**self.pool.memory(),
+                Site::NdpCompleteRead,
+                cmd.result_off,
+                buf.len() as u64,
+            );
+            self.pool.memory().read(cmd.result_off, &mut buf)?;
+        }
+        stats.bytes_from_device += buf.len() as u64;
+        stats.path = Some(NdpPath::Device);
+        stats.device_ns = c.device_ns;
+        stats.bytes_scanned = c.bytes_scanned;
+        stats.elapsed = start.elapsed();
+        Ok((c, buf, stats))
+    }
+
+    /// A NOP round trip; returns its wall time.
+    pub fn nop(&mut self) -> Result<Duration> {
+        let cmd = cxlkv_ndp_cmd {
+            opcode: CXLKV_NDP_OP_NOP as u16,
+            ..Default::default()
+        };
+        Ok(self.run_simple(cmd, &[], 0)?.2.elapsed)
+    }
+
+    /// Gathers the value rows of `tokens` (raw `[tokens][dim]`), on the device or, when it is
+    /// unavailable, on the host.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gather(
+        &mut self,
+        blocks: &[BlockSpec],
+        sequence: u64,
+        layer: u32,
+        kv_head: u32,
+        dtype: DType,
+        dim: usize,
+        tokens: &[u32],
+    ) -> Result<(Vec<u8>, NdpStats)> {
+        let want = BlockExpect {
+            sequence,
+            layer,
+            kv_head,
+            dtype,
+            dim: dim as u32,
+        };
+        let mut args = Vec::new();
+        for b in blocks {
+            args.extend_from_slice(format::as_bytes(&cxlkv_ndp_block {
+                key_lo: b.key.lo(),
+                key_hi: b.key.hi(),
+                token_offset: b.token_offset,
+            }));
+        }
+        for t in tokens {
+            args.extend_from_slice(&t.to_le_bytes());
+        }
+        let cmd = cxlkv_ndp_cmd {
+            opcode: CXLKV_NDP_OP_GATHER as u16,
+            k: tokens.len() as u32,
+            sequence,
+            layer,
+            kv_head: kv_head as u16,
+            dtype: dtype as u8,
+            group: 1,
+            dim: dim as u32,
+            nblocks: blocks.len() as u32,
+            ..Default::default()
+        };
+        let rlen =
+            topk_result_size(1, tokens.len(), dim, dtype.size(), true, 0).unwrap_or(u64::MAX);
+        match self.run_simple(cmd, &args, rlen) {
+            Ok((_, buf, stats)) => {
+                let d = decode_topk_result(&buf, dtype.size())
+                    .ok_or(NdpError::BadResult(buf.len() as u64))?;
+                Ok((d.values, stats))
+            }
+            Err(NdpError::Unavailable(why)) => {
+                let (v, mut stats) = host_gather(&self.pool, blocks, &want, tokens)?;
+                stats.path = Some(NdpPath::Host(why));
+                Ok((v, stats))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Has the device recompute the key bounds of one block's head near memory (after checking the
+    /// payload CRC); returns (min, max, whether the stored bounds equal them).
+    pub fn build_bounds(
+        &mut self,
+        block: BlockSpec,
+        want: &BlockExpect,
+    ) -> Result<(Vec<f32>, Vec<f32>, bool)> {
+        let args = format::as_bytes(&cxlkv_ndp_block {
+            key_lo: block.key.lo(),
+            key_hi: block.key.hi(),
+            token_offset: block.token_offset,
+        })
+        .to_vec();
+        let cmd = cxlkv_ndp_cmd {
+            opcode: CXLKV_NDP_OP_BUILD_BOUNDS as u16,
+            sequence: want.sequence,
+            layer: want.layer,
+            kv_head: want.kv_head as u16,
+            dtype: want.dtype as u8,
+            group: 1,
+            dim: want.dim,
+            nblocks: 1,
+            ..Default::default()
+        };
+        let (_, buf, _) = self.run_simple(cmd, &args, 64 + u64::from(want.dim) * 8)?;
+        if buf.len() < 64 {
+            return Err(NdpError::BadResult(buf.len() as u64));
+        }
+        let h: cxlkv_ndp_result = format::from_bytes(&buf);
+        let d = want.dim as usize;
+        let raw = buf
+            .get(h.bounds_off as usize..h.bounds_off as usize + 8 * d)
+            .ok_or(NdpError::BadResult(buf.len() as u64))?;
+        let f: Vec<f32> = raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        Ok((f[..d].to_vec(), f[d..].to_vec(), h.bounds_match == 1))
+    }
+
+    /// The device's hottest blocks this epoch (at most `max`).
+    pub fn hotlist(&mut self, max: usize) -> Result<Vec<cxlkv_ndp_hot_entry>> {
+        let cmd = cxlkv_ndp_cmd {
+            opcode: CXLKV_NDP_OP_HOTLIST as u16,
+            k: max as u32,
+            ..Default::default()
+        };
+        let (_, buf, _) = self.run_simple(cmd, &[], 64 + 32 * max as u64)?;
+        if buf.len() < 64 {
+            return Err(NdpError::BadResult(buf.len() as u64));
+        }
+        let h: cxlkv_ndp_result = format::from_bytes(&buf);
+        let n = (h.per_list as usize).min(max);
+        (0..n)
+            .map(|i| {
+                let at = h.bounds_off as usize + 32 * i;
+                buf.get(at..at + 32)
+                    .map(format::from_bytes::<cxlkv_ndp_hot_entry>)
+                    .ok_or(NdpError::BadResult(buf.len() as u64))
+            })
+            .collect()
+    }
+
+    /// Feeds the device's HOTLIST (at most `max` blocks, its own decayed scan heat) into `hot` as
+    /// the device signal (a snapshot that replaces the previous one). Returns the entries fed.
+    pub fn feed_hotness(&mut self, hot: &Hotness, max: usize) -> Result<usize> {
+        let pairs: Vec<(Key, u64)> = self
+            .hotlist(max)?
+            .iter()
+            .map(|e| (Key::from_parts(e.key_lo, e.key_hi), e.heat))
+            .collect();
+        hot.record_device(&pairs);
+        Ok(pairs.len())
+    }
+
+    /// Writes a raw command on this queue pair (tests of the device's validation). Returns the
+    /// tag to pass to [`NdpDevice::wait_raw`], or why the ring did not take it.
+    pub fn submit_raw(
+        &mut self,
+        mut cmd: cxlkv_ndp_cmd,
+    ) -> Result<std::result::Result<u64, FallbackReason>> {
+        let tag = self.new_tag();
+        cmd.tag = tag;
+        let start = Instant::now();
+        self.pending
+            .insert(u64::MAX - tag, Pending::bare(tag, start));
+        Ok(self.push(&cmd)?.map(|_| tag))
+    }
+
+    /// Waits for the completion of a raw command.
+    pub fn wait_raw(
+        &mut self,
+        tag: u64,
+    ) -> Result<std::result::Result<cxlkv_ndp_cpl, FallbackReason>> {
+        let r = self.await_tag(tag, Instant::now() + self.opts.timeout);
+        self.pending.remove(&(u64::MAX - tag));
+        r
+    }
+}

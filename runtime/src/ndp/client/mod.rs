@@ -1,0 +1,23 @@
+//! The host side of the NDP device: [`NdpDevice`] submits commands on the queue pair of its
+//! participant slot, polls for completions (spinning briefly, then sleeping on a futex that the
+//! device wakes), and falls back to scanning on the host with the same kernels when the device is
+//! absent, dead, slow or busy — so a caller always gets the same answer, and the stats say which
+//! path produced it and how many bytes crossed the link.
+//!
+//! - [`error`]: [`NdpError`] and [`FallbackReason`].
+//! - [`request`]: [`ScoreRequest`], [`BlockSpec`], the answer [`TopK`] and its [`NdpStats`],
+//!   [`NdpOptions`].
+//! - [`ring`]: [`NdpDevice`] and its queue pair (staging buffers, submission, completion, waits).
+//! - [`commands`]: SCORE_TOPK (submit, poll, wait, fallback) and the other commands.
+//! - [`fallback`]: the host path ([`host_score_topk`], [`host_gather`]).
+
+pub mod commands;
+pub mod error;
+pub mod fallback;
+pub mod request;
+pub mod ring;
+
+pub use error::{FallbackReason, NdpError, Result};
+pub use fallback::{host_gather, host_score_topk, HOST_META_BYTES_PER_BLOCK};
+pub use request::{BlockSpec, NdpOptions, NdpPath, NdpStats, ScoreRequest, TopK};
+pub use ring::{NdpDevice, Ticket};

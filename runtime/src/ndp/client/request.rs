@@ -1,0 +1,266 @@
+//! What the NDP client takes and returns: a SCORE_TOPK request ([`ScoreRequest`] over
+//! [`BlockSpec`]s), its answer ([`TopK`]) with what it cost ([`NdpStats`], [`NdpPath`]), and the
+//! client's [`NdpOptions`].
+
+use crate::key::Key;
+use crate::ndp::abi::*;
+use crate::ndp::block::BlockExpect;
+use crate::ndp::client::error::{FallbackReason, NdpError, Result};
+use cxlkv_kernels::{DType, GroupMode, Hit, ScoreKernel};
+use std::time::Duration;
+
+/// Which path produced a result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NdpPath {
+    /// The device.
+    Device,
+    /// The host, for this reason.
+    Host(FallbackReason),
+}
+
+/// What a command cost, per path.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NdpStats {
+    /// Who computed the result (`None` only in a default value).
+    pub path: Option<NdpPath>,
+    /// Bytes the host wrote across the link: command descriptor, arguments, ring index and
+    /// doorbell stores.
+    pub bytes_to_device: u64,
+    /// Bytes the host read across the link from the device path: completion, result, ring index.
+    pub bytes_from_device: u64,
+    /// Bytes a host-side scan pulled across the link (headers, layouts, every key, selected values).
+    pub host_scan_bytes: u64,
+    /// Key bytes the scanner read (device-local on the device path).
+    pub bytes_scanned: u64,
+    /// Blocks whose keys were read.
+    pub blocks_scanned: u32,
+    /// Blocks skipped on their bounds.
+    pub blocks_pruned: u32,
+    /// Execution time reported by the device.
+    pub device_ns: u64,
+    /// Softmax mass of list 0's hits per block, in block-list order.
+    pub block_mass: Vec<f32>,
+    /// Wall time from submit to result.
+    pub elapsed: Duration,
+}
+
+impl NdpStats {
+    /// All bytes that crossed the link for this command, either path.
+    pub fn link_bytes(&self) -> u64 {
+        self.bytes_to_device + self.bytes_from_device + self.host_scan_bytes
+    }
+}
+
+/// A SCORE_TOPK answer.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TopK {
+    /// Token indices per list (one list per query, or one for the group), best first.
+    pub indices: Vec<Vec<u32>>,
+    /// Scores `q·k` (unscaled), same shape.
+    pub scores: Vec<Vec<f32>>,
+    /// Value rows of the hits, `[lists][hits][dim]` raw elements, when asked for.
+    pub values: Vec<u8>,
+    /// Costs and path.
+    pub stats: NdpStats,
+}
+
+impl TopK {
+    /// The hits of list `l`.
+    pub fn hits(&self, l: usize) -> Vec<Hit> {
+        self.indices[l]
+            .iter()
+            .zip(&self.scores[l])
+            .map(|(&index, &score)| Hit { index, score })
+            .collect()
+    }
+
+    /// The attention mass of list 0 per block of `blocks` (the request's block list): `(key,
+    /// mass)` pairs for [`crate::hotness::Hotness::record_attention_mass`], so the blocks attention actually uses
+    /// count as hot.
+    pub fn attention_mass(&self, blocks: &[BlockSpec]) -> Vec<(Key, f32)> {
+        blocks
+            .iter()
+            .zip(&self.stats.block_mass)
+            .map(|(b, &m)| (b.key, m))
+            .collect()
+    }
+}
+
+/// A typed KV block named in a command: its key and the position of its first token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockSpec {
+    /// Key of the block.
+    pub key: Key,
+    /// Token offset its layout must carry.
+    pub token_offset: u64,
+}
+
+/// A SCORE_TOPK request.
+#[derive(Clone, Debug)]
+pub struct ScoreRequest<'a> {
+    /// `G × dim` f32 query vectors of one GQA group.
+    pub queries: &'a [f32],
+    /// Head dimension.
+    pub dim: usize,
+    /// Blocks of one sequence.
+    pub blocks: &'a [BlockSpec],
+    /// Sequence id the blocks must carry.
+    pub sequence: u64,
+    /// Layer.
+    pub layer: u32,
+    /// KV head.
+    pub kv_head: u32,
+    /// Element type of K and V.
+    pub dtype: DType,
+    /// Hits per list.
+    pub k: usize,
+    /// Per query or group maximum.
+    pub mode: GroupMode,
+    /// Skip blocks on their bounds (exact).
+    pub prune: bool,
+    /// Return the value rows of the hits.
+    pub gather_values: bool,
+}
+
+impl ScoreRequest<'_> {
+    pub(super) fn group(&self) -> usize {
+        self.queries.len().checked_div(self.dim).unwrap_or(0)
+    }
+
+    pub(super) fn expect(&self) -> BlockExpect {
+        BlockExpect {
+            sequence: self.sequence,
+            layer: self.layer,
+            kv_head: self.kv_head,
+            dtype: self.dtype,
+            dim: self.dim as u32,
+        }
+    }
+
+    pub(super) fn check(&self) -> Result<()> {
+        let g = self.group();
+        let bad = |m: String| Err(NdpError::BadRequest(m));
+        if self.dim == 0 || self.dim & 15 != 0 || self.dim > CXLKV_NDP_MAX_DIM as usize {
+            return bad(format!(
+                "head dimension {} is not a multiple of 16 in 16..=256",
+                self.dim
+            ));
+        }
+        if g == 0 || g > CXLKV_NDP_MAX_GROUP as usize || g * self.dim != self.queries.len() {
+            return bad(format!(
+                "{} query floats are not 1..=16 queries of {}",
+                self.queries.len(),
+                self.dim
+            ));
+        }
+        if self.k == 0 || self.k > CXLKV_NDP_MAX_K as usize {
+            return bad(format!("k = {} is outside 1..={CXLKV_NDP_MAX_K}", self.k));
+        }
+        if self.blocks.is_empty()
+            || self.blocks.len() > CXLKV_NDP_MAX_BLOCKS as usize
+            || self.kv_head > u32::from(u16::MAX)
+        {
+            return bad(format!(
+                "{} blocks (1..={CXLKV_NDP_MAX_BLOCKS}) or KV head {}",
+                self.blocks.len(),
+                self.kv_head
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn owned(&self) -> OwnedRequest {
+        OwnedRequest {
+            queries: self.queries.to_vec(),
+            dim: self.dim,
+            blocks: self.blocks.to_vec(),
+            sequence: self.sequence,
+            layer: self.layer,
+            kv_head: self.kv_head,
+            dtype: self.dtype,
+            k: self.k,
+            mode: self.mode,
+            prune: self.prune,
+            gather_values: self.gather_values,
+        }
+    }
+}
+
+/// A [`ScoreRequest`] that owns its queries and blocks: kept while a command is in flight, for the
+/// host fallback.
+#[derive(Clone, Debug)]
+pub(super) struct OwnedRequest {
+    queries: Vec<f32>,
+    dim: usize,
+    blocks: Vec<BlockSpec>,
+    sequence: u64,
+    layer: u32,
+    kv_head: u32,
+    pub(super) dtype: DType,
+    k: usize,
+    mode: GroupMode,
+    prune: bool,
+    gather_values: bool,
+}
+
+impl OwnedRequest {
+    /// No request: a command that has no host fallback.
+    pub(super) fn empty() -> OwnedRequest {
+        OwnedRequest {
+            queries: Vec::new(),
+            dim: 0,
+            blocks: Vec::new(),
+            sequence: 0,
+            layer: 0,
+            kv_head: 0,
+            dtype: DType::F16,
+            k: 0,
+            mode: GroupMode::PerQuery,
+            prune: false,
+            gather_values: false,
+        }
+    }
+
+    pub(super) fn borrow(&self) -> ScoreRequest<'_> {
+        ScoreRequest {
+            queries: &self.queries,
+            dim: self.dim,
+            blocks: &self.blocks,
+            sequence: self.sequence,
+            layer: self.layer,
+            kv_head: self.kv_head,
+            dtype: self.dtype,
+            k: self.k,
+            mode: self.mode,
+            prune: self.prune,
+            gather_values: self.gather_values,
+        }
+    }
+}
+
+/// Options of [`crate::ndp::client::ring::NdpDevice::open`].
+#[derive(Clone, Debug)]
+pub struct NdpOptions {
+    /// How long to wait for a completion before computing on the host.
+    pub timeout: Duration,
+    /// A device heartbeat older than this means the device is dead.
+    pub stale_after: Duration,
+    /// How long to spin on the completion index before sleeping on the futex.
+    pub spin: Duration,
+    /// Staging blocks (commands with buffers in flight at once).
+    pub staging: usize,
+    /// Kernel of the host fallback.
+    pub kernel: ScoreKernel,
+}
+
+impl Default for NdpOptions {
+    fn default() -> Self {
+        NdpOptions {
+            timeout: Duration::from_secs(2),
+            stale_after: Duration::from_millis(500),
+            spin: Duration::from_micros(50),
+            staging: 2,
+            kernel: ScoreKernel::detect(),
+        }
+    }
+}
