@@ -11,6 +11,7 @@
 pub mod render;
 
 pub use cxlkv_kernels as kernels;
+pub use cxlkv_model as model;
 pub use cxlkv_ndp as ndp;
 pub use cxlkv_runtime as runtime;
 pub use cxlkv_shm as shm;

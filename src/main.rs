@@ -28,6 +28,9 @@ enum Command {
     /// The main job: a shared-memory pool, several participant processes storing and sharing the
     /// real SmolLM2 KV cache, then a check of the pool.
     Demo(cli::demo::DemoArgs),
+    /// Generate text with a GGUF model and a chosen attention backend (greedy; text to stdout,
+    /// prefill and decode tokens/s to stderr).
+    Generate(cli::generate::GenerateArgs),
     /// Replay a Mooncake-format KV-cache trace against a real pool with DRAM, pool and SSD tiers,
     /// per eviction policy and capacity (with Belady's optimum as the reference line).
     Replay(cli::replay::ReplayArgs),
@@ -92,6 +95,7 @@ fn main() -> ExitCode {
         Command::Topo { json } => cli::topo(json),
         Command::Pool { command } => cli::pool::run(command),
         Command::Demo(a) => cli::demo::run(&a),
+        Command::Generate(a) => cli::generate::run(&a),
         Command::Replay(a) => cli::replay::run(&a),
         Command::Sim(a) => cli::sim::run(&a),
         Command::DemoWorker(a) => cli::demo::worker(&a),

@@ -1,6 +1,7 @@
 //! Subcommands of the `cxlkv` binary.
 
 pub mod demo;
+pub mod generate;
 pub mod pool;
 pub mod replay;
 pub mod sim;

@@ -1,0 +1,74 @@
+//! `cxlkv generate` end to end: argument errors without a model, and a short greedy run with the
+//! SmolLM2 GGUF when it is present (scripts/fetch-model.sh; `CXLKV_MODEL` overrides the path).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn cxlkv(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_cxlkv"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn unknown_attention_lists_the_known_ones() {
+    let out = cxlkv(&[
+        "generate",
+        "--model",
+        "/nonexistent.gguf",
+        "--prompt",
+        "x",
+        "--attention",
+        "sparse",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("\"sparse\"") && err.contains("dense") && err.contains("dense-f16"),
+        "{err}"
+    );
+}
+
+#[test]
+fn missing_model_is_a_clear_error() {
+    let out = cxlkv(&["generate", "--model", "/nonexistent.gguf", "--prompt", "x"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent.gguf"), "{err}");
+}
+
+#[test]
+fn generates_with_the_real_model() {
+    let path = std::env::var_os("CXLKV_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/cxlkv/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    if !path.is_file() {
+        eprintln!(
+            "skipped: no model at {} (scripts/fetch-model.sh)",
+            path.display()
+        );
+        return;
+    }
+    let model = path.to_str().unwrap();
+    let out = cxlkv(&[
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        "The capital of France is",
+        "-n",
+        "6",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Paris"), "generated {text:?}");
+    assert!(
+        err.contains("prefill: 5 tokens") && err.contains("decode: 6 tokens"),
+        "{err}"
+    );
+}
