@@ -10,6 +10,11 @@ missing=()
 for p in "${need_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# pip fetches the model for the decoder's tests (scripts/fetch-model.sh): Debian's pip only when
+# no pip is on the machine.
+if ! command -v pip3 >/dev/null && ! command -v pip >/dev/null && ! python3 -m pip --version >/dev/null 2>&1; then
+    missing+=(python3-pip)
+fi
 if ((${#missing[@]})); then
     if ! command -v apt-get >/dev/null; then
         echo "setup: missing packages ${missing[*]} and no apt-get; install them by hand" >&2
