@@ -118,7 +118,8 @@ impl Partial {
 
 /// Row `i` of `rows` as f32 into `dst`.
 pub(crate) fn load_row(rows: &KeyRows<'_>, i: usize, dst: &mut [f32]) {
-    let bytes = rows.row(i);
+    let mut buf = [0u8; cxlkv_kernels::MAX_ROW_BYTES];
+    let bytes = rows.copy_row(i, &mut buf);
     let dt = rows.dtype();
     match dt {
         cxlkv_kernels::DType::F32 => {
