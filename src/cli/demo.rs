@@ -3,13 +3,14 @@
 //! Creates a shared-memory pool and runs participants as separate processes (`cxlkv demo-worker`)
 //! that store and share the real SmolLM2-135M KV cache as typed blocks:
 //!
-//! 1. engine A serves request 1 (the first 1,536 tokens of the text) and parks its KV for layers 4
-//!    and 17 in the pool, one typed block per 128-token chunk and layer;
-//! 2. engine B serves request 2 (the whole 2,048 tokens, a continuation of request 1): it looks up
+//! 1. engine A serves request 1 (the first 3/4 of the tokens) and parks its KV for every layer the
+//!    folder holds (meta.json's `dumped_layers`; layers 4 and 17 in data/kv/) in the pool, one
+//!    typed block per 128-token chunk and layer;
+//! 2. engine B serves request 2 (all the tokens, a continuation of request 1): it looks up
 //!    the longest cached prefix, fetches those chunks instead of recomputing them, checks every
 //!    byte against the model's tensors, and parks only the chunks that are new;
-//! 3. a reader pins every block of layer 17 and runs attention for the last token over the pinned
-//!    KV, and compares it with attention over the original tensors.
+//! 3. a reader pins every block of the last layer and runs attention for the last token over the
+//!    pinned KV, and compares it with attention over the original tensors.
 //!
 //! Then it checks the pool and prints what each participant did.
 //!
@@ -39,7 +40,6 @@ macro_rules! say {
 }
 
 const CHUNK: usize = 128;
-const LAYERS: [u32; 2] = [4, 17];
 const MODEL: &str = "SmolLM2-135M-Instruct";
 
 /// Arguments of `cxlkv demo`.
@@ -99,8 +99,58 @@ struct Tensors {
     dim: usize,
     k: Vec<Vec<u8>>,
     v: Vec<Vec<u8>>,
-    q17: Vec<u16>,
+    /// The layers the folder holds, ascending; `k[i]` and `v[i]` belong to `layers[i]`.
+    layers: Vec<u32>,
+    /// Queries of the last layer (f16 bits, `[q_heads][tokens][dim]`).
+    q_last: Vec<u16>,
     q_heads: usize,
+}
+
+/// The layers a folder in the data/kv format holds: meta.json's `dumped_layers`, or, without it,
+/// every `layerNN_k.npy` present.
+fn dumped_layers(dir: &Path) -> Result<Vec<u32>> {
+    let bad = |m: String| Error::Other(format!("{}: {m}", dir.display()));
+    let mut layers: Vec<u32> = match std::fs::read_to_string(dir.join("meta.json")) {
+        Ok(text) => {
+            let meta: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| bad(format!("meta.json: {e}")))?;
+            match meta.get("dumped_layers") {
+                Some(v) => v
+                    .as_array()
+                    .and_then(|a| {
+                        a.iter()
+                            .map(|l| l.as_u64().and_then(|l| u32::try_from(l).ok()))
+                            .collect::<Option<Vec<u32>>>()
+                    })
+                    .ok_or_else(|| {
+                        bad("meta.json: dumped_layers is not a list of layer numbers".into())
+                    })?,
+                None => Vec::new(),
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(bad(format!("meta.json: {e}"))),
+    };
+    if layers.is_empty() {
+        layers = std::fs::read_dir(dir)
+            .map_err(|e| bad(e.to_string()))?
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter_map(|n| {
+                n.strip_prefix("layer")?
+                    .strip_suffix("_k.npy")?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+    }
+    layers.sort_unstable();
+    layers.dedup();
+    if layers.is_empty() {
+        return Err(bad(
+            "no layers: meta.json names no dumped_layers and there is no layerNN_k.npy".into(),
+        ));
+    }
+    Ok(layers)
 }
 
 fn load(dir: &Path) -> Result<Tensors> {
@@ -116,7 +166,8 @@ fn load(dir: &Path) -> Result<Tensors> {
         .collect();
     let (mut k, mut v) = (Vec::new(), Vec::new());
     let (mut heads, mut dim) = (0, 0);
-    for layer in LAYERS {
+    let layers = dumped_layers(dir)?;
+    for &layer in &layers {
         for (name, out) in [("k", &mut k), ("v", &mut v)] {
             let f = format!("layer{layer:02}_{name}.npy");
             let a = read_npy(dir.join(&f)).map_err(|e| err(&f, &e))?;
@@ -127,21 +178,37 @@ fn load(dir: &Path) -> Result<Tensors> {
                     tokens.len()
                 )));
             }
+            if !out.is_empty() && (a.shape[0], a.shape[2]) != (heads, dim) {
+                return Err(Error::Other(format!(
+                    "{f}: shape {:?}, but other layers have {heads} heads of dimension {dim}",
+                    a.shape
+                )));
+            }
             (heads, dim) = (a.shape[0], a.shape[2]);
             let bits = a.to_f16_bits().map_err(|e| err(&f, &e))?;
             out.push(bits.iter().flat_map(|b| b.to_le_bytes()).collect());
         }
     }
-    let q = read_npy(dir.join("layer17_q.npy")).map_err(|e| err("layer17_q.npy", &e))?;
+    let last = *layers.last().expect("at least one layer");
+    let qf = format!("layer{last:02}_q.npy");
+    let q = read_npy(dir.join(&qf)).map_err(|e| err(&qf, &e))?;
+    if q.shape.len() != 3 || q.shape[1] != tokens.len() || q.shape[2] != dim {
+        return Err(Error::Other(format!(
+            "{qf}: shape {:?}, expected [heads, {}, {dim}]",
+            q.shape,
+            tokens.len()
+        )));
+    }
     let q_heads = q.shape[0];
-    let q17 = q.to_f16_bits().map_err(|e| err("layer17_q.npy", &e))?;
+    let q_last = q.to_f16_bits().map_err(|e| err(&qf, &e))?;
     Ok(Tensors {
         tokens,
         heads,
         dim,
         k,
         v,
-        q17,
+        layers,
+        q_last,
         q_heads,
     })
 }
@@ -168,6 +235,19 @@ impl Tensors {
             sequence: 1,
             token_offset: t0 as u64,
         }
+    }
+
+    /// "4 and 17", "3, 9 and 20".
+    fn layer_list(&self) -> String {
+        let names: Vec<String> = self.layers.iter().map(|l| l.to_string()).collect();
+        match names.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+            _ => names.join(""),
+        }
+    }
+
+    fn last_layer(&self) -> u32 {
+        *self.layers.last().expect("at least one layer")
     }
 
     fn keys(&self, layer: u32, tokens: usize) -> Vec<Key> {
@@ -243,7 +323,7 @@ fn sharing(a: &DemoArgs) -> Result<ExitCode> {
         json,
         "== part 1: participant processes share the KV cache through the pool"
     );
-    say!(json, "cxlkv demo: pool {backend}, KV of {MODEL} over {} tokens (layers 4 and 17, {} KV heads, d = {}) from {}", t.tokens.len(), t.heads, t.dim, kv_dir.display());
+    say!(json, "cxlkv demo: pool {backend}, KV of {MODEL} over {} tokens (layers {}, {} KV heads, d = {}) from {}", t.tokens.len(), t.layer_list(), t.heads, t.dim, kv_dir.display());
 
     let block = ((2 * t.heads * CHUNK * t.dim * 2 + 64 + t.heads * t.dim * 8) as u64)
         .next_multiple_of(4096);
@@ -263,7 +343,7 @@ fn sharing(a: &DemoArgs) -> Result<ExitCode> {
         sb.blocks_per_partition,
         human(sb.block_size)
     );
-    let result = run_workers(&spec, &kv_dir, &pool, json);
+    let result = run_workers(&spec, &kv_dir, &t, &pool, json);
     if !a.keep {
         let _ = Region::unlink(&backend);
     } else {
@@ -272,7 +352,13 @@ fn sharing(a: &DemoArgs) -> Result<ExitCode> {
     result
 }
 
-fn run_workers(spec: &str, kv_dir: &Path, pool: &Pool, json: bool) -> Result<ExitCode> {
+fn run_workers(
+    spec: &str,
+    kv_dir: &Path,
+    t: &Tensors,
+    pool: &Pool,
+    json: bool,
+) -> Result<ExitCode> {
     use std::io::{BufRead, BufReader};
     use std::process::{Child, Stdio};
     let exe = std::env::current_exe()
@@ -280,18 +366,22 @@ fn run_workers(spec: &str, kv_dir: &Path, pool: &Pool, json: bool) -> Result<Exi
     // Engines stay attached (holding their partitions) until we close their stdin, so all three
     // participants are live at once and each reads what the others wrote.
     let mut held: Vec<Child> = Vec::new();
+    let n = t.tokens.len();
     let roles = [
         (
             "engine-a",
-            "engine A (process) serves request 1: 1,536 tokens",
+            format!("engine A (process) serves request 1: {} tokens", n * 3 / 4),
         ),
         (
             "engine-b",
-            "engine B (process) serves request 2: 2,048 tokens continuing request 1",
+            format!("engine B (process) serves request 2: {n} tokens continuing request 1"),
         ),
         (
             "reader",
-            "reader (process) pins layer 17 and runs attention over the pool's KV",
+            format!(
+                "reader (process) pins layer {} and runs attention over the pool's KV",
+                t.last_layer()
+            ),
         ),
     ];
     let mut failed = None;
@@ -402,7 +492,7 @@ pub fn worker(a: &WorkerArgs) -> Result<ExitCode> {
     match a.role.as_str() {
         "engine-a" => store_chunks(&me, &t, 0, n * 3 / 4),
         "engine-b" => {
-            let chain = t.keys(LAYERS[0], n);
+            let chain = t.keys(t.layers[0], n);
             let started = Instant::now();
             let cached = me.lookup_prefix(&chain)?;
             println!(
@@ -411,7 +501,7 @@ pub fn worker(a: &WorkerArgs) -> Result<ExitCode> {
             );
             let started = Instant::now();
             let mut bytes = 0u64;
-            for (li, &layer) in LAYERS.iter().enumerate() {
+            for (li, &layer) in t.layers.iter().enumerate() {
                 for (c, key) in t.keys(layer, n).into_iter().take(cached).enumerate() {
                     let (payload, _) = me.get(key)?.ok_or_else(|| {
                         Error::Other(format!("chunk {c} of layer {layer} vanished"))
@@ -432,7 +522,7 @@ pub fn worker(a: &WorkerArgs) -> Result<ExitCode> {
             let secs = started.elapsed().as_secs_f64();
             println!(
                 "   fetched {} cached blocks ({}) in {:.2} ms ({:.2} GB/s), every byte equal to the model's K and V",
-                cached * LAYERS.len(), human(bytes), secs * 1e3, bytes as f64 / secs / 1e9
+                cached * t.layers.len(), human(bytes), secs * 1e3, bytes as f64 / secs / 1e9
             );
             store_chunks(&me, &t, cached * CHUNK, n)
         }
@@ -454,7 +544,7 @@ fn store_chunks(me: &Participant, t: &Tensors, from: usize, to: usize) -> Result
     let started = Instant::now();
     let mut bytes = 0u64;
     let mut blocks = 0;
-    for (li, &layer) in LAYERS.iter().enumerate() {
+    for (li, &layer) in t.layers.iter().enumerate() {
         let keys = t.keys(layer, to);
         for (range, k, v) in t.chunks(li, from..to) {
             let key = keys[range.start / CHUNK];
@@ -474,7 +564,8 @@ fn store_chunks(me: &Participant, t: &Tensors, from: usize, to: usize) -> Result
 fn reader(me: &Participant, t: &Tensors) -> Result<()> {
     use cxlkv::kernels::f16_to_f32;
     let n = t.tokens.len();
-    let keys = t.keys(LAYERS[1], n);
+    let last = t.last_layer();
+    let keys = t.keys(last, n);
     let pins: Vec<_> = keys
         .iter()
         .map(|&k| me.pin(k))
@@ -482,9 +573,9 @@ fn reader(me: &Participant, t: &Tensors) -> Result<()> {
     let pins: Vec<_> = pins
         .into_iter()
         .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| Error::Other("a layer-17 chunk is missing".into()))?;
+        .ok_or_else(|| Error::Other(format!("a chunk of layer {last} is missing")))?;
     println!(
-        "   participant {}: pinned {} blocks of layer 17 (owners will not reuse them while pinned)",
+        "   participant {}: pinned {} blocks of layer {last} (owners will not reuse them while pinned)",
         me.id(),
         pins.len()
     );
@@ -505,9 +596,10 @@ fn reader(me: &Participant, t: &Tensors) -> Result<()> {
             .collect()
     };
     let (k_pool, v_pool) = (to_f32(&kp), to_f32(&vp));
-    let (k_ref, v_ref) = (to_f32(&t.k[1][..n * d * 2]), to_f32(&t.v[1][..n * d * 2]));
+    let li = t.layers.len() - 1;
+    let (k_ref, v_ref) = (to_f32(&t.k[li][..n * d * 2]), to_f32(&t.v[li][..n * d * 2]));
     // Query head 0 at the last position attends to KV head 0 (GQA: head h uses KV head h / 3).
-    let q: Vec<f32> = t.q17[(n - 1) * d..n * d]
+    let q: Vec<f32> = t.q_last[(n - 1) * d..n * d]
         .iter()
         .map(|&b| f16_to_f32(b))
         .collect();
