@@ -237,12 +237,14 @@ impl Tensors {
         }
     }
 
-    /// "4 and 17", "3, 9 and 20".
+    /// "layer 17", "layers 4 and 17", "layers 3, 9 and 20".
     fn layer_list(&self) -> String {
         let names: Vec<String> = self.layers.iter().map(|l| l.to_string()).collect();
         match names.split_last() {
-            Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
-            _ => names.join(""),
+            Some((last, rest)) if !rest.is_empty() => {
+                format!("layers {} and {last}", rest.join(", "))
+            }
+            _ => format!("layer {}", names.join("")),
         }
     }
 
@@ -323,7 +325,7 @@ fn sharing(a: &DemoArgs) -> Result<ExitCode> {
         json,
         "== part 1: participant processes share the KV cache through the pool"
     );
-    say!(json, "cxlkv demo: pool {backend}, KV of {MODEL} over {} tokens (layers {}, {} KV heads, d = {}) from {}", t.tokens.len(), t.layer_list(), t.heads, t.dim, kv_dir.display());
+    say!(json, "cxlkv demo: pool {backend}, KV of {MODEL} over {} tokens ({}, {} KV heads, d = {}) from {}", t.tokens.len(), t.layer_list(), t.heads, t.dim, kv_dir.display());
 
     let block = ((2 * t.heads * CHUNK * t.dim * 2 + 64 + t.heads * t.dim * 8) as u64)
         .next_multiple_of(4096);
