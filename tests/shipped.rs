@@ -24,7 +24,11 @@ fn normal_build_enables_no_test_only_feature() {
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("cargo tree runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let tree = String::from_utf8_lossy(&out.stdout);
     assert!(tree.contains("cxlkv-runtime"), "{tree}");
     for f in ["\"coherence-teeth\"", "\"crash-points\""] {

@@ -46,6 +46,7 @@
 
 mod backing;
 mod check;
+mod clock;
 mod ctx;
 mod host;
 mod model;
