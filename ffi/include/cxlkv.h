@@ -116,7 +116,8 @@ typedef struct cxlkv_pool_config {
   uint64_t block_size;
   // Participant slots (and partitions).
   uint32_t participants;
-  // Milliseconds without heartbeat after which a participant is dead.
+  // Lease in milliseconds: a participant whose heartbeat counter an observer watched stand
+  // still for longer than this, on the observer's own clock, is dead.
   uint32_t lease_ms;
 } cxlkv_pool_config;
 

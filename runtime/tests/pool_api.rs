@@ -302,6 +302,93 @@ fn liveness_needs_no_shared_wall_clock() {
     assert!(heir.recovery.took_over_from.is_some());
 }
 
+/// A host clock that moves only when the test says so.
+#[derive(Default)]
+struct ManualClock(std::sync::atomic::AtomicU64);
+
+impl Clock for ManualClock {
+    fn now_ns(&self) -> u64 {
+        system_now_ns()
+    }
+    fn monotonic_ns(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl ManualClock {
+    fn advance(&self, ns: u64) {
+        self.0.fetch_add(ns, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_holder_fences_itself_before_an_observer_may_declare_it_dead() {
+    let region = Arc::new(Region::anonymous(8 << 20).unwrap());
+    let lease = 1_000_000_000u64;
+    let cfg = PoolConfig {
+        block_size: 4096,
+        participants: 2,
+        lease: Duration::from_nanos(lease),
+        coherence: cxlkv_runtime::CoherenceMode::Software,
+        ..Default::default()
+    };
+    Pool::create(region.clone(), &cfg).unwrap();
+    let (hc, oc) = (
+        Arc::new(ManualClock::default()),
+        Arc::new(ManualClock::default()),
+    );
+    let holder_pool = Pool::open_with_clock(region.clone(), hc.clone()).unwrap();
+    let observer = Pool::open_with_clock(region, oc.clone()).unwrap();
+    let holder = Participant::attach_slot(
+        &holder_pool,
+        0,
+        AttachOptions {
+            heartbeat: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let k = Key::from_bytes(b"k");
+    holder.put(k, b"v").unwrap();
+    assert_eq!(
+        participant_liveness(&observer, 0).unwrap().liveness,
+        Liveness::Unknown
+    );
+    // Three quarters of a lease after its last beat the holder stops writing; the observer, whose
+    // watch started after that beat, cannot declare it dead before a full lease of its own.
+    hc.advance(lease / 4 * 3);
+    oc.advance(lease / 4 * 3);
+    holder.put(k, b"v2").unwrap();
+    hc.advance(1);
+    oc.advance(1);
+    assert!(matches!(
+        holder.put(k, b"v3"),
+        Err(PoolError::Fenced { .. })
+    ));
+    assert!(holder.presumed_dead());
+    assert!(!participant_dead(&observer, 0).unwrap());
+    oc.advance(lease / 4);
+    assert_eq!(
+        participant_liveness(&observer, 0).unwrap().liveness,
+        Liveness::Dead
+    );
+    let heir = Participant::attach_slot(
+        &observer,
+        0,
+        AttachOptions {
+            heartbeat: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(heir.recovery.took_over_from, Some(0));
+    assert_eq!(heir.partition(), Some(0));
+    assert_eq!(observer.get(k).unwrap().unwrap().0, b"v2");
+    drop(holder); // a fenced zombie's detach writes nothing
+    heir.put(k, b"v4").unwrap();
+    assert_eq!(observer.get(k).unwrap().unwrap().0, b"v4");
+}
+
 #[test]
 fn open_sees_what_create_wrote() {
     let region = Arc::new(Region::anonymous(8 << 20).unwrap());

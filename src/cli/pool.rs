@@ -192,9 +192,9 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
             let watch = Duration::from_millis(watch_ms.unwrap_or(lease_ms / 2));
             let st = watched_stats(&pool, watch)?;
             println!(
-                "heartbeats watched for {} ms (lease {lease_ms} ms): live = the counter moved; \
-                 ? = it did not move in a watch shorter than the lease (dead, or stalled: \
-                 --watch-ms {} tells); DEAD = it stood still for more than the lease",
+                "heartbeats watched for {} ms (lease {lease_ms} ms). live: yes = the heartbeat \
+                 counter moved; ? = it did not move in a watch shorter than the lease (dead, or \
+                 stalled: --watch-ms {} tells); DEAD = it stood still for more than the lease",
                 watch.as_millis(),
                 lease_ms + 1
             );
