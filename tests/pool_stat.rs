@@ -59,7 +59,10 @@ fn pool_stat_watches_before_it_judges() {
     let half = liveness(&spec, &["--watch-ms", "200"]);
     assert_eq!((col(&half, l), col(&half, h)), ("yes".into(), "?".into()));
     let full = liveness(&spec, &["--watch-ms", "600"]);
-    assert_eq!((col(&full, l), col(&full, h)), ("yes".into(), "DEAD".into()));
+    assert_eq!(
+        (col(&full, l), col(&full, h)),
+        ("yes".into(), "DEAD".into())
+    );
 
     drop(live);
     std::mem::forget(hung);
