@@ -80,6 +80,8 @@ pub struct SimReport {
     pub seeds_run: u64,
     /// Crashes and stalls past the lease simulated.
     pub crashes: u64,
+    /// Of them, stalls (the stalled host resumes and must find itself fenced).
+    pub stalls: u64,
     /// Takeovers of a crashed or stalled host's partition by its successor, after its watch found
     /// the host dead.
     pub takeovers: u64,
@@ -128,8 +130,8 @@ impl std::fmt::Display for SimReport {
         match &self.violation {
             None => write!(
                 f,
-                "sim: ok{site}: {} seeds, {} operations, {} crashes or stalls, {} takeovers; no invariant broke",
-                self.seeds_run, self.ops, self.crashes, self.takeovers
+                "sim: ok{site}: {} seeds, {} operations, {} crashes and {} stalls, {} takeovers; no invariant broke",
+                self.seeds_run, self.ops, self.crashes - self.stalls, self.stalls, self.takeovers
             ),
             Some(v) => {
                 writeln!(
@@ -162,6 +164,7 @@ pub fn run_sim(opts: &SimOptions) -> SimReport {
     let mut rep = SimReport {
         seeds_run: 0,
         crashes: 0,
+        stalls: 0,
         takeovers: 0,
         max_skew_ms: 0,
         ops: 0,
@@ -207,6 +210,7 @@ pub fn run_sim(opts: &SimOptions) -> SimReport {
         rep.seeds_run += 1;
         rep.ops += out.ops;
         rep.crashes += u64::from(out.crashed);
+        rep.stalls += u64::from(out.stalled);
         rep.takeovers += u64::from(out.taken_over);
         rep.max_skew_ms = rep.max_skew_ms.max(out.max_skew_ns / 1_000_000);
         if let Some(v) = out.violation {
@@ -221,6 +225,7 @@ pub fn run_sim(opts: &SimOptions) -> SimReport {
 struct SeedOutcome {
     ops: u64,
     crashed: bool,
+    stalled: bool,
     taken_over: bool,
     max_skew_ns: u64,
     violation: Option<Violation>,
@@ -325,6 +330,7 @@ fn run_seed(opts: &SimOptions, seed: u64, site: Option<Site>) -> SeedOutcome {
         return SeedOutcome {
             ops: 0,
             crashed: false,
+            stalled: false,
             taken_over: false,
             max_skew_ns,
             violation: Some(Violation {
@@ -348,9 +354,9 @@ fn run_seed(opts: &SimOptions, seed: u64, site: Option<Site>) -> SeedOutcome {
     for t in threads {
         let _ = t.join();
     }
-    let (crashed, taken_over) = {
+    let (crashed, stalled, taken_over) = {
         let m = lock(&ctx.model);
-        (m.crashed.is_some(), m.taken_over)
+        (m.crashed.is_some(), m.zombie.is_some(), m.taken_over)
     };
     if lock(&ctx.model).violation.is_none() {
         final_check(&ctx);
@@ -359,6 +365,7 @@ fn run_seed(opts: &SimOptions, seed: u64, site: Option<Site>) -> SeedOutcome {
     SeedOutcome {
         ops: m.ops,
         crashed,
+        stalled,
         taken_over,
         max_skew_ns,
         violation: m.violation.clone().map(|what| Violation {
