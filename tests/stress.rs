@@ -293,7 +293,9 @@ fn stress(coherence: CoherenceMode) {
     let cfg = PoolConfig {
         block_size: BLOCK,
         participants: WORKERS,
-        lease: Duration::from_millis(300),
+        // A software-coherent worker fences itself three quarters of a lease after its last beat:
+        // 400 ms leaves a heartbeat thread 250 ms of scheduling delay on a loaded machine.
+        lease: Duration::from_millis(400),
         coherence,
         ..Default::default()
     };
@@ -320,7 +322,7 @@ fn stress(coherence: CoherenceMode) {
     let mut killed = Vec::new();
     for _ in 0..kills {
         // The last kill leaves a respawned worker at least 900 ms to watch its predecessor for a
-        // lease (300 ms) and attach.
+        // lease (400 ms) and attach.
         std::thread::sleep(Duration::from_millis(
             200 + rng.below((seconds * 1000 - 1500) / kills),
         ));
