@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks that what `cargo build --workspace` ships carries no test-only code: neither the
-# simulator's teeth (runtime feature `coherence-teeth`: site removal) nor crash injection (runtime
+# simulator's teeth (runtime feature `coherence-teeth`: site removal, and the old wall-clock
+# liveness rule behind `watch::set_liveness_rule`) nor crash injection (runtime
 # feature `crash-points`: `CXLKV_CRASH_AT`). Run it right after `cargo build --workspace [--release]`
 # (a later `cargo test` rebuilds libcxlkv.so with the test features, as the tests need).
 #   scripts/check-shipped.sh [debug|release]

@@ -3,8 +3,9 @@
 //! Four worker processes attach one `/dev/shm` pool; each puts keys whose payload is derived from
 //! the key (replacing them over and over, so blocks are freed and reused all the time) and gets
 //! random keys of every worker, verifying every byte of every hit. The parent SIGKILLs workers at
-//! random moments — mid-put included — and respawns them; a respawned worker must wait for the
-//! dead one's lease, then takes over its slot and partition. Afterwards: no reader saw a wrong
+//! random moments — mid-put included — and respawns them; a respawned worker must watch the dead
+//! one's heartbeat stand still for a lease (its watch starts with its first attach), then takes
+//! over its slot and partition. Afterwards: no reader saw a wrong
 //! byte, `cxlkv pool check` passes, and every key any worker logged as committed (the killed ones
 //! included) reads back exactly.
 //!
@@ -66,7 +67,8 @@ fn worker() -> ! {
     let me = loop {
         match pool.attach() {
             Ok(p) => break p,
-            // All slots held: wait for a dead participant's lease to run out.
+            // All slots held: retry through the same pool handle, whose watch finds the dead
+            // participant dead once its heartbeat stood still for a lease.
             Err(PoolError::NoFreeParticipant(_)) if now_ms() < until => {
                 std::thread::sleep(Duration::from_millis(10))
             }
@@ -174,6 +176,22 @@ fn committed_keys(text: &str) -> Vec<Key> {
         .collect()
 }
 
+/// Attaches through `pool`, retrying while every slot is held: the first attempt starts the
+/// handle's watch of the holders, and a holder is dead to it once its heartbeat stood still for a
+/// lease.
+fn attach_once_dead(pool: &Pool) -> cxlkv::runtime::Participant {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match pool.attach() {
+            Ok(p) => return p,
+            Err(PoolError::NoFreeParticipant(_)) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Err(e) => panic!("attach: {e}"),
+        }
+    }
+}
+
 /// Kills a writer at every step of the write protocol (payload written, header written, index slot
 /// odd, slot fields written, indexed), then checks that a new participant takes the partition
 /// over, repairs what the crash left, and that every committed key reads back exactly.
@@ -213,8 +231,7 @@ fn crash_at_every_step_of_a_put() {
             "{site}: {} keys committed before the crash",
             keys.len()
         );
-        std::thread::sleep(Duration::from_millis(150));
-        let heir = pool.attach().unwrap();
+        let heir = attach_once_dead(&pool);
         assert_eq!(
             heir.recovery.took_over_from,
             Some(0),
@@ -276,7 +293,9 @@ fn stress(coherence: CoherenceMode) {
     let cfg = PoolConfig {
         block_size: BLOCK,
         participants: WORKERS,
-        lease: Duration::from_millis(300),
+        // A software-coherent worker fences itself three quarters of a lease after its last beat:
+        // 400 ms leaves a heartbeat thread 250 ms of scheduling delay on a loaded machine.
+        lease: Duration::from_millis(400),
         coherence,
         ..Default::default()
     };
@@ -302,8 +321,10 @@ fn stress(coherence: CoherenceMode) {
     let kills = 3;
     let mut killed = Vec::new();
     for _ in 0..kills {
+        // The last kill leaves a respawned worker at least 900 ms to watch its predecessor for a
+        // lease (400 ms) and attach.
         std::thread::sleep(Duration::from_millis(
-            200 + rng.below((seconds * 1000 - 1200) / kills),
+            200 + rng.below((seconds * 1000 - 1500) / kills),
         ));
         let idx = rng.below(children.len() as u64) as usize;
         let (w, inc, mut child) = children.swap_remove(idx);

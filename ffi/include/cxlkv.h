@@ -116,7 +116,8 @@ typedef struct cxlkv_pool_config {
   uint64_t block_size;
   // Participant slots (and partitions).
   uint32_t participants;
-  // Milliseconds without heartbeat after which a participant is dead.
+  // Lease in milliseconds: a participant whose heartbeat counter an observer watched stand
+  // still for longer than this, on the observer's own clock, is dead.
   uint32_t lease_ms;
 } cxlkv_pool_config;
 
@@ -308,8 +309,12 @@ cxlkv_result cxlkv_key_chain(const char *ns,
 cxlkv_result cxlkv_key_from_bytes(const uint8_t *bytes, size_t len, struct cxlkv_key *key);
 
 // Attaches a participant to `pool` (claims a slot and, if one is free or dead, a partition).
-// On success stores a handle in `*out`; release it with `cxlkv_participant_detach`. A
-// participant handle may be used from several threads at once. Thread-safe.
+// A holder is dead once this pool handle watched its heartbeat counter stand still for the
+// lease: the first attach through a fresh handle finds every holder alive, and a later one through
+// the same handle can take a dead holder's slot and partition over (retry on
+// `CXLKV_ERR_NO_PARTICIPANT_SLOT`). On success stores a handle in `*out`; release it with
+// `cxlkv_participant_detach`. A participant handle may be used from several threads at once.
+// Thread-safe.
 cxlkv_result cxlkv_participant_attach(const struct cxlkv_pool *pool,
                                       struct cxlkv_participant **out);
 

@@ -55,8 +55,12 @@ pub struct cxlkv_reservation {
 }
 
 /// Attaches a participant to `pool` (claims a slot and, if one is free or dead, a partition).
-/// On success stores a handle in `*out`; release it with `cxlkv_participant_detach`. A
-/// participant handle may be used from several threads at once. Thread-safe.
+/// A holder is dead once this pool handle watched its heartbeat counter stand still for the
+/// lease: the first attach through a fresh handle finds every holder alive, and a later one through
+/// the same handle can take a dead holder's slot and partition over (retry on
+/// `CXLKV_ERR_NO_PARTICIPANT_SLOT`). On success stores a handle in `*out`; release it with
+/// `cxlkv_participant_detach`. A participant handle may be used from several threads at once.
+/// Thread-safe.
 #[no_mangle]
 pub extern "C" fn cxlkv_participant_attach(
     pool: *const cxlkv_pool,

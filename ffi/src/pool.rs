@@ -20,7 +20,8 @@ pub struct cxlkv_pool_config {
     pub block_size: u64,
     /// Participant slots (and partitions).
     pub participants: u32,
-    /// Milliseconds without heartbeat after which a participant is dead.
+    /// Lease in milliseconds: a participant whose heartbeat counter an observer watched stand
+    /// still for longer than this, on the observer's own clock, is dead.
     pub lease_ms: u32,
 }
 

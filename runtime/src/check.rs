@@ -10,8 +10,9 @@ use crate::format::{
     ENTRY_EMPTY, ENTRY_TOMBSTONE, PINS_PER_PARTICIPANT, PIN_SIZE,
 };
 use crate::key::Key;
-use crate::participant::liveness::participant_dead;
+use crate::participant::liveness::participant_liveness;
 use crate::pool::{Pool, Result};
+use crate::watch::Liveness;
 use std::sync::atomic::Ordering;
 
 /// One finding of the checker.
@@ -30,8 +31,13 @@ pub struct CheckReport {
     pub errors: Vec<Finding>,
     /// States the protocol repairs by itself.
     pub notes: Vec<Finding>,
-    /// Live participants.
+    /// Participant slots held.
+    pub held_participants: u32,
+    /// Held slots whose holder this pool handle's watch has seen alive (its heartbeat moved). A
+    /// single check through a fresh handle sees none: it cannot watch a heartbeat for a lease.
     pub live_participants: u32,
+    /// Held slots whose holder the watch found dead (its heartbeat stood still for a lease).
+    pub dead_participants: u32,
     /// Live index entries checked (header and payload CRC).
     pub blocks_checked: u64,
     /// Payload bytes checksummed.
@@ -47,10 +53,16 @@ impl CheckReport {
 
 impl std::fmt::Display for CheckReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let unknown = self.held_participants - self.live_participants - self.dead_participants;
         writeln!(
             f,
-            "checked {} blocks ({} payload bytes), {} live participants",
-            self.blocks_checked, self.bytes_checked, self.live_participants
+            "checked {} blocks ({} payload bytes), {} participant slots held ({} seen live, {} dead, {} not watched long enough to tell)",
+            self.blocks_checked,
+            self.bytes_checked,
+            self.held_participants,
+            self.live_participants,
+            self.dead_participants,
+            unknown
         )?;
         for n in &self.notes {
             writeln!(f, "note: {}: {}", n.place, n.what)?;
@@ -82,10 +94,14 @@ pub fn check(pool: &Pool) -> Result<CheckReport> {
             continue;
         }
         let place = format!("participant {q}");
-        if !participant_dead(pool, q)? {
-            r.live_participants += 1;
-        } else {
-            r.notes.push(Finding { place: place.clone(), what: "holder is dead (heartbeat older than the lease); the slot is reclaimed on the next attach".into() });
+        r.held_participants += 1;
+        match participant_liveness(pool, q)?.liveness {
+            Liveness::Live => r.live_participants += 1,
+            Liveness::Dead => {
+                r.dead_participants += 1;
+                r.notes.push(Finding { place: place.clone(), what: "holder is dead (its heartbeat stood still for a lease); an attach through this handle reclaims the slot".into() });
+            }
+            Liveness::Free | Liveness::Unknown => {}
         }
         let part = mem.load_u64(base + slot::PARTITION, Ordering::Relaxed)?;
         if part > u64::from(sb.partitions) {

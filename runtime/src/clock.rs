@@ -1,24 +1,42 @@
 //! The clock seam: where the protocol reads time.
 //!
-//! Heartbeats, lease checks and pool statistics read time through the [`Clock`] of their
-//! [`crate::Pool`]. Production pools use [`SystemClock`]; the non-coherence simulator
-//! (`cxlkv-sim`) opens each simulated host's pool with a clock of its own, so simulated time and
-//! per-host skew never reach production code paths.
+//! A party of a pool reads two clocks through the [`Clock`] of its [`crate::Pool`]:
+//!
+//! - [`Clock::now_ns`], the wall clock (nanoseconds since the Unix epoch): identity and creation
+//!   stamps only. Hosts' wall clocks disagree and step (NTP, a VM resumed after migration), so no
+//!   protocol decision compares one host's wall clock with another's.
+//! - [`Clock::monotonic_ns`], this party's own monotonic clock: how long *this* party has waited.
+//!   It never steps and is never compared across hosts: an observer measures how long a holder's
+//!   heartbeat counter stood still on it, and a holder measures how long ago it last beat
+//!   ([`crate::watch`]).
+//!
+//! Production pools use [`SystemClock`]; the non-coherence simulator (`cxlkv-sim`) opens each
+//! simulated host's pool with a clock of its own (offset, steps and drift chosen per seed), so
+//! simulated time and per-host skew never reach production code paths.
 
-/// A source of nanosecond timestamps for one party of a pool.
+/// The clocks of one party of a pool.
 pub trait Clock: Send + Sync {
-    /// Nanoseconds on this party's clock.
+    /// Nanoseconds since the Unix epoch on this party's wall clock (may step either way).
     fn now_ns(&self) -> u64;
+
+    /// Nanoseconds on this party's monotonic clock, from an origin of its own: never decreases,
+    /// and counts the time the party was suspended. Meaningful only as a difference of two
+    /// readings of the same party.
+    fn monotonic_ns(&self) -> u64;
 }
 
-/// The host's wall clock: nanoseconds since the Unix epoch (hosts sharing a pool must keep their
-/// clocks synchronized within a small fraction of the lease; docs/COHERENCE.md).
+/// The host's clocks: the wall clock and `CLOCK_BOOTTIME` (monotonic, counting suspend, so a
+/// holder that slept through its lease knows it on waking).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_ns(&self) -> u64 {
         system_now_ns()
+    }
+
+    fn monotonic_ns(&self) -> u64 {
+        system_monotonic_ns()
     }
 }
 
@@ -27,4 +45,39 @@ pub fn system_now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Nanoseconds on this host's `CLOCK_BOOTTIME` (monotonic since boot, suspend included).
+pub fn system_monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a pointer to a live local and touches no
+    // other memory; CLOCK_BOOTTIME exists on every Linux since 2.6.39.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    if rc != 0 {
+        // Not expected on Linux; `Instant` (CLOCK_MONOTONIC) still never steps.
+        static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        return ORIGIN
+            .get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_nanos() as u64;
+    }
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn monotonic_clock_moves_forward() {
+        let a = system_monotonic_ns();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let b = system_monotonic_ns();
+        assert!(a > 0 && b >= a + 1_000_000, "{a} then {b}");
+    }
 }

@@ -1,4 +1,4 @@
-//! Pool format v1: the on-memory structures (docs/FORMAT.md is their prose twin).
+//! Pool format v2: the on-memory structures (docs/FORMAT.md is their prose twin).
 //!
 //! Every struct here is `#[repr(C)]`, little-endian, free of padding, and valid for every bit
 //! pattern, which the [`Plain`] marker states and the layout tests check. Structures are moved in
@@ -19,9 +19,10 @@ use cxlkv_shm::mem::{self, SharedMemory};
 
 /// Magic bytes at offset 0 of every pool.
 pub const MAGIC: [u8; 8] = *b"CXLKVPL\0";
-/// Major version: a reader refuses any other major.
-pub const VERSION_MAJOR: u16 = 1;
-/// Minor version: additions that v1 readers may ignore.
+/// Major version: a reader refuses any other major. 2: the slot's heartbeat is a counter
+/// (format 1 held the writer's wall-clock time there, which a format 1 reader would misjudge).
+pub const VERSION_MAJOR: u16 = 2;
+/// Minor version: additions that readers of the same major may ignore.
 pub const VERSION_MINOR: u16 = 0;
 /// Cache line size the format is laid out for.
 pub const LINE: u64 = 64;
@@ -192,7 +193,8 @@ pub struct Superblock {
     pub block_headers_off: u64,
     /// Offset of the payload array inside a partition (page-aligned).
     pub payloads_off: u64,
-    /// Lease of a participant in nanoseconds: a heartbeat older than this means it is dead.
+    /// Lease of a participant in nanoseconds: an observer that watched a holder's heartbeat
+    /// counter stand still for longer than this, on its own monotonic clock, may declare it dead.
     pub lease_ns: u64,
     /// Creation time, nanoseconds since the Unix epoch.
     pub created_ns: u64,
@@ -226,7 +228,8 @@ pub mod slot {
     pub const GENERATION: u64 = 8;
     /// Holder's process id.
     pub const PID: u64 = 16;
-    /// Last heartbeat, nanoseconds since the Unix epoch.
+    /// Heartbeat counter: the holder advances it every eighth of a lease. Its value carries no
+    /// time; observers watch it move on their own clocks ([`crate::watch`]).
     pub const HEARTBEAT: u64 = 24;
     /// Partition the holder owns, plus one (0 = none).
     pub const PARTITION: u64 = 32;

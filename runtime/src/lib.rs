@@ -18,8 +18,11 @@
 //!   and pins. Each participant writes only its own slot and its own partition.
 //! - [`coherence`]: the protocol's named publish/acquire sites ([`coherence::Site`]); the memory
 //!   decides what a site costs (fences, or cache-line write-back and invalidation).
-//! - [`clock`]: the clock seam: heartbeats and leases read [`Pool::now_ns`], the system clock in
+//! - [`clock`]: the clock seam: a party's wall clock ([`Pool::now_ns`], stamps only) and its own
+//!   monotonic clock ([`Pool::monotonic_ns`], which leases are measured on); the system clocks in
 //!   production, a simulated per-host clock in `cxlkv-sim`.
+//! - [`watch`]: liveness without a shared clock: holders advance a heartbeat counter, observers
+//!   declare a holder dead once they watched it stand still for a lease on their own clock.
 //! - [`key`] ([`Key`], [`KeyChain`]), [`kv`] (typed KV blocks: [`KvShape`], [`KvBlock`], chunking a
 //!   sequence into blocks), [`check`] (`cxlkv pool check`), [`stats`], [`locate`] (finding a pool
 //!   inside a larger file), [`hotness`] (access sketch and hotlists), [`policy`] (eviction policies
@@ -70,6 +73,7 @@ pub mod participant;
 pub mod policy;
 pub mod pool;
 pub mod stats;
+pub mod watch;
 
 pub use check::{check, CheckReport};
 pub use cxlkv_shm::{mem, region, topo};

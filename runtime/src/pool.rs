@@ -18,6 +18,7 @@ use crate::format::{
     VERSION_MAJOR, VERSION_MINOR,
 };
 use crate::key::Key;
+use crate::watch::Watch;
 use cxlkv_shm::mem::{MemError, SharedMemory};
 use cxlkv_shm::region::{Backend, Region, RegionError, RegionOptions};
 use std::sync::atomic::{fence, Ordering};
@@ -49,7 +50,7 @@ pub enum PoolError {
         found: [u8; 8],
     },
     /// A pool of a format version this build cannot read.
-    #[error("unsupported pool format {major}.{minor}; this build reads {VERSION_MAJOR}.x")]
+    #[error("unsupported pool format {major}.{minor}; this build reads {VERSION_MAJOR}.x{}", version_hint(*.major))]
     UnsupportedVersion {
         /// Major version found.
         major: u16,
@@ -131,6 +132,17 @@ pub enum PoolError {
 /// Result alias of this module.
 pub type Result<T> = std::result::Result<T, PoolError>;
 
+/// What an [`PoolError::UnsupportedVersion`] message adds for a known older format.
+fn version_hint(major: u16) -> &'static str {
+    match major {
+        1 => {
+            " (format 1 pools hold wall-clock heartbeats, which format 2 replaced with counters; \
+              detach every participant and create the pool again)"
+        }
+        _ => "",
+    }
+}
+
 /// Parameters of a new pool.
 #[derive(Clone, Debug)]
 pub struct PoolConfig {
@@ -140,7 +152,8 @@ pub struct PoolConfig {
     pub participants: u32,
     /// Data partitions (default: one per participant).
     pub partitions: Option<u32>,
-    /// A participant whose heartbeat is older than this is dead and may be taken over.
+    /// A participant whose heartbeat counter an observer watched stand still for longer than this
+    /// (on the observer's own monotonic clock) is dead and may be taken over.
     pub lease: Duration,
     /// Coherence mode recorded in the superblock.
     pub coherence: CoherenceMode,
@@ -465,6 +478,8 @@ pub(crate) struct PoolInner {
     pub(crate) sb: Superblock,
     pub(crate) backend: Option<Backend>,
     pub(crate) clock: Arc<dyn Clock>,
+    /// This handle's watch of the participants' heartbeat counters ([`crate::watch`]).
+    pub(crate) watch: Watch,
 }
 
 impl std::fmt::Debug for Pool {
@@ -506,6 +521,7 @@ impl Pool {
                 sb,
                 backend: None,
                 clock: Arc::new(SystemClock),
+                watch: Watch::default(),
             }),
         })
     }
@@ -515,8 +531,8 @@ impl Pool {
         Self::open_with_clock(mem, Arc::new(SystemClock))
     }
 
-    /// [`open`](Self::open) with the clock this party's heartbeats and lease checks read (the
-    /// simulator gives each simulated host its own).
+    /// [`open`](Self::open) with the clocks this party's heartbeats and liveness judgements read
+    /// (the simulator gives each simulated host its own).
     pub fn open_with_clock(mem: Arc<dyn SharedMemory>, clock: Arc<dyn Clock>) -> Result<Pool> {
         if mem.size() < MIN_POOL_FOR_SB {
             return Err(PoolError::Truncated {
@@ -538,6 +554,7 @@ impl Pool {
                 sb,
                 backend: None,
                 clock,
+                watch: Watch::default(),
             }),
         })
     }
@@ -592,9 +609,19 @@ impl Pool {
         self.inner.sb.block_size
     }
 
-    /// Nanoseconds on this party's clock ([`crate::clock`]).
+    /// Nanoseconds since the Unix epoch on this party's wall clock ([`crate::clock`]).
     pub fn now_ns(&self) -> u64 {
         self.inner.clock.now_ns()
+    }
+
+    /// Nanoseconds on this party's monotonic clock ([`crate::clock`]): what leases are measured on.
+    pub fn monotonic_ns(&self) -> u64 {
+        self.inner.clock.monotonic_ns()
+    }
+
+    /// This handle's watch of the participants' heartbeats, shared by its clones.
+    pub(crate) fn watch(&self) -> &Watch {
+        &self.inner.watch
     }
 
     /// This party's clock.

@@ -1,9 +1,14 @@
 //! Pool-wide statistics read from shared memory (`cxlkv pool stat`).
+//!
+//! Liveness comes from the pool handle's watch ([`crate::watch`]): one call of [`pool_stats`] on a
+//! fresh handle finds every holder [`Liveness::Unknown`]; calls through the same handle over a
+//! while tell the live (their heartbeat counter moved) from the dead (it stood still for a lease).
 
 use crate::format::{counters, partition, slot, ENTRY_EMPTY, ENTRY_TOMBSTONE};
-use crate::participant::liveness::participant_dead;
+use crate::participant::liveness::participant_liveness;
 use crate::participant::state::ParticipantStats;
 use crate::pool::{Pool, Result};
+use crate::watch::Liveness;
 use std::sync::atomic::Ordering;
 
 /// One participant slot as seen from outside.
@@ -11,14 +16,16 @@ use std::sync::atomic::Ordering;
 pub struct ParticipantInfo {
     /// Slot number.
     pub id: u32,
-    /// Whether its heartbeat is within the lease.
-    pub live: bool,
+    /// What this pool handle's watch says of it so far.
+    pub liveness: Liveness,
     /// Holder's process id.
     pub pid: u64,
     /// Slot generation.
     pub generation: u64,
-    /// Milliseconds since the last heartbeat.
-    pub heartbeat_age_ms: u64,
+    /// Its heartbeat counter.
+    pub heartbeat: u64,
+    /// Milliseconds (this party's monotonic clock) this handle has seen the counter unchanged.
+    pub still_ms: u64,
     /// Partition owned, if any.
     pub partition: Option<u32>,
     /// Published counters.
@@ -64,7 +71,7 @@ pub fn pool_stats(pool: &Pool) -> Result<PoolStats> {
         if mem.load_u64(base + slot::TOKEN, Ordering::Acquire)? == 0 {
             continue;
         }
-        let hb = mem.load_u64(base + slot::HEARTBEAT, Ordering::Acquire)?;
+        let verdict = participant_liveness(pool, q)?;
         let part = mem.load_u64(base + slot::PARTITION, Ordering::Relaxed)?;
         let mut c = [0u64; counters::COUNT as usize];
         for (i, v) in c.iter_mut().enumerate() {
@@ -72,10 +79,11 @@ pub fn pool_stats(pool: &Pool) -> Result<PoolStats> {
         }
         participants.push(ParticipantInfo {
             id: q,
-            live: !participant_dead(pool, q)?,
+            liveness: verdict.liveness,
             pid: mem.load_u64(base + slot::PID, Ordering::Relaxed)?,
             generation: mem.load_u64(base + slot::GENERATION, Ordering::Relaxed)?,
-            heartbeat_age_ms: pool.now_ns().saturating_sub(hb) / 1_000_000,
+            heartbeat: verdict.heartbeat,
+            still_ms: verdict.still_ns / 1_000_000,
             partition: part.checked_sub(1).map(|p| p as u32),
             counters: ParticipantStats::from_array(c),
         });

@@ -18,8 +18,8 @@ use cxlkv_runtime::format::{
 use cxlkv_runtime::kv::KvBlock;
 use cxlkv_runtime::{check, Codec, Key, Participant, Pool, PoolError};
 use image::{
-    images, load, no_heartbeat, payload, plain, Draw, Geometry, Image, BLOCK, PARTITIONS,
-    POOL_BYTES,
+    images, no_heartbeat, open_manual, payload, plain, wait_out_lease, Draw, Geometry, Image,
+    BLOCK, PARTITIONS, POOL_BYTES,
 };
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -301,8 +301,8 @@ fn run_case(
         cases: 1,
         ..Default::default()
     };
-    let pool = Pool::open(load(bytes, POOL_BYTES))
-        .map_err(|e| ctx(format!("open failed with an intact superblock: {e}")))?;
+    let (pool, clock) = open_manual(bytes, POOL_BYTES);
+    let pool = pool.map_err(|e| ctx(format!("open failed with an intact superblock: {e}")))?;
 
     let report = check(&pool).map_err(|e| ctx(format!("check failed: {e}")))?;
     if let Some(why) = damage_expected(img, bytes) {
@@ -335,6 +335,8 @@ fn run_case(
     }
 
     // Take over the damaged partitions (recovery runs on the mutated index), then write and read.
+    // The crashed holders are dead once this handle watched them for a lease.
+    wait_out_lease(&pool, &clock);
     let mut owners = Vec::new();
     for _ in 0..PARTITIONS {
         if let Ok(p) = Participant::attach(&pool, no_heartbeat(true)) {

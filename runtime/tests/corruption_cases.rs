@@ -9,6 +9,7 @@ use cxlkv_kernels::rng::SplitMix64;
 use cxlkv_kernels::DType;
 use cxlkv_runtime::format::{self, Superblock, PINS_PER_PARTICIPANT};
 use cxlkv_runtime::kv::{KvBlock, KvShape};
+use cxlkv_runtime::participant::participant_dead;
 use cxlkv_runtime::{check, Codec, Key, Participant, Pool, PoolConfig, PoolError, Region};
 use image::{images, load, no_heartbeat, Draw, Image, BLOCK, POOL_BYTES};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -105,7 +106,8 @@ fn reads_back_exactly(pool: &Pool, img: &Image) {
 #[test]
 fn other_major_versions_are_refused_minor_versions_read() {
     let img = &images()[0];
-    for major in [0u16, 2, 3, 0x100, 0xffff] {
+    let ours = format::VERSION_MAJOR;
+    for major in [0u16, ours - 1, ours + 1, 0x100, 0xffff] {
         for fix_crc in [true, false] {
             let bytes = with_superblock(img, |sb| sb.version_major = major, fix_crc);
             match Pool::open(load(&bytes, POOL_BYTES)) {
@@ -116,11 +118,38 @@ fn other_major_versions_are_refused_minor_versions_read() {
             }
         }
     }
-    // A newer minor version of v1 only adds what v1 readers may ignore.
+    // A newer minor version of this major only adds what its readers may ignore.
     for minor in [1u16, 7, 0xffff] {
         let bytes = with_superblock(img, |sb| sb.version_minor = minor, true);
         let pool = Pool::open(load(&bytes, POOL_BYTES)).unwrap();
         reads_back_exactly(&pool, img);
+    }
+}
+
+#[test]
+fn a_format_1_pool_is_refused_with_a_clear_error() {
+    // A pool of format 1.0 has this layout, but its heartbeat word held the writer's wall clock:
+    // read as a counter it would be misjudged, so it must not open.
+    let img = &images()[0];
+    let bytes = with_superblock(
+        img,
+        |sb| {
+            sb.version_major = 1;
+            sb.version_minor = 0;
+        },
+        true,
+    );
+    match Pool::open(load(&bytes, POOL_BYTES)) {
+        Err(e @ PoolError::UnsupportedVersion { major: 1, minor: 0 }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("unsupported pool format 1.0")
+                    && msg.contains("this build reads 2.x")
+                    && msg.contains("create the pool again"),
+                "{msg}"
+            );
+        }
+        other => panic!("format 1.0: expected UnsupportedVersion, got {other:?}"),
     }
 }
 
@@ -324,7 +353,9 @@ fn fenced_participant_cannot_write_or_disturb_its_successor() {
     let a = Participant::attach(&pool, no_heartbeat(true)).unwrap();
     let k = Key::from_bytes(b"k");
     a.put(k, b"x").unwrap();
-    // `a` stops beating: after the lease it is presumed dead, and `b` takes its slot and partition.
+    // `a` stops beating: once this handle watched its heartbeat stand still for the lease, it is
+    // presumed dead, and `b` takes its slot and partition. The first look starts the watch.
+    assert!(!participant_dead(&pool, a.id()).unwrap());
     std::thread::sleep(Duration::from_millis(60));
     let b = pool.attach().unwrap();
     assert_eq!((b.id(), b.partition()), (a.id(), Some(0)));

@@ -1,6 +1,9 @@
 //! The pool's safe API on anonymous memory: puts, gets, replacement, eviction, pins, deletes,
 //! prefix lookups, takeover of a dead participant, and typed errors for misuse.
 
+use cxlkv_runtime::clock::{system_monotonic_ns, system_now_ns, Clock};
+use cxlkv_runtime::participant::{participant_dead, participant_liveness};
+use cxlkv_runtime::watch::Liveness;
 use cxlkv_runtime::{
     AttachOptions, Key, KeyChain, Participant, Pool, PoolConfig, PoolError, Region,
 };
@@ -209,7 +212,11 @@ fn dead_participant_is_taken_over_and_its_blocks_stay() {
         a.put(k, &payload(k, 1000)).unwrap();
     }
     let pa = a.partition().unwrap();
+    let ida = a.id();
     std::mem::forget(a); // dies without detaching
+                         // Dead once this handle watched its heartbeat stand still for the lease (20 ms): the first
+                         // look starts the watch, and never finds it dead.
+    assert!(!participant_dead(&pool, ida).unwrap());
     std::thread::sleep(Duration::from_millis(60));
     let c = pool.attach().unwrap();
     assert_eq!(
@@ -225,6 +232,161 @@ fn dead_participant_is_taken_over_and_its_blocks_stay() {
     assert!(c.delete(keys[0]).unwrap());
     c.put(keys[1], b"new").unwrap();
     assert_eq!(b.get(keys[1]).unwrap().unwrap().0, b"new");
+}
+
+/// A host whose wall clock is `offset_ns` off (either way) of this one's; its monotonic clock is
+/// the host's own.
+struct SkewedClock {
+    offset_ns: i64,
+}
+
+impl Clock for SkewedClock {
+    fn now_ns(&self) -> u64 {
+        system_now_ns().saturating_add_signed(self.offset_ns)
+    }
+    fn monotonic_ns(&self) -> u64 {
+        system_monotonic_ns()
+    }
+}
+
+#[test]
+fn liveness_needs_no_shared_wall_clock() {
+    let region = Arc::new(Region::anonymous(8 << 20).unwrap());
+    let cfg = PoolConfig {
+        block_size: 4096,
+        participants: 3,
+        lease: Duration::from_millis(40),
+        ..Default::default()
+    };
+    Pool::create(region.clone(), &cfg).unwrap();
+    // Two "hosts" an hour apart on their wall clocks, either way of this one.
+    let open = |offset_ns| {
+        Pool::open_with_clock(region.clone(), Arc::new(SkewedClock { offset_ns })).unwrap()
+    };
+    let (ahead, behind) = (open(3_600_000_000_000), open(-3_600_000_000_000));
+    let live = ahead.attach().unwrap(); // beats every 5 ms
+    let hung = Participant::attach(
+        &ahead,
+        AttachOptions {
+            heartbeat: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        participant_liveness(&behind, live.id()).unwrap().liveness,
+        Liveness::Unknown,
+        "a first look tells nothing"
+    );
+    participant_liveness(&behind, hung.id()).unwrap();
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_millis(120) {
+        assert!(
+            !participant_dead(&behind, live.id()).unwrap(),
+            "a beating holder looked dead"
+        );
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    assert_eq!(
+        participant_liveness(&behind, live.id()).unwrap().liveness,
+        Liveness::Live
+    );
+    let v = participant_liveness(&behind, hung.id()).unwrap();
+    assert_eq!(v.liveness, Liveness::Dead, "{v:?}");
+    assert!(v.still_ns > 40_000_000, "{v:?}");
+    // The observer behind takes the hung holder's slot and partition over.
+    let p = hung.partition();
+    std::mem::forget(hung);
+    let heir = behind.attach().unwrap();
+    assert_eq!(heir.partition(), p);
+    assert!(heir.recovery.took_over_from.is_some());
+}
+
+/// A host clock that moves only when the test says so.
+#[derive(Default)]
+struct ManualClock(std::sync::atomic::AtomicU64);
+
+impl Clock for ManualClock {
+    fn now_ns(&self) -> u64 {
+        system_now_ns()
+    }
+    fn monotonic_ns(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl ManualClock {
+    fn advance(&self, ns: u64) {
+        self.0.fetch_add(ns, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_holder_fences_itself_before_an_observer_may_declare_it_dead() {
+    let region = Arc::new(Region::anonymous(8 << 20).unwrap());
+    let lease = 1_000_000_000u64;
+    let cfg = PoolConfig {
+        block_size: 4096,
+        participants: 2,
+        lease: Duration::from_nanos(lease),
+        coherence: cxlkv_runtime::CoherenceMode::Software,
+        ..Default::default()
+    };
+    Pool::create(region.clone(), &cfg).unwrap();
+    let (hc, oc) = (
+        Arc::new(ManualClock::default()),
+        Arc::new(ManualClock::default()),
+    );
+    let holder_pool = Pool::open_with_clock(region.clone(), hc.clone()).unwrap();
+    let observer = Pool::open_with_clock(region, oc.clone()).unwrap();
+    let holder = Participant::attach_slot(
+        &holder_pool,
+        0,
+        AttachOptions {
+            heartbeat: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let k = Key::from_bytes(b"k");
+    holder.put(k, b"v").unwrap();
+    assert_eq!(
+        participant_liveness(&observer, 0).unwrap().liveness,
+        Liveness::Unknown
+    );
+    // Three quarters of a lease after its last beat the holder stops writing; the observer, whose
+    // watch started after that beat, cannot declare it dead before a full lease of its own.
+    hc.advance(lease / 4 * 3);
+    oc.advance(lease / 4 * 3);
+    holder.put(k, b"v2").unwrap();
+    hc.advance(1);
+    oc.advance(1);
+    assert!(matches!(
+        holder.put(k, b"v3"),
+        Err(PoolError::Fenced { .. })
+    ));
+    assert!(holder.presumed_dead());
+    assert!(!participant_dead(&observer, 0).unwrap());
+    oc.advance(lease / 4);
+    assert_eq!(
+        participant_liveness(&observer, 0).unwrap().liveness,
+        Liveness::Dead
+    );
+    let heir = Participant::attach_slot(
+        &observer,
+        0,
+        AttachOptions {
+            heartbeat: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(heir.recovery.took_over_from, Some(0));
+    assert_eq!(heir.partition(), Some(0));
+    assert_eq!(observer.get(k).unwrap().unwrap().0, b"v2");
+    drop(holder); // a fenced zombie's detach writes nothing
+    heir.put(k, b"v4").unwrap();
+    assert_eq!(observer.get(k).unwrap().unwrap().0, b"v4");
 }
 
 #[test]

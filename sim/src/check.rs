@@ -1,6 +1,6 @@
 //! The invariants of docs/COHERENCE.md, checked against the [`Model`] while a run goes and after
 //! it: reads return a committed version, never an older one ([`check_read`]); a live host never
-//! looks dead ([`watch_predecessor`]); a hotlist read is one its host published, whole
+//! looks dead to a watcher ([`watch_predecessor`]); a hotlist read is one its host published, whole
 //! ([`check_hotlist`]); at the end every host and then a fresh checker host read exactly what
 //! every live owner committed and holds indexed ([`check_owners`], [`final_check`]), and owner
 //! words count the claims and releases ([`final_check`]).
@@ -12,8 +12,9 @@ use crate::sync::lock;
 use cxlkv_runtime::format::partition;
 use cxlkv_runtime::hotness::read_hotlist;
 use cxlkv_runtime::mem::SharedMemory;
-use cxlkv_runtime::participant::participant_dead;
+use cxlkv_runtime::participant::participant_liveness;
 use cxlkv_runtime::pool::{self, Pool};
+use cxlkv_runtime::watch::Liveness;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -85,8 +86,10 @@ pub(crate) fn check_hotlist(ctx: &Ctx, pool: &Pool, h: usize, q: usize) -> pool:
     Ok(())
 }
 
-/// Host `h` judges its predecessor's liveness from memory (`participant_dead`, the LivenessRead
-/// site). Fails the run if a host whose last published heartbeat is within a lease looks dead.
+/// Host `h` judges its predecessor's liveness from memory (`participant_liveness`, the
+/// LivenessRead site, through `h`'s own watch). Fails the run if a host looks dead (or its slot
+/// free) although its last published heartbeat is within a lease of `h`'s monotonic clock: no
+/// watch of `h` can have seen that heartbeat stand still for longer.
 pub(crate) fn watch_predecessor(ctx: &Ctx, pool: &Pool, h: usize) -> pool::Result<()> {
     let n = ctx.hosts.len();
     let q = (h + n - 1) % n;
@@ -98,16 +101,21 @@ pub(crate) fn watch_predecessor(ctx: &Ctx, pool: &Pool, h: usize) -> pool::Resul
         }
         m.beat_at[q]
     };
-    let dead = participant_dead(pool, q as u32)?;
+    let seen = participant_liveness(pool, q as u32)?.liveness;
     let now = ctx.sched.now();
+    let since = ctx.clocks[h].mono_between(beat_at, now);
     let mut m = lock(&ctx.model);
-    if dead && !excused(&m) && now.saturating_sub(beat_at) <= LEASE_NS {
+    if seen.reclaimable() && !excused(&m) && since <= LEASE_NS {
+        let looks = if seen == Liveness::Free {
+            "free"
+        } else {
+            "dead"
+        };
         m.fail(format!(
-            "host {h}: host {q} looks dead, but it beat {} ns ago (lease {LEASE_NS} ns)",
-            now - beat_at
+            "host {h}: host {q} looks {looks}, but it beat {since} ns ago by host {h}'s clock (lease {LEASE_NS} ns)"
         ));
     } else {
-        m.log(format!("host {h}: host {q} dead={dead}"));
+        m.log(format!("host {h}: host {q} {}", seen.name()));
     }
     Ok(())
 }

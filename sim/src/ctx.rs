@@ -2,32 +2,18 @@
 //! scheduler, the model, and the seed's plan (who crashes or stalls, how many operations).
 
 use crate::backing::SimBacking;
+use crate::clock::HostClock;
 use crate::host::SimHost;
 use crate::model::Model;
 use crate::sched::Sched;
 use crate::sync::lock;
-use cxlkv_runtime::clock::Clock;
 use cxlkv_runtime::coherence::Site;
-use cxlkv_runtime::format::{slot, PARTICIPANT_SLOT_SIZE, SUPERBLOCK_SIZE};
-use cxlkv_runtime::mem::SharedMemory;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use cxlkv_runtime::watch::{self_fence_ns, LivenessRule};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The pool's lease in simulated nanoseconds.
 pub(crate) const LEASE_NS: u64 = 1_000_000;
-
-/// One simulated host's clock: the simulation's clock plus how far this host's runs ahead (a
-/// stalled host's clock ran on while the others saw no heartbeat).
-pub(crate) struct HostClock {
-    pub(crate) sim: Arc<AtomicU64>,
-    pub(crate) ahead: AtomicU64,
-}
-
-impl Clock for HostClock {
-    fn now_ns(&self) -> u64 {
-        self.sim.load(Ordering::Relaxed) + self.ahead.load(Ordering::Relaxed)
-    }
-}
 
 /// The state one seed's host threads share.
 pub(crate) struct Ctx {
@@ -47,6 +33,8 @@ pub(crate) struct Ctx {
     pub(crate) seed: u64,
     /// The publish/acquire site removed in this run.
     pub(crate) site: Option<Site>,
+    /// The liveness rule the hosts run (the old timestamp rule only as the simulator's teeth).
+    pub(crate) rule: LivenessRule,
     /// Set with a violation: every host returns at its next operation.
     pub(crate) stop: AtomicBool,
 }
@@ -56,6 +44,7 @@ impl Ctx {
     pub(crate) fn fail(&self, s: String) {
         lock(&self.model).fail(s);
         self.stop.store(true, Ordering::SeqCst);
+        self.sched.unpark_all();
     }
 
     /// The run was stopped (a violation).
@@ -63,17 +52,24 @@ impl Ctx {
         self.stop.load(Ordering::SeqCst)
     }
 
-    /// True once more than a lease of simulated time passed since `since`.
-    pub(crate) fn lapsed(&self, since: u64) -> bool {
-        self.sched.now().saturating_sub(since) > LEASE_NS
+    /// True once host `h`'s own lease lapsed since its beat at simulation time `since`, by the
+    /// rule it runs: more than three quarters of a lease of its monotonic clock (the timestamp
+    /// rule: more than a lease of its wall clock). The runtime read its clock later than `since`,
+    /// so whenever it fenced itself this is true.
+    pub(crate) fn own_lease_lapsed(&self, h: usize, since: u64) -> bool {
+        let (c, now) = (&self.clocks[h], self.sched.now());
+        match self.rule {
+            LivenessRule::Counter => c.mono_between(since, now) > self_fence_ns(LEASE_NS),
+            LivenessRule::Timestamp => c.wall_between(since, now) > LEASE_NS,
+        }
     }
 
-    /// Makes host `h`'s published heartbeat older than a lease (time passed without it beating).
-    pub(crate) fn age_heartbeat(&self, h: usize) {
+    /// True while no host's monotonic clock can have counted a lease since simulation time
+    /// `since`: a holder that beat at `since` cannot look dead to anyone yet.
+    pub(crate) fn within_every_lease(&self, since: u64) -> bool {
         let now = self.sched.now();
-        let off = SUPERBLOCK_SIZE + h as u64 * PARTICIPANT_SLOT_SIZE + slot::HEARTBEAT;
-        let _ = self
-            .backing
-            .store_u64(off, now.saturating_sub(2 * LEASE_NS), Ordering::SeqCst);
+        self.clocks
+            .iter()
+            .all(|c| c.mono_between(since, now) <= LEASE_NS)
     }
 }

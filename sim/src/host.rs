@@ -89,6 +89,21 @@ impl SimHost {
         c.dirty.clear();
     }
 
+    /// Crashes the host now (as at its planned step) if a crash is planned and has not come yet:
+    /// a host that finished its operations before its crash step crashes while it waits for the
+    /// others instead (which unwinds its thread).
+    pub(crate) fn crash_if_planned(&self) {
+        let mut c = lock(&self.cache);
+        if c.dead || c.crash_at.is_none_or(|at| at <= c.ops) {
+            return;
+        }
+        c.dead = true;
+        c.lines.clear();
+        c.dirty.clear();
+        drop(c);
+        std::panic::resume_unwind(Box::new(SimCrash));
+    }
+
     /// A step: random eviction, the crash check, and the scheduler's yield point. `false` when
     /// the host is dead (the access does nothing).
     fn step(&self) -> bool {

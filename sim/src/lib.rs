@@ -16,16 +16,20 @@
 //!   acquired (write back then invalidate, as CLFLUSHOPT does) or evicted at random moments
 //!   (partial, out of order). A crash drops every unpublished line.
 //! - The scheduler (`sched`): host threads take turns holding a baton; every memory access is a
-//!   yield point where the seeded generator picks who runs next, and a tick of the simulated clock
-//!   that every host's [`Clock`](cxlkv_runtime::clock::Clock) reads (`ctx::HostClock`, given to
-//!   the pool by `Pool::open_with_clock`). A run that outlives its deadline is stuck: a violation.
+//!   yield point where the seeded generator picks who runs next, and a tick of the simulated clock.
+//!   A run that outlives its deadline is stuck: a violation.
+//! - Host clocks (`clock`): each host reads the simulated time through a
+//!   [`Clock`](cxlkv_runtime::clock::Clock) of its own (`clock::HostClock`, given to the pool by
+//!   `Pool::open_with_clock`): a monotonic clock from an origin of its own and a wall clock, both
+//!   off the simulated time by the seed's offset, steps and drift (`SimOptions::clock_skew_ms`).
 //!
 //! # How a run goes
 //!
 //! [`run_sim`] runs seeds one after another (`run`). A seed plans its run: the pool's size, how
-//! often the scheduler switches hosts, how often caches write back, and the host's fate: none,
-//! a crash at a random memory step, or a stall past its lease (a zombie that must find itself
-//! fenced); the crashed or stalled host's successor takes its partition over. Every host first
+//! often the scheduler switches hosts, how often caches write back, each host's clocks, and the
+//! host's fate: none, a crash at a random memory step, or a stall past its lease (a zombie that
+//! must find itself fenced); the crashed or stalled host's successor takes its partition over once
+//! its watch found the host dead (`SimOptions::liveness` picks the rule). Every host first
 //! reads the whole region (its cache holds garbage from before the format), host 0 formats the
 //! pool, and then every host attaches and runs its operations (`protocol` for a host's life,
 //! `steps` for each turn): heartbeats, pins held across turns, liveness and hotlist reads, and
@@ -46,6 +50,7 @@
 
 mod backing;
 mod check;
+mod clock;
 mod ctx;
 mod host;
 mod model;

@@ -16,12 +16,14 @@ use cxlkv_runtime::coherence::set_drop_site;
 use cxlkv_runtime::mem::SharedMemory;
 use cxlkv_runtime::participant::Participant;
 use cxlkv_runtime::pool::Pool;
+use cxlkv_runtime::watch::set_liveness_rule;
 use std::sync::Arc;
 
 /// The thread of host `h`: waits for the baton, runs [`host_main`], and records how it ended (a
 /// simulated crash, a stuck run, a panic).
 pub(crate) fn run_host(ctx: &Ctx, h: usize) {
     set_drop_site(ctx.site);
+    set_liveness_rule(ctx.rule);
     ctx.sched.wait_turn(h);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| host_main(ctx, h)));
     match r {
@@ -43,14 +45,14 @@ pub(crate) fn run_host(ctx: &Ctx, h: usize) {
     ctx.sched.finish(h);
 }
 
-/// The crash step: host `h`'s memory dropped its unpublished lines and unwound it. Time passes:
-/// its last heartbeat becomes older than a lease, for its successor to see.
+/// The crash step: host `h`'s memory dropped its unpublished lines and unwound it. Its heartbeat
+/// stands still from here on, for its successor's watch to see.
 fn crashed(ctx: &Ctx, h: usize) {
     let mut m = lock(&ctx.model);
     m.crashed = Some(h);
     m.done_ops[h] = true;
     m.log(format!("host {h}: CRASH (unpublished lines dropped)"));
-    ctx.age_heartbeat(h);
+    ctx.sched.unpark_all();
 }
 
 /// Host `h`'s run: attach, operations, the end-of-run barrier and check, detach.

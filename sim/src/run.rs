@@ -1,11 +1,13 @@
 //! The run driver: [`run_sim`] runs seeds one after another ([`run_seed`]) and reports the
 //! first violation ([`SimReport`], [`Violation`]); each seed plans a run (pool size, scheduler
-//! pace, cache write-back rate, which host crashes or stalls), formats the pool, starts one thread
-//! per host ([`crate::protocol::run_host`]), and ends with the final check.
+//! pace, cache write-back rate, which host crashes or stalls, each host's clocks), formats the
+//! pool, starts one thread per host ([`crate::protocol::run_host`]), and ends with the final
+//! check.
 
 use crate::backing::SimBacking;
 use crate::check::final_check;
-use crate::ctx::{Ctx, HostClock, LEASE_NS};
+use crate::clock::HostClock;
+use crate::ctx::{Ctx, LEASE_NS};
 use crate::host::SimHost;
 use crate::model::Model;
 use crate::protocol::run_host;
@@ -16,7 +18,8 @@ use cxlkv_runtime::coherence::{self, set_drop_site, Site};
 use cxlkv_runtime::format::CoherenceMode;
 use cxlkv_runtime::mem::SharedMemory;
 use cxlkv_runtime::pool::{self, Pool, PoolConfig};
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use cxlkv_runtime::watch::LivenessRule;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,6 +36,14 @@ pub struct SimOptions {
     pub drop_site: Option<String>,
     /// Operations per host per seed.
     pub ops: u32,
+    /// Each host's wall clock starts up to this many milliseconds off (either way) and steps one to
+    /// three times during the run, forward or back, to another offset within as much; with it on,
+    /// each host's oscillator also drifts by up to ±5 % (0: every host's clocks agree).
+    pub clock_skew_ms: u64,
+    /// The liveness rule the hosts run: [`LivenessRule::Counter`], or the old
+    /// [`LivenessRule::Timestamp`] as the simulator's teeth (needs a build whose runtime has the
+    /// `coherence-teeth` feature).
+    pub liveness: LivenessRule,
 }
 
 impl Default for SimOptions {
@@ -43,6 +54,8 @@ impl Default for SimOptions {
             seed_start: 0,
             drop_site: None,
             ops: 40,
+            clock_skew_ms: 0,
+            liveness: LivenessRule::Counter,
         }
     }
 }
@@ -65,8 +78,15 @@ pub struct Violation {
 pub struct SimReport {
     /// Seeds run.
     pub seeds_run: u64,
-    /// Crashes simulated (each followed by a takeover).
+    /// Crashes and stalls past the lease simulated.
     pub crashes: u64,
+    /// Of them, stalls (the stalled host resumes and must find itself fenced).
+    pub stalls: u64,
+    /// Takeovers of a crashed or stalled host's partition by its successor, after its watch found
+    /// the host dead.
+    pub takeovers: u64,
+    /// The largest offset of a host's wall clock from the simulation's time, in milliseconds.
+    pub max_skew_ms: u64,
     /// Operations run.
     pub ops: u64,
     /// The site removed, if any.
@@ -75,6 +95,10 @@ pub struct SimReport {
     pub violation: Option<Violation>,
     /// A configuration error (unknown site, a build without `coherence-teeth`).
     pub error: Option<String>,
+    /// The liveness rule run.
+    pub liveness: LivenessRule,
+    /// The clock skew asked for, in milliseconds.
+    pub clock_skew_ms: u64,
 }
 
 impl SimReport {
@@ -89,16 +113,25 @@ impl std::fmt::Display for SimReport {
         if let Some(e) = &self.error {
             return write!(f, "sim: error: {e}");
         }
-        let site = self
+        let mut site = self
             .dropped
             .as_deref()
             .map(|s| format!(" (site {s} removed)"))
             .unwrap_or_default();
+        if self.liveness == LivenessRule::Timestamp {
+            site.push_str(" (old timestamp liveness)");
+        }
+        if self.clock_skew_ms > 0 {
+            site.push_str(&format!(
+                " (clock skew up to {} ms, {} ms used)",
+                self.clock_skew_ms, self.max_skew_ms
+            ));
+        }
         match &self.violation {
             None => write!(
                 f,
-                "sim: ok{site}: {} seeds, {} operations, {} crashes with takeover; no invariant broke",
-                self.seeds_run, self.ops, self.crashes
+                "sim: ok{site}: {} seeds, {} operations, {} crashes and {} stalls, {} takeovers; no invariant broke",
+                self.seeds_run, self.ops, self.crashes - self.stalls, self.stalls, self.takeovers
             ),
             Some(v) => {
                 writeln!(
@@ -131,11 +164,21 @@ pub fn run_sim(opts: &SimOptions) -> SimReport {
     let mut rep = SimReport {
         seeds_run: 0,
         crashes: 0,
+        stalls: 0,
+        takeovers: 0,
+        max_skew_ms: 0,
         ops: 0,
         dropped: opts.drop_site.clone(),
         violation: None,
         error: None,
+        liveness: opts.liveness,
+        clock_skew_ms: opts.clock_skew_ms,
     };
+    if opts.liveness == LivenessRule::Timestamp && !coherence::TEETH {
+        rep.error =
+            Some("--liveness timestamp needs a build with the coherence-teeth feature".into());
+        return rep;
+    }
     let site = match opts.drop_site.as_deref() {
         None => None,
         Some(n) => match Site::from_name(n) {
@@ -163,10 +206,13 @@ pub fn run_sim(opts: &SimOptions) -> SimReport {
         return rep;
     }
     for seed in opts.seed_start..opts.seed_start.saturating_add(opts.seeds) {
-        let out = run_seed(opts.hosts as usize, seed, opts.ops, site);
+        let out = run_seed(opts, seed, site);
         rep.seeds_run += 1;
         rep.ops += out.ops;
         rep.crashes += u64::from(out.crashed);
+        rep.stalls += u64::from(out.stalled);
+        rep.takeovers += u64::from(out.taken_over);
+        rep.max_skew_ms = rep.max_skew_ms.max(out.max_skew_ns / 1_000_000);
         if let Some(v) = out.violation {
             rep.violation = Some(v);
             break;
@@ -179,14 +225,21 @@ pub fn run_sim(opts: &SimOptions) -> SimReport {
 struct SeedOutcome {
     ops: u64,
     crashed: bool,
+    stalled: bool,
+    taken_over: bool,
+    max_skew_ns: u64,
     violation: Option<Violation>,
 }
 
 /// Simulated time when a run starts.
 const START_NS: u64 = 1_000_000_000;
 
-/// Runs seed `seed` with `hosts` hosts of `ops` operations each, `site` removed.
-fn run_seed(hosts: usize, seed: u64, ops: u32, site: Option<Site>) -> SeedOutcome {
+/// Wall-clock steps happen within this many leases of a run's start (a run takes a few).
+const STEPS_WITHIN_LEASES: u64 = 8;
+
+/// Runs seed `seed` of `opts`, `site` removed.
+fn run_seed(opts: &SimOptions, seed: u64, site: Option<Site>) -> SeedOutcome {
+    let (hosts, ops) = (opts.hosts as usize, opts.ops);
     let mut rng = SplitMix64::new(seed);
     let cfg = PoolConfig {
         block_size: 4096,
@@ -239,16 +292,24 @@ fn run_seed(hosts: usize, seed: u64, ops: u32, site: Option<Site>) -> SeedOutcom
         let mut parts = vec![0u8; (size - base) as usize];
         let _ = h.read(base, &mut parts);
     }
+    // Each host's clocks, from a generator of their own (the plan above stays the same per seed).
+    let mut clock_rng = SplitMix64::new(seed ^ 0xc10c);
+    let skew_ns = opts.clock_skew_ms.saturating_mul(1_000_000);
+    let clocks: Vec<Arc<HostClock>> = (0..hosts)
+        .map(|_| {
+            Arc::new(HostClock::plan(
+                sched.clock().clone(),
+                START_NS,
+                skew_ns,
+                STEPS_WITHIN_LEASES * LEASE_NS,
+                &mut clock_rng,
+            ))
+        })
+        .collect();
+    let max_skew_ns = clocks.iter().map(|c| c.max_skew_ns()).max().unwrap_or(0);
     let ctx = Arc::new(Ctx {
         hosts: hs.clone(),
-        clocks: (0..hosts)
-            .map(|_| {
-                Arc::new(HostClock {
-                    sim: sched.clock().clone(),
-                    ahead: AtomicU64::new(0),
-                })
-            })
-            .collect(),
+        clocks,
         backing,
         sched: sched.clone(),
         model: Mutex::new(Model::new(hosts)),
@@ -258,6 +319,7 @@ fn run_seed(hosts: usize, seed: u64, ops: u32, site: Option<Site>) -> SeedOutcom
         stall,
         seed,
         site,
+        rule: opts.liveness,
         stop: AtomicBool::new(false),
     });
     // Host 0 formats the pool before the others start.
@@ -268,6 +330,9 @@ fn run_seed(hosts: usize, seed: u64, ops: u32, site: Option<Site>) -> SeedOutcom
         return SeedOutcome {
             ops: 0,
             crashed: false,
+            stalled: false,
+            taken_over: false,
+            max_skew_ns,
             violation: Some(Violation {
                 seed,
                 hosts: hosts as u32,
@@ -289,7 +354,10 @@ fn run_seed(hosts: usize, seed: u64, ops: u32, site: Option<Site>) -> SeedOutcom
     for t in threads {
         let _ = t.join();
     }
-    let crashed = lock(&ctx.model).crashed.is_some();
+    let (crashed, stalled, taken_over) = {
+        let m = lock(&ctx.model);
+        (m.crashed.is_some(), m.zombie.is_some(), m.taken_over)
+    };
     if lock(&ctx.model).violation.is_none() {
         final_check(&ctx);
     }
@@ -297,6 +365,9 @@ fn run_seed(hosts: usize, seed: u64, ops: u32, site: Option<Site>) -> SeedOutcom
     SeedOutcome {
         ops: m.ops,
         crashed,
+        stalled,
+        taken_over,
+        max_skew_ns,
         violation: m.violation.clone().map(|what| Violation {
             seed,
             hosts: hosts as u32,

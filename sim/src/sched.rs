@@ -2,7 +2,9 @@
 //! at a time. Every memory access of a scheduled host is a yield point where the seeded generator
 //! may hand the baton to another host, which makes a run reproducible from its seed. The scheduler
 //! also keeps the simulated clock (it advances a tick per yield point) and declares a run stuck
-//! once that clock passes the run's deadline.
+//! once that clock passes the run's deadline. A host that waits for the others at the end of its
+//! run parks: it leaves the schedule until a host finishes its operations (or its run), so that
+//! the hosts still at work share the baton (and the clock) among themselves.
 
 use crate::sync::lock;
 use cxlkv_kernels::rng::SplitMix64;
@@ -34,6 +36,8 @@ pub(crate) struct Sched {
 struct SchedState {
     current: usize,
     runnable: Vec<bool>,
+    /// Parked hosts are runnable but not scheduled until [`Sched::unpark_all`].
+    parked: Vec<bool>,
     rng: SplitMix64,
     /// A yield point switches hosts with probability 1 / `switch`.
     switch: u64,
@@ -53,6 +57,7 @@ impl Sched {
             state: Mutex::new(SchedState {
                 current: 0,
                 runnable: vec![true; hosts],
+                parked: vec![false; hosts],
                 rng: SplitMix64::new(seed),
                 switch,
             }),
@@ -116,7 +121,7 @@ impl Sched {
     pub(crate) fn yield_forced(&self, me: usize) {
         let mut g = lock(&self.state);
         let others: Vec<usize> = (0..g.runnable.len())
-            .filter(|&i| i != me && g.runnable[i])
+            .filter(|&i| i != me && g.runnable[i] && !g.parked[i])
             .collect();
         if others.is_empty() {
             return;
@@ -135,7 +140,9 @@ impl Sched {
     }
 
     fn pick(g: &mut SchedState) -> Option<usize> {
-        let live: Vec<usize> = (0..g.runnable.len()).filter(|&i| g.runnable[i]).collect();
+        let live: Vec<usize> = (0..g.runnable.len())
+            .filter(|&i| g.runnable[i] && !g.parked[i])
+            .collect();
         if live.is_empty() {
             return None;
         }
@@ -143,10 +150,35 @@ impl Sched {
         Some(live[i])
     }
 
-    /// Host `me` is done for good: the baton passes to a runnable host.
+    /// Host `me` (holding the baton) leaves the schedule until [`Sched::unpark_all`] and then gets
+    /// the baton again. Returns at once if no other host could take the baton.
+    pub(crate) fn park(&self, me: usize) {
+        let mut g = lock(&self.state);
+        g.parked[me] = true;
+        match Self::pick(&mut g) {
+            Some(next) => g.current = next,
+            None => {
+                g.parked[me] = false;
+                return;
+            }
+        }
+        self.cv.notify_all();
+        while g.current != me || g.parked[me] {
+            g = self.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Every parked host rejoins the schedule (a yield point of a running host hands it the
+    /// baton).
+    pub(crate) fn unpark_all(&self) {
+        lock(&self.state).parked.fill(false);
+    }
+
+    /// Host `me` is done for good: parked hosts rejoin, and the baton passes to a runnable host.
     pub(crate) fn finish(&self, me: usize) {
         let mut g = lock(&self.state);
         g.runnable[me] = false;
+        g.parked.fill(false);
         if let Some(n) = Self::pick(&mut g) {
             g.current = n;
         }

@@ -14,8 +14,9 @@ use crate::sync::lock;
 use cxlkv_kernels::rng::SplitMix64;
 use cxlkv_runtime::hotness::{Access, Hotness};
 use cxlkv_runtime::mem::SharedMemory;
-use cxlkv_runtime::participant::{AttachOptions, Participant, PinnedBlock};
+use cxlkv_runtime::participant::{participant_dead, AttachOptions, Participant, PinnedBlock};
 use cxlkv_runtime::pool::{Pool, PoolError};
+use cxlkv_runtime::watch::beat_period_ns;
 use std::sync::atomic::Ordering;
 
 /// A host stops here: it recorded a violation, or the run was stopped.
@@ -81,7 +82,8 @@ pub(crate) struct HostRun<'a> {
     op: u32,
     /// This host still owns its partition (not fenced, not taken over).
     owner: bool,
-    /// Simulated time of its last heartbeat (attaching wrote one).
+    /// Simulated time just before its last heartbeat (attaching wrote one); its own clocks' readings
+    /// at any simulated time are known ([`crate::clock::HostClock`]).
     last_beat: u64,
     /// Some hosts only read (they never scan pins, so nothing but their own publishes moves their
     /// slot's lines to memory).
@@ -129,7 +131,8 @@ impl<'a> HostRun<'a> {
             if self.ctx.stopped() {
                 return Err(Halt);
             }
-            if self.ctx.stall == Some((self.h, self.op)) && self.owner {
+            // (Also a host that fenced itself: its successor must still take its slot over.)
+            if self.ctx.stall == Some((self.h, self.op)) {
                 self.stall();
             }
             let settled = match self.successor_of {
@@ -145,17 +148,29 @@ impl<'a> HostRun<'a> {
         }
     }
 
-    /// Takes host `c`'s partition over once `c` crashed; true when there is nothing left to wait
-    /// for (taken over, or `c` finished without crashing).
+    /// Takes host `c`'s partition over once `c` crashed and this host's watch found it dead (its
+    /// heartbeat stood still for a lease of this host's clock); true when there is nothing left to
+    /// wait for (taken over, or `c` finished without crashing).
     fn succession_settled(&mut self, c: usize) -> Result<bool, Halt> {
         let (crashed, done) = {
             let m = lock(&self.ctx.model);
             (m.crashed == Some(c), m.finished[c])
         };
         if crashed && self.adopter.is_none() {
-            self.take_over(c)?;
+            let dead = participant_dead(self.pool, c as u32)
+                .map_err(|e| self.fail(format!("{}: watch of {c}: {e}", self.who)))?;
+            if dead {
+                self.take_over(c)?;
+            }
         }
         Ok(self.adopter.is_some() || (done && !crashed))
+    }
+
+    /// True while this host is the successor of crashed host `c` and has not taken it over yet.
+    fn awaiting_takeover(&self, c: usize) -> bool {
+        self.successor_of == Some(c)
+            && self.adopter.is_none()
+            && lock(&self.ctx.model).crashed == Some(c)
     }
 
     /// One turn: the routine steps, then one operation on a random key.
@@ -163,7 +178,7 @@ impl<'a> HostRun<'a> {
         let prev_beat = self.heartbeat()?;
         self.check_pin(prev_beat)?;
         // Watch the predecessor's heartbeat, as a deployment's successor would: a live host (its
-        // last beat, published, within a lease) must never look dead.
+        // last beat, published, within a lease of the watcher's clock) must never look dead.
         if self.owner && self.rng.below(3) == 0 {
             watch_predecessor(self.ctx, self.pool, self.h)
                 .map_err(|e| self.fail(format!("{}: liveness read: {e}", self.who)))?;
@@ -181,14 +196,20 @@ impl<'a> HostRun<'a> {
         }
         let hosts = self.ctx.hosts.len() as u64;
         let keys = self.ctx.keys as u64;
-        // Writes go to this host's own keys, reads to anyone's.
+        // Writes go to this host's own keys, reads to anyone's; but a successor waiting for its
+        // watch to find its crashed predecessor dead leaves that host's keys alone, so that its
+        // cache still holds the lines it read before the crash, stale, when it takes over (what a
+        // recovery that skipped `recovery-read` would trip on).
         let (kh, ki) = if choice < 4 {
             (self.h, self.rng.below(keys) as usize)
         } else {
-            (
-                self.rng.below(hosts) as usize,
-                self.rng.below(keys) as usize,
-            )
+            let kh = self.rng.below(hosts) as usize;
+            let kh = if self.awaiting_takeover(kh) {
+                self.h
+            } else {
+                kh
+            };
+            (kh, self.rng.below(keys) as usize)
         };
         match choice {
             0..=2 => self.put(kh, ki)?,
@@ -201,14 +222,17 @@ impl<'a> HostRun<'a> {
         let held = m.pins.values().filter(|&&p| p == self.h as u32).count();
         m.pin_slack.insert(self.h as u32, held);
         if m.violation.is_some() {
+            drop(m);
             self.ctx.stop.store(true, Ordering::SeqCst);
+            self.ctx.sched.unpark_all();
             return Err(Halt);
         }
         Ok(())
     }
 
-    /// The stall step: stall past the lease, be presumed dead and taken over by the successor,
-    /// then resume as a zombie that must find itself fenced.
+    /// The stall step: stall (beating no more) until the successor's watch found this host dead and
+    /// took it over, then resume as a zombie that must find itself fenced: its own clock ran on
+    /// through the stall.
     fn stall(&mut self) {
         let (ctx, h, who) = (self.ctx, self.h, &self.who);
         {
@@ -218,11 +242,6 @@ impl<'a> HostRun<'a> {
             m.epoch += 1;
             m.log(format!("{who}: STALL past its lease"));
         }
-        // Its clock ran on past the lease while it stalled, and the others saw no heartbeat.
-        ctx.clocks[h]
-            .ahead
-            .fetch_add(2 * LEASE_NS, Ordering::Relaxed);
-        ctx.age_heartbeat(h);
         while !lock(&ctx.model).taken_over && !ctx.stopped() && !ctx.sched.stuck() {
             ctx.sched.yield_forced(h);
         }
@@ -256,17 +275,20 @@ impl<'a> HostRun<'a> {
         Ok(())
     }
 
-    /// The heartbeat step: beat now and then, and always first after the clock jumped past a
-    /// lease (a live host's heartbeat thread would have kept its lease fresh). Returns the time
-    /// of the beat before.
+    /// The heartbeat step: beat now and then, and always once a beat period of this host's
+    /// monotonic clock passed since the last (as a live host's heartbeat thread would). Returns the
+    /// time of the beat before.
     fn heartbeat(&mut self) -> Result<u64, Halt> {
         let now = self.ctx.sched.now();
         let prev_beat = self.last_beat;
-        if self.rng.below(4) == 0 || now.saturating_sub(self.last_beat) > LEASE_NS / 4 {
+        let since = self.ctx.clocks[self.h].mono_between(prev_beat, now);
+        if self.rng.below(4) == 0 || since > beat_period_ns(LEASE_NS) {
             self.last_beat = now;
             match self.me.beat() {
                 Ok(()) => lock(&self.ctx.model).beat_at[self.h] = now,
-                Err(PoolError::Fenced { .. }) if !self.owner || self.ctx.lapsed(prev_beat) => {
+                Err(PoolError::Fenced { .. })
+                    if !self.owner || self.ctx.own_lease_lapsed(self.h, prev_beat) =>
+                {
                     if self.owner {
                         lock(&self.ctx.model)
                             .log(format!("{}: own lease lapsed; fenced itself", self.who));
@@ -297,7 +319,11 @@ impl<'a> HostRun<'a> {
             .read(0, &mut now)
             .map_err(|e| self.fail(format!("{who}: pinned read: {e}")))?;
         let epoch = lock(&self.ctx.model).epoch;
-        if epoch == held.epoch && !self.ctx.lapsed(prev_beat) && self.owner && now != held.bytes {
+        if epoch == held.epoch
+            && self.ctx.within_every_lease(prev_beat)
+            && self.owner
+            && now != held.bytes
+        {
             return Err(self.fail(format!(
                 "{who}: pinned block {loc:?} was reused while pinned"
             )));
@@ -324,7 +350,9 @@ impl<'a> HostRun<'a> {
         m.hl_busy[h] = false;
         match r {
             Ok(()) => m.hotlists[h].push(list),
-            Err(PoolError::Fenced { .. }) if ctx.lapsed(self.last_beat) => self.owner = false,
+            Err(PoolError::Fenced { .. }) if ctx.own_lease_lapsed(h, self.last_beat) => {
+                self.owner = false
+            }
             Err(e) => {
                 drop(m);
                 return Err(self.fail(format!("{}: hotlist publish: {e}", self.who)));
@@ -372,7 +400,9 @@ impl<'a> HostRun<'a> {
                     "{who}: put ({kh},{ki}) committed after its partition was taken over"
                 )));
             }
-            Err(PoolError::Fenced { .. }) if !self.owner || ctx.lapsed(self.last_beat) => {
+            Err(PoolError::Fenced { .. })
+                if !self.owner || ctx.own_lease_lapsed(h, self.last_beat) =>
+            {
                 self.owner = false;
                 lock(&ctx.model).log(format!("{who}: put ({kh},{ki}) fenced"));
             }
@@ -402,7 +432,9 @@ impl<'a> HostRun<'a> {
                     "{who}: delete ({kh},{ki}) ran after its partition was taken over"
                 )));
             }
-            Err(PoolError::Fenced { .. }) if !self.owner || ctx.lapsed(self.last_beat) => {
+            Err(PoolError::Fenced { .. })
+                if !self.owner || ctx.own_lease_lapsed(h, self.last_beat) =>
+            {
                 self.owner = false;
                 lock(&ctx.model).log(format!("{who}: delete ({kh},{ki}) fenced"));
             }
@@ -467,7 +499,9 @@ impl<'a> HostRun<'a> {
             }
             Ok(None) => check_read(ctx, &who, kh, ki, lo, None),
             Err(PoolError::PinTableFull(_)) => {}
-            Err(PoolError::Fenced { .. }) if !self.owner || ctx.lapsed(self.last_beat) => {
+            Err(PoolError::Fenced { .. })
+                if !self.owner || ctx.own_lease_lapsed(h, self.last_beat) =>
+            {
                 self.owner = false
             }
             Err(e) => return Err(self.fail(format!("{}: pin ({kh},{ki}): {e}", self.who))),
@@ -476,7 +510,7 @@ impl<'a> HostRun<'a> {
     }
 
     /// The end of the operations: drop the pin held, record the blocks this host's partitions
-    /// hold indexed, wait (yielding) until every host is done, then read every live owner's keys
+    /// hold indexed, wait (parked) until every host is done, then read every live owner's keys
     /// through this host's own (possibly stale) cache. Returns the partition taken over, with the
     /// host it was taken from, and whether this host still owns its own.
     pub(crate) fn finish(mut self) -> Result<(Option<(Participant, usize)>, bool), Halt> {
@@ -492,6 +526,7 @@ impl<'a> HostRun<'a> {
             }
             m.done_ops[h] = true;
         }
+        ctx.sched.unpark_all();
         loop {
             if ctx.stopped() {
                 return Err(Halt);
@@ -499,6 +534,10 @@ impl<'a> HostRun<'a> {
             if lock(&ctx.model).done_ops.iter().all(|&d| d) {
                 break;
             }
+            // Off the schedule until another host is done (the hosts at work share the clock); a
+            // host planned to crash crashes here if it has not yet.
+            ctx.hosts[h].crash_if_planned();
+            ctx.sched.park(h);
             let _ = ctx.hosts[h].load_u64(0, Ordering::Relaxed);
         }
         check_owners(ctx, &self.who, self.pool);

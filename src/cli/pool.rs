@@ -3,9 +3,10 @@
 use super::{human, parse_size, Error, Result};
 use clap::Subcommand;
 use cxlkv::runtime::region::{Backend, HugePages, Region, RegionOptions};
-use cxlkv::runtime::{check, pool_stats, Pool, PoolConfig};
+use cxlkv::runtime::watch::{beat_period_ns, Liveness};
+use cxlkv::runtime::{check, pool_stats, Pool, PoolConfig, PoolStats};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Pool subcommands.
 #[derive(Subcommand)]
@@ -25,7 +26,8 @@ pub enum PoolCommand {
         /// Participant slots (and partitions, one each).
         #[arg(long, default_value_t = 8)]
         participants: u32,
-        /// Milliseconds without a heartbeat after which a participant is dead.
+        /// Milliseconds an observer must watch a participant's heartbeat counter stand still (on
+        /// its own clock) before it may declare it dead.
         #[arg(long, default_value_t = 2000)]
         lease_ms: u64,
         /// Fault all pages in now.
@@ -40,10 +42,17 @@ pub enum PoolCommand {
         /// The pool (shm:NAME, file:PATH, dax:PATH, numa:N:NAME, or a path).
         pool: String,
     },
-    /// Print participants, partitions and counters.
+    /// Print participants, partitions and counters. Liveness needs watching: the heartbeats are
+    /// sampled for --watch-ms (default half the lease); a participant is "live" if its heartbeat
+    /// counter moved meanwhile, "DEAD" only after a watch longer than the lease saw it stand still,
+    /// "?" otherwise.
     Stat {
         /// The pool.
         pool: String,
+        /// How long to watch the heartbeats, in milliseconds (default: half the pool's lease; a
+        /// full lease or more can declare a participant dead; 0 reads once and judges nobody).
+        #[arg(long, value_name = "MS")]
+        watch_ms: Option<u64>,
     },
     /// Validate every structure; exit status 1 when damage is found.
     Check {
@@ -60,6 +69,22 @@ pub enum PoolCommand {
 fn backend(spec: &str) -> Result<Backend> {
     spec.parse()
         .map_err(|e: cxlkv::runtime::region::RegionError| Error::Usage(e.to_string()))
+}
+
+/// The pool's statistics after watching its heartbeats for `watch`: samples every beat period
+/// (an eighth of the lease) through one pool handle, whose watch judges liveness
+/// (`cxlkv_runtime::watch`); the last sample is returned.
+fn watched_stats(pool: &Pool, watch: Duration) -> Result<PoolStats> {
+    let step = Duration::from_nanos(beat_period_ns(pool.superblock().lease_ns));
+    let end = Instant::now() + watch;
+    loop {
+        let st = pool_stats(pool)?;
+        let now = Instant::now();
+        if now >= end {
+            return Ok(st);
+        }
+        std::thread::sleep(step.min(end - now));
+    }
 }
 
 /// Runs a pool subcommand.
@@ -160,22 +185,32 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        PoolCommand::Stat { pool } => {
+        PoolCommand::Stat { pool, watch_ms } => {
             let b = backend(&pool)?;
             let pool = Pool::open_on(&b, &RegionOptions::default())?;
-            let st = pool_stats(&pool)?;
+            let lease_ms = pool.superblock().lease_ns / 1_000_000;
+            let watch = Duration::from_millis(watch_ms.unwrap_or(lease_ms / 2));
+            let st = watched_stats(&pool, watch)?;
+            println!(
+                "heartbeats watched for {} ms (lease {lease_ms} ms). live: yes = the heartbeat \
+                 counter moved; ? = it did not move in a watch shorter than the lease (dead, or \
+                 stalled: --watch-ms {} tells); DEAD = it stood still for more than the lease",
+                watch.as_millis(),
+                lease_ms + 1
+            );
             println!(
                 "participants ({} held of {}):",
                 st.participants.len(),
                 pool.superblock().participants
             );
             println!(
-                "  {:>3} {:>5} {:>8} {:>4} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7} {:>6}",
+                "  {:>3} {:>5} {:>8} {:>4} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7} {:>6}",
                 "id",
                 "live",
                 "pid",
                 "part",
-                "hb age ms",
+                "heartbeat",
+                "still ms",
                 "puts",
                 "hits",
                 "misses",
@@ -187,12 +222,18 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
             for p in &st.participants {
                 let c = p.counters;
                 println!(
-                    "  {:>3} {:>5} {:>8} {:>4} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7} {:>6}",
+                    "  {:>3} {:>5} {:>8} {:>4} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7} {:>6}",
                     p.id,
-                    if p.live { "yes" } else { "DEAD" },
+                    match p.liveness {
+                        Liveness::Live => "yes",
+                        Liveness::Dead => "DEAD",
+                        Liveness::Free => "free",
+                        Liveness::Unknown => "?",
+                    },
                     p.pid,
                     p.partition.map_or("-".into(), |x| x.to_string()),
-                    p.heartbeat_age_ms,
+                    p.heartbeat,
+                    p.still_ms,
                     c.puts,
                     c.hits,
                     c.misses,

@@ -2,6 +2,7 @@
 
 use super::{Error, Result};
 use clap::Args;
+use cxlkv::runtime::watch::LivenessRule;
 use cxlkv::sim::{run_sim, sites, SimOptions};
 use std::process::ExitCode;
 
@@ -26,6 +27,15 @@ pub struct SimArgs {
     /// List the publish/acquire sites and exit.
     #[arg(long)]
     list_sites: bool,
+    /// Skew each host's wall clock by up to MS milliseconds (either way) and step it, forward or
+    /// back, to other offsets within MS during the run; oscillators then also drift by up to ±5 %.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    clock_skew_ms: u64,
+    /// Liveness rule: counter (heartbeat counters watched on each observer's own clock), or
+    /// timestamp (the old wall-clock rule, kept as the simulator's teeth: needs a build with the
+    /// `sim-teeth` feature).
+    #[arg(long, default_value = "counter", value_parser = ["counter", "timestamp"])]
+    liveness: String,
 }
 
 /// Runs `cxlkv sim`: exit 0 when no invariant broke, 1 with the first violation otherwise.
@@ -48,6 +58,12 @@ pub fn run(a: &SimArgs) -> Result<ExitCode> {
         seed_start: a.seed_start,
         drop_site: a.drop_site.clone(),
         ops: a.ops,
+        clock_skew_ms: a.clock_skew_ms,
+        liveness: if a.liveness == "timestamp" {
+            LivenessRule::Timestamp
+        } else {
+            LivenessRule::Counter
+        },
     });
     println!("{report}");
     Ok(if report.ok() {

@@ -1,6 +1,12 @@
 //! A participant's life: attaching (claiming a slot, then a partition), the heartbeat that keeps
 //! it alive, and detaching, which hands the partition back with every block kept.
+//!
+//! A slot or partition is reclaimed from a dead holder only: one whose heartbeat counter this pool
+//! handle watched stand still for a lease ([`crate::watch`]). Attaching never waits for that: the
+//! first attach through a fresh handle finds every holder alive (its watch starts there), and a
+//! later attach through the same handle, a lease on, finds the dead ones dead.
 
+use super::beat::OwnLease;
 use super::liveness::participant_dead;
 use super::recovery::recover_partition;
 use super::state::{AttachOptions, Participant, Recovery};
@@ -8,7 +14,8 @@ use crate::coherence::{self, Site};
 use crate::format::{self, counters, partition, pin, slot, PINS_PER_PARTICIPANT, PIN_SIZE};
 use crate::key::Key;
 use crate::pool::{now_ns, Pool, PoolError, Result};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::watch::beat_period_ns;
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
@@ -28,7 +35,9 @@ fn new_token(id: u32) -> u64 {
 
 impl Participant {
     /// Attaches to `pool`: claims a participant slot (a free one, or one whose holder is dead) and,
-    /// unless asked not to, a partition (a free one, or one whose owner is dead).
+    /// unless asked not to, a partition (a free one, or one whose owner is dead). "Dead" is this
+    /// pool handle's judgement (see the module): retry through the same handle to reclaim a holder
+    /// that is not yet known dead.
     pub fn attach(pool: &Pool, opts: AttachOptions) -> Result<Participant> {
         let sb = *pool.superblock();
         let mem = pool.mem();
@@ -53,7 +62,8 @@ impl Participant {
 
     /// Attaches as participant `slot` without a compare-and-swap: the mode for hosts that share no
     /// hardware coherence (a software-coherent pool), where an operator assigns each host its slot.
-    /// The slot must be free or its holder dead (lease expired); the participant then owns
+    /// The slot must be free or its holder dead (its heartbeat watched standing still for a lease
+    /// through this pool handle); the participant then owns
     /// partition `slot % partitions` if that is free, orphaned or its own — a dead host's partition
     /// is taken over by the one successor the operator designates by attaching to its slot.
     pub fn attach_slot(pool: &Pool, slot_id: u32, opts: AttachOptions) -> Result<Participant> {
@@ -109,8 +119,8 @@ impl Participant {
                 Ordering::Relaxed,
             )?;
         }
-        // Heartbeat last, Release: a reader that sees it fresh sees the slot initialized.
-        mem.store_u64(base + slot::HEARTBEAT, pool.now_ns(), Ordering::Release)?;
+        // Heartbeat last, Release: a reader that sees it move sees the slot initialized.
+        let lease = Arc::new(OwnLease::start(pool, id)?);
         // Pairs with the LivenessRead and PinScanRead acquires of other participants.
         coherence::publish(mem, Site::SlotWrite, base, format::PARTICIPANT_SLOT_SIZE);
 
@@ -123,8 +133,7 @@ impl Participant {
             owner: None,
             counters: Default::default(),
             pin_used: Mutex::new(0),
-            fenced: Arc::new(AtomicBool::new(false)),
-            last_beat: Arc::new(AtomicU64::new(pool.now_ns())),
+            lease,
             self_fencing: format::CoherenceMode::from_code(pool.superblock().coherence)
                 == Some(format::CoherenceMode::Software),
             heartbeat: None,
@@ -149,18 +158,13 @@ impl Participant {
         Ok(me)
     }
 
-    /// Writes a fresh heartbeat now (the heartbeat thread does this every quarter lease).
+    /// Advances the heartbeat counter now (the heartbeat thread does this every eighth of a
+    /// lease). On a software-coherent pool a participant whose own lease lapsed is fenced instead.
     pub fn beat(&self) -> Result<()> {
         if self.self_fencing && self.lease_lost() {
             return Err(self.fenced_error());
         }
-        let off = self.pool.slot_off(self.id) + slot::HEARTBEAT;
-        let now = self.pool.now_ns();
-        self.last_beat.store(now, Ordering::Relaxed);
-        self.pool.mem().store_u64(off, now, Ordering::Release)?;
-        // Pairs with the LivenessRead acquire of whoever judges this participant's liveness.
-        coherence::publish(self.pool.mem(), Site::HeartbeatWrite, off, 8);
-        Ok(())
+        self.lease.beat(&self.pool, self.id)
     }
 
     fn detach_shared(&mut self) {
@@ -218,10 +222,10 @@ fn spawn_heartbeat(me: &Participant) -> (mpsc::Sender<()>, std::thread::JoinHand
     let pool = me.pool.clone();
     let id = me.id;
     let token = me.token;
-    let fenced = me.fenced.clone();
-    let last_beat = me.last_beat.clone();
+    let lease = me.lease.clone();
+    let self_fencing = me.self_fencing;
     let watch = me.partition().map(|p| (p, me.owner_word));
-    let period = Duration::from_nanos((pool.superblock().lease_ns / 4).max(1_000_000));
+    let period = Duration::from_nanos(beat_period_ns(pool.superblock().lease_ns));
     let h = std::thread::Builder::new()
         .name(format!("cxlkv-heartbeat-{id}"))
         .spawn(move || loop {
@@ -231,22 +235,23 @@ fn spawn_heartbeat(me: &Participant) -> (mpsc::Sender<()>, std::thread::JoinHand
             }
             let mem = pool.mem();
             let base = pool.slot_off(id);
-            // Stop beating if our slot was reclaimed (we were presumed dead).
-            if mem.load_u64(base + slot::TOKEN, Ordering::Acquire).ok() != Some(token) {
-                fenced.store(true, Ordering::Relaxed);
+            // Stop beating if our slot was reclaimed (we were presumed dead), or, on a
+            // software-coherent pool, once our own lease lapsed (this thread was held up for longer
+            // than the margin: a successor may take the slot over, and we must not write it).
+            if mem.load_u64(base + slot::TOKEN, Ordering::Acquire).ok() != Some(token)
+                || (self_fencing && lease.lapsed(&pool))
+            {
+                lease.fenced.store(true, Ordering::Relaxed);
                 return;
             }
-            let now = pool.now_ns();
-            last_beat.store(now, Ordering::Relaxed);
-            let _ = mem.store_u64(base + slot::HEARTBEAT, now, Ordering::Release);
-            coherence::publish(mem, Site::HeartbeatWrite, base + slot::HEARTBEAT, 8);
+            let _ = lease.beat(&pool, id);
             if let Some((p, word)) = watch {
                 if mem
                     .load_u64(pool.partition_off(p) + partition::OWNER, Ordering::Acquire)
                     .ok()
                     != Some(word)
                 {
-                    fenced.store(true, Ordering::Relaxed);
+                    lease.fenced.store(true, Ordering::Relaxed);
                 }
             }
         })

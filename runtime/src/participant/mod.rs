@@ -6,19 +6,23 @@
 //! cross-host atomic is needed on the data path. The owner's allocator and eviction order live in
 //! private memory and are rebuilt from the index when a partition changes hands.
 //!
-//! Crash model: a participant may die at any instruction. Its heartbeat then goes stale; after the
-//! lease, the next participant that attaches takes its partition over by bumping the partition's
+//! Crash model: a participant may die at any instruction. Its heartbeat counter then stands still;
+//! once an observer watched it stand still for a lease on its own clock ([`crate::watch`]), that
+//! observer may attach in its place: it takes the partition over by bumping the partition's
 //! generation, repairs any index slot left mid-update, and keeps every committed block readable.
 //!
 //! - `state`: the [`Participant`] handle, its options, counters and owner-private state.
-//! - `lifecycle`: attach (slot claim), heartbeat, detach.
-//! - `liveness`: who is dead ([`participant_dead`]), and when this participant is fenced.
+//! - `lifecycle`: attach (slot claim), heartbeat thread, detach.
+//! - `beat`: the holder's heartbeat counter and its own lease (self-fencing).
+//! - `liveness`: what this handle's watch says of others ([`participant_liveness`],
+//!   [`participant_dead`]), and when this participant is fenced.
 //! - `claim` and `recovery`: taking a partition into ownership and rebuilding its state.
 //! - `write`, `index` and `reservation`: put, commit, eviction, delete; in-place writes
 //!   ([`Reservation`]).
 //! - `read` and `pin`: counted reads, and pins that keep a block in place ([`PinnedBlock`]).
 //! - `crash`: the crash points of the write protocol ([`CRASH_SITES`]).
 
+mod beat;
 mod claim;
 mod crash;
 mod index;
@@ -32,7 +36,7 @@ pub(crate) mod state;
 mod write;
 
 pub use crash::CRASH_SITES;
-pub use liveness::participant_dead;
+pub use liveness::{participant_dead, participant_liveness};
 pub use pin::{PinnedBlock, RawPin};
 pub use reservation::{RawReservation, Reservation};
 pub use state::{AttachOptions, Participant, ParticipantStats, Recovery};

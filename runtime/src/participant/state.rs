@@ -3,10 +3,11 @@
 //! eviction order, block to index slot), which lives in private memory and is rebuilt from the
 //! index whenever a partition changes hands.
 
+use super::beat::OwnLease;
 use crate::format::{counters, slot};
 use crate::policy::EvictionPolicy;
 use crate::pool::Pool;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 /// Options of [`Participant::attach`].
@@ -83,9 +84,8 @@ pub struct Participant {
     pub(super) owner: Option<Mutex<OwnerState>>,
     pub(super) counters: [AtomicU64; counters::COUNT as usize],
     pub(super) pin_used: Mutex<u64>,
-    pub(super) fenced: Arc<AtomicBool>,
-    /// Time (`now_ns`) of the last heartbeat this participant wrote.
-    pub(super) last_beat: Arc<AtomicU64>,
+    /// Its heartbeat and own lease (shared with the heartbeat thread), and whether it is fenced.
+    pub(super) lease: Arc<OwnLease>,
     /// The pool is software-coherent: a participant whose own lease lapsed fences itself.
     pub(super) self_fencing: bool,
     pub(super) heartbeat: Option<(mpsc::Sender<()>, std::thread::JoinHandle<()>)>,

@@ -1,20 +1,25 @@
 //! Pool images for the corruption tests (`corruption.rs`, `corruption_cases.rs`): a pool built
 //! with raw and typed blocks, replacements, deletes, a pin, a detached owner, a crashed owner and a
 //! crashed reader, captured as bytes together with what is in it; the geometry to find its
-//! structures; and loading an image into a fresh anonymous region.
+//! structures; loading an image into a fresh anonymous region; and a clock that waits out a lease
+//! without sleeping, for the takeover of an image's crashed holders.
 // Each test crate that includes this module uses a different part of it.
 #![allow(dead_code)]
 
 use cxlkv_kernels::rng::SplitMix64;
 use cxlkv_kernels::DType;
+use cxlkv_runtime::clock::{system_now_ns, Clock};
 use cxlkv_runtime::format::{
     self, decode_entry, BlockHeader, IndexSlot, Superblock, BLOCK_HEADER_SIZE, INDEX_SLOT_SIZE,
     PARTICIPANT_SLOT_SIZE,
 };
 use cxlkv_runtime::kv::{self, KvShape};
+use cxlkv_runtime::participant::participant_liveness;
 use cxlkv_runtime::{
-    check, AttachOptions, Codec, Key, Participant, Pool, PoolConfig, Region, SharedMemory,
+    check, AttachOptions, Codec, Key, Participant, Pool, PoolConfig, PoolError, Region,
+    SharedMemory,
 };
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -162,6 +167,48 @@ pub fn load(bytes: &[u8], size: u64) -> Arc<Region> {
     Arc::new(region)
 }
 
+/// A clock whose monotonic reading only [`ManualClock::advance`] moves: a test waits out a lease
+/// on it in no time, and no holder's heartbeat moves meanwhile (an image's holders are all gone).
+#[derive(Debug, Default)]
+pub struct ManualClock {
+    mono: AtomicU64,
+}
+
+impl Clock for ManualClock {
+    fn now_ns(&self) -> u64 {
+        system_now_ns()
+    }
+    fn monotonic_ns(&self) -> u64 {
+        self.mono.load(Ordering::SeqCst)
+    }
+}
+
+impl ManualClock {
+    /// Moves the monotonic clock `ns` on.
+    pub fn advance(&self, ns: u64) {
+        self.mono.fetch_add(ns, Ordering::SeqCst);
+    }
+}
+
+/// Opens `bytes` (loaded into a region of `size` bytes) with a [`ManualClock`].
+pub fn open_manual(bytes: &[u8], size: u64) -> (Result<Pool, PoolError>, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::default());
+    (
+        Pool::open_with_clock(load(bytes, size), clock.clone()),
+        clock,
+    )
+}
+
+/// Watches every slot of `pool`, then lets a lease and a nanosecond pass on `clock`: from then on
+/// the pool handle finds every holder whose heartbeat did not move dead (an image's crashed
+/// holders), as an observer that waited a lease would.
+pub fn wait_out_lease(pool: &Pool, clock: &ManualClock) {
+    for q in 0..pool.superblock().participants {
+        let _ = participant_liveness(pool, q);
+    }
+    clock.advance(pool.superblock().lease_ns + 1);
+}
+
 /// Attach options without a heartbeat thread (liveness stays deterministic), owning a partition
 /// or not.
 pub fn no_heartbeat(own_partition: bool) -> AttachOptions {
@@ -266,11 +313,8 @@ pub fn build_image(name: &'static str, seed: u64, torn: bool) -> Image {
         stored,
         "{name}: one live index entry per stored key"
     );
-    // Every holder died long ago (deterministic liveness, whatever the clock says later).
-    for q in 0..sb.participants {
-        let off = (geo.slot(q) + format::slot::HEARTBEAT) as usize;
-        bytes[off..off + 8].copy_from_slice(&1u64.to_le_bytes());
-    }
+    // The crashed holders' heartbeats stand still from here on: a test that watches them for a
+    // lease (`wait_out_lease`) finds them dead.
     if torn {
         let victim = live.iter().find(|l| l.partition == 1).unwrap();
         let off = geo.index_slot(victim.partition, victim.slot) as usize;
