@@ -320,6 +320,50 @@ fn synthetic(
     (k, v, queries)
 }
 
+/// The layers a folder in the data/kv format holds: meta.json's `dumped_layers`, or, without it,
+/// every `layerNN_k.npy` present; ascending, at least one.
+pub fn dumped_layers(dir: &Path) -> Result<Vec<u32>, String> {
+    let mut layers: Vec<u32> = match std::fs::read_to_string(dir.join("meta.json")) {
+        Ok(text) => {
+            let meta: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| format!("meta.json: {e}"))?;
+            match meta.get("dumped_layers") {
+                Some(v) => v
+                    .as_array()
+                    .and_then(|a| {
+                        a.iter()
+                            .map(|l| l.as_u64().and_then(|l| u32::try_from(l).ok()))
+                            .collect::<Option<Vec<u32>>>()
+                    })
+                    .ok_or("meta.json: dumped_layers is not a list of layer numbers")?,
+                None => Vec::new(),
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(format!("meta.json: {e}")),
+    };
+    if layers.is_empty() {
+        layers = std::fs::read_dir(dir)
+            .map_err(|e| e.to_string())?
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter_map(|n| {
+                n.strip_prefix("layer")?
+                    .strip_suffix("_k.npy")?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+    }
+    layers.sort_unstable();
+    layers.dedup();
+    if layers.is_empty() {
+        return Err(
+            "no layers: meta.json names no dumped_layers and there is no layerNN_k.npy".into(),
+        );
+    }
+    Ok(layers)
+}
+
 /// Real tensors of a KV folder: per layer (layer, q `[H][T][d]`, k `[KV][T][d]`, v), f16.
 type RealLayer = (u32, Vec<usize>, Vec<u8>, Vec<usize>, Vec<u8>, Vec<u8>);
 
@@ -328,20 +372,7 @@ fn load_kv_dir(dir: &Path) -> Result<Vec<RealLayer>, DemoError> {
         dir: dir.to_path_buf(),
         msg,
     };
-    let mut layers: Vec<u32> = std::fs::read_dir(dir)
-        .map_err(|e| err(e.to_string()))?
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter_map(|n| {
-            n.strip_prefix("layer")?
-                .strip_suffix("_k.npy")?
-                .parse()
-                .ok()
-        })
-        .collect();
-    layers.sort_unstable();
-    if layers.is_empty() {
-        return Err(err("no layerNN_k.npy files".into()));
-    }
+    let layers = dumped_layers(dir).map_err(err)?;
     let mut out = Vec::new();
     for l in layers {
         let read = |n: &str| {

@@ -106,53 +106,6 @@ struct Tensors {
     q_heads: usize,
 }
 
-/// The layers a folder in the data/kv format holds: meta.json's `dumped_layers`, or, without it,
-/// every `layerNN_k.npy` present.
-fn dumped_layers(dir: &Path) -> Result<Vec<u32>> {
-    let bad = |m: String| Error::Other(format!("{}: {m}", dir.display()));
-    let mut layers: Vec<u32> = match std::fs::read_to_string(dir.join("meta.json")) {
-        Ok(text) => {
-            let meta: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| bad(format!("meta.json: {e}")))?;
-            match meta.get("dumped_layers") {
-                Some(v) => v
-                    .as_array()
-                    .and_then(|a| {
-                        a.iter()
-                            .map(|l| l.as_u64().and_then(|l| u32::try_from(l).ok()))
-                            .collect::<Option<Vec<u32>>>()
-                    })
-                    .ok_or_else(|| {
-                        bad("meta.json: dumped_layers is not a list of layer numbers".into())
-                    })?,
-                None => Vec::new(),
-            }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(bad(format!("meta.json: {e}"))),
-    };
-    if layers.is_empty() {
-        layers = std::fs::read_dir(dir)
-            .map_err(|e| bad(e.to_string()))?
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter_map(|n| {
-                n.strip_prefix("layer")?
-                    .strip_suffix("_k.npy")?
-                    .parse()
-                    .ok()
-            })
-            .collect();
-    }
-    layers.sort_unstable();
-    layers.dedup();
-    if layers.is_empty() {
-        return Err(bad(
-            "no layers: meta.json names no dumped_layers and there is no layerNN_k.npy".into(),
-        ));
-    }
-    Ok(layers)
-}
-
 fn load(dir: &Path) -> Result<Tensors> {
     let err = |what: &str, e: &dyn std::fmt::Display| {
         Error::Other(format!("{}: {what}: {e}", dir.display()))
@@ -166,7 +119,8 @@ fn load(dir: &Path) -> Result<Tensors> {
         .collect();
     let (mut k, mut v) = (Vec::new(), Vec::new());
     let (mut heads, mut dim) = (0, 0);
-    let layers = dumped_layers(dir)?;
+    let layers = cxlkv::ndp::demo::dumped_layers(dir)
+        .map_err(|m| Error::Other(format!("{}: {m}", dir.display())))?;
     for &layer in &layers {
         for (name, out) in [("k", &mut k), ("v", &mut v)] {
             let f = format!("layer{layer:02}_{name}.npy");
