@@ -20,6 +20,7 @@
 //! - [`topo`]: NUMA nodes, CXL candidates (CPU-less nodes with memory), DAX devices; `/sys` and,
 //!   with the `hwloc` feature, the system libhwloc.
 //! - [`futex`]: sleep and wake on a 32-bit word of shared memory (client and device on one host).
+//! - [`time`]: the host's monotonic clock (`CLOCK_BOOTTIME`), for liveness watches.
 //!
 //! ## Common changes
 //!
@@ -34,6 +35,7 @@ pub mod cacheline;
 pub mod futex;
 pub mod mem;
 pub mod region;
+pub mod time;
 pub mod topo;
 
 pub use cacheline::CoherenceMode;
