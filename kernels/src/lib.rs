@@ -54,6 +54,7 @@ pub mod cold;
 pub mod dtype;
 pub mod npy;
 pub mod parallel;
+pub mod partial;
 pub mod pruned;
 pub mod rng;
 pub mod rows;
@@ -63,6 +64,7 @@ pub mod topk;
 
 pub use bounds::{block_bounds, upper_bound, BlockBounds};
 pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
+pub use partial::Partial;
 pub use pruned::{
     can_skip, pruned_topk, BlockScorer, KernelScorer, PruneStats, PrunedScan, VisitOrder,
 };

@@ -70,7 +70,7 @@ mod pretokenize;
 mod tokenizer;
 mod weights;
 
-pub use attention::{Attention, AttentionShape, Dense, Partial};
+pub use attention::{Attention, AttentionShape, AttentionStats, Dense, Partial};
 pub use config::{Config, SUPPORTED_ARCHITECTURES};
 pub use error::{Error, Result};
 pub use generate::{argmax, generate, GenerationStats};

@@ -94,6 +94,9 @@ impl Attention for Full {
         self.inner.attend(layer, q, out)
     }
     fn clear(&mut self) {}
+    fn stats(&self) -> cxlkv_model::AttentionStats {
+        self.inner.stats()
+    }
 }
 
 #[test]

@@ -63,8 +63,49 @@ pub trait Attention {
     /// (same layout), each over the positions up to its own (causal).
     fn attend(&mut self, layer: usize, q: &[f32], out: &mut [f32]) -> Result<()>;
 
-    /// Forgets every position of every layer (a new sequence).
+    /// Forgets every position of every layer (a new sequence). [`stats`](Attention::stats)
+    /// keep counting.
     fn clear(&mut self);
+
+    /// What the backend has read and moved since it was built.
+    fn stats(&self) -> AttentionStats;
+}
+
+/// What a backend read and moved, cumulative since it was built (not reset by `clear`). A host
+/// backend moves nothing across a link; the pool and near-data backends count every byte the
+/// host read from or wrote to pool memory, which on CXL hardware crosses the link.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AttentionStats {
+    /// Query-head attentions computed: one per query head, per token, per layer.
+    pub query_heads: u64,
+    /// Value rows that entered those attentions, summed over them (a dense attention over `n`
+    /// positions adds `n` per query head; a top-k one adds the rows it selected).
+    pub value_rows: u64,
+    /// Bytes the host read from pool memory (keys and values pulled, results, completions).
+    pub link_read_bytes: u64,
+    /// Bytes the host wrote to pool memory (keys and values appended, commands, arguments).
+    pub link_write_bytes: u64,
+    /// Commands sent to the near-data device.
+    pub device_commands: u64,
+    /// Key and value bytes the device read in place, next to the memory.
+    pub device_scan_bytes: u64,
+    /// Execution time the device reported, ns.
+    pub device_ns: u64,
+}
+
+impl AttentionStats {
+    /// The difference `self − before` of two snapshots of the same backend.
+    pub fn since(&self, before: &AttentionStats) -> AttentionStats {
+        AttentionStats {
+            query_heads: self.query_heads - before.query_heads,
+            value_rows: self.value_rows - before.value_rows,
+            link_read_bytes: self.link_read_bytes - before.link_read_bytes,
+            link_write_bytes: self.link_write_bytes - before.link_write_bytes,
+            device_commands: self.device_commands - before.device_commands,
+            device_scan_bytes: self.device_scan_bytes - before.device_scan_bytes,
+            device_ns: self.device_ns - before.device_ns,
+        }
+    }
 }
 
 /// Checks the lengths handed to a backend: `t` whole positions of K and V, `out` as long as `q`.

@@ -3,9 +3,9 @@
 //! the near-data path uses), the softmax and the value sum from [`Partial`], so that a backend
 //! splitting the keys differs from this one only by the merge.
 
-use super::contract::{check_append, check_attend, Attention, AttentionShape};
-use super::partial::Partial;
+use super::contract::{check_append, check_attend, Attention, AttentionShape, AttentionStats};
 use crate::error::{Error, Result};
+use cxlkv_kernels::Partial;
 use cxlkv_kernels::{DType, KeyRows, QueryGroup, ScoreKernel};
 
 /// Keys and values of one KV head of one layer, rows of `head_dim` elements, little-endian.
@@ -25,6 +25,7 @@ pub struct Dense {
     /// Positions held per layer.
     len: Vec<usize>,
     scores: Vec<f32>,
+    stats: AttentionStats,
 }
 
 impl Dense {
@@ -63,6 +64,7 @@ impl Dense {
             heads,
             len: vec![0; shape.layers],
             scores: Vec::new(),
+            stats: AttentionStats::default(),
         })
     }
 
@@ -150,6 +152,8 @@ impl Attention for Dense {
                     let at = i * row + (kv * g + j) * d;
                     p.finish_into(&mut out[at..at + d]);
                 }
+                self.stats.query_heads += g as u64;
+                self.stats.value_rows += (g * visible) as u64;
             }
         }
         Ok(())
@@ -163,6 +167,10 @@ impl Attention for Dense {
             }
         }
         self.len.iter_mut().for_each(|n| *n = 0);
+    }
+
+    fn stats(&self) -> AttentionStats {
+        self.stats
     }
 }
 

@@ -18,11 +18,10 @@
 
 mod contract;
 mod dense;
-mod partial;
 
-pub use contract::{check_append, check_attend, Attention, AttentionShape};
+pub use contract::{check_append, check_attend, Attention, AttentionShape, AttentionStats};
+pub use cxlkv_kernels::Partial;
 pub use dense::Dense;
-pub use partial::Partial;
 
 use crate::error::{Error, Result};
 use cxlkv_kernels::DType;

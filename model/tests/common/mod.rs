@@ -117,6 +117,10 @@ impl<A: Attention> Attention for Recorder<A> {
         self.inner.len(layer)
     }
 
+    fn stats(&self) -> cxlkv_model::AttentionStats {
+        self.inner.stats()
+    }
+
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
         if let Some(i) = self.layers.iter().position(|&l| l == layer) {
             let per_head = k.len() / self.kv_heads;

@@ -6,9 +6,10 @@
 //! sets merge into the partial over their union:
 //! `m = max(m₁, m₂)`, `l = l₁e^{m₁−m} + l₂e^{m₂−m}`, `o = o₁e^{m₁−m} + o₂e^{m₂−m}`,
 //! and the attention output is `o / l`. This is the shape in which a near-data device returns
-//! its share of the keys for the host to combine with its own.
+//! its share of the keys for the host to combine with its own (the NDP `ATTEND` command), and
+//! the decoder's dense reference computes the same partials, so both sides share this code.
 
-use cxlkv_kernels::KeyRows;
+use crate::rows::KeyRows;
 
 /// Unnormalized attention of one query over a set of keys.
 #[derive(Clone, Debug, PartialEq)]
@@ -116,13 +117,13 @@ impl Partial {
     }
 }
 
-/// Row `i` of `rows` as f32 into `dst`.
-pub(crate) fn load_row(rows: &KeyRows<'_>, i: usize, dst: &mut [f32]) {
-    let mut buf = [0u8; cxlkv_kernels::MAX_ROW_BYTES];
+/// Row `i` of `rows` as f32 into `dst` (`dst.len()` elements, at most the row's).
+pub fn load_row(rows: &KeyRows<'_>, i: usize, dst: &mut [f32]) {
+    let mut buf = [0u8; crate::rows::MAX_ROW_BYTES];
     let bytes = rows.copy_row(i, &mut buf);
     let dt = rows.dtype();
     match dt {
-        cxlkv_kernels::DType::F32 => {
+        crate::dtype::DType::F32 => {
             for (d, c) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
                 *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
@@ -138,9 +139,9 @@ pub(crate) fn load_row(rows: &KeyRows<'_>, i: usize, dst: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cxlkv_kernels::attention::{dense_attention, relative_error};
-    use cxlkv_kernels::rng::SplitMix64;
-    use cxlkv_kernels::DType;
+    use crate::attention::{dense_attention, relative_error};
+    use crate::rng::SplitMix64;
+    use crate::DType;
 
     #[test]
     fn merged_partials_are_the_whole() {
@@ -168,8 +169,8 @@ mod tests {
         // A group of three queries at once is three single partials.
         let qs: Vec<f32> = (0..3).flat_map(|_| rng.normal_vec(dim)).collect();
         let mut raw = vec![0f32; n * 3];
-        cxlkv_kernels::ScoreKernel::scalar().score(
-            &cxlkv_kernels::QueryGroup::new(&qs, dim).unwrap(),
+        crate::ScoreKernel::scalar().score(
+            &crate::QueryGroup::new(&qs, dim).unwrap(),
             &keys,
             &mut raw,
         );
