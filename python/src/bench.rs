@@ -21,7 +21,7 @@ pub fn _bench_rust_get(
 ) -> PyResult<f64> {
     let (me, ks) = (participant.inner()?, keys_of(keys)?);
     let mut b = BytesMut::get(out, "out")?;
-    if ks.is_empty() || b.len() % ks.len() != 0 {
+    if ks.is_empty() || !b.len().is_multiple_of(ks.len()) {
         return Err(Fail::bad("out must split into one equal row per key").into());
     }
     let row = b.len() / ks.len();
@@ -41,7 +41,8 @@ pub fn _bench_rust_get(
     })?)
 }
 
-/// Seconds for `rounds` copies of `src` into `dst` (equal lengths).
+/// Seconds for `rounds` passes that copy each `dst`-sized row of `src` into `dst` in turn (the
+/// access pattern of single gets of `len(src) / len(dst)` blocks into one buffer).
 #[pyfunction]
 pub fn _bench_memcpy(
     py: Python<'_>,
@@ -50,15 +51,17 @@ pub fn _bench_memcpy(
     rounds: usize,
 ) -> PyResult<f64> {
     let (s, mut d) = (Bytes::get(src, "src")?, BytesMut::get(dst, "dst")?);
-    if s.len() != d.len() {
-        return Err(Fail::bad("src and dst differ in length").into());
+    if d.is_empty() || !s.len().is_multiple_of(d.len()) {
+        return Err(Fail::bad("src must be whole rows of dst's length").into());
     }
     Ok(py.detach(|| {
         let (s, d) = (s.as_slice(), d.as_mut_slice());
         let t = Instant::now();
         for _ in 0..rounds {
-            d.copy_from_slice(std::hint::black_box(s));
-            std::hint::black_box(&mut *d);
+            for row in s.chunks_exact(d.len()) {
+                d.copy_from_slice(std::hint::black_box(row));
+                std::hint::black_box(&mut *d);
+            }
         }
         t.elapsed().as_secs_f64()
     }))

@@ -76,6 +76,11 @@ impl Bytes {
         self.0.len_bytes()
     }
 
+    /// True for an empty buffer.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
         let n = self.0.len_bytes();
@@ -107,6 +112,11 @@ impl BytesMut {
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.0.len_bytes()
+    }
+
+    /// True for an empty buffer.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// The bytes, writable.

@@ -149,7 +149,7 @@ impl PyDevice {
         host: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
         let q = Bytes::get(queries, "queries")?;
-        if q.len() % 4 != 0 {
+        if !q.len().is_multiple_of(4) {
             return Err(Fail::bad("queries must be float32 values").into());
         }
         let qs: Vec<f32> = q
@@ -176,7 +176,7 @@ impl PyDevice {
             prune,
             gather_values,
         };
-        if dim == 0 || qs.is_empty() || qs.len() % dim != 0 || k == 0 {
+        if dim == 0 || qs.is_empty() || !qs.len().is_multiple_of(dim) || k == 0 {
             return Err(Fail::bad(format!(
                 "{} query floats are not whole queries of dim {dim}, or k = {k}",
                 qs.len()

@@ -167,7 +167,7 @@ impl PyParticipant {
         if ks.is_empty() {
             return Ok(Vec::new());
         }
-        if b.len() % ks.len() != 0 {
+        if !b.len().is_multiple_of(ks.len()) {
             return Err(Fail::bad(format!(
                 "out has {} bytes, not a whole number of rows for {} keys",
                 b.len(),
