@@ -12,7 +12,7 @@ dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys
 # Markers: the teeth's process-wide drop switch (a static that exists only with `coherence-teeth`)
 # and the crash-point trigger variable (read only with `crash-points`).
 fail=0
-for art in libcxlkv.so libcxlkv.a cxlkv cxlkv-ndpd; do
+for art in libcxlkv.so libcxlkv.a lib_cxlkv.so cxlkv cxlkv-ndpd; do
     f="$dir/$art"
     if [ ! -f "$f" ]; then
         echo "check-shipped: $f is missing (run cargo build --workspace first)" >&2
