@@ -23,10 +23,12 @@
 //! - [`commands`]: command decoding and validation, and GATHER, BUILD_BOUNDS and HOTLIST.
 //! - [`scan`]: SCORE_TOPK, the kernels' block-wise scan over pinned blocks with either engine.
 //! - [`hotlist`]: per-block scan heat.
+//! - [`metrics`]: the device's Prometheus metrics (counters and per-opcode latency histograms).
 
 pub mod commands;
 pub mod config;
 pub mod hotlist;
+pub mod metrics;
 pub mod model;
 pub mod scan;
 pub mod worker;

@@ -6,6 +6,7 @@ use crate::device::hotlist::HotTable;
 use cxlkv_runtime::coherence::{self, Site};
 use cxlkv_runtime::format;
 use cxlkv_runtime::mem::SharedMemory;
+use cxlkv_runtime::metrics::HistogramFamily;
 use cxlkv_runtime::ndp::abi::*;
 use cxlkv_runtime::ndp::{futex_wake, reg, DeviceLayout};
 use cxlkv_runtime::{AttachOptions, Participant, Pool};
@@ -22,6 +23,8 @@ pub struct Device {
     pub(super) cfg: DeviceConfig,
     pub(super) generation: u64,
     pub(super) counters: [AtomicU64; CXLKV_NDP_COUNTERS as usize],
+    /// Command latency per opcode (process-local; `metrics`).
+    pub(super) latency: HistogramFamily,
     /// Scan heat per block (the HOTLIST).
     pub(super) hot: HotTable,
     pub(super) stop: AtomicBool,
@@ -38,6 +41,11 @@ impl DeviceHandle {
     /// The device.
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// The device, shared (for a thread that outlives this borrow, such as a metrics endpoint).
+    pub fn shared(&self) -> Arc<Device> {
+        self.device.clone()
     }
 
     /// Stops the threads and clears the magic so clients fall back at once.
@@ -137,6 +145,7 @@ impl Device {
             cfg: cfg.clone(),
             generation,
             counters: Default::default(),
+            latency: crate::device::metrics::new_latency(),
             hot: HotTable::default(),
             stop: AtomicBool::new(false),
             sleepers: Mutex::new(0),

@@ -230,8 +230,10 @@ impl Device {
         };
         let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
             .unwrap_or(Err(err(CXLKV_NDP_ERR_INTERNAL)));
-        let ns = t0.elapsed().as_nanos() as u64;
+        let took = t0.elapsed();
+        let ns = took.as_nanos() as u64;
         self.count(CXLKV_NDP_CTR_BUSY_NS, ns);
+        self.observe_latency(u32::from(cmd.opcode), took);
         match out {
             Ok(d) => {
                 self.count(CXLKV_NDP_CTR_BYTES_SCANNED, d.stats.bytes_scanned);
