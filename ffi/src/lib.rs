@@ -35,6 +35,10 @@
 //!   the needed size or count with `CXLKV_ERR_BUFFER_TOO_SMALL` (`cxlkv_participant_get`,
 //!   `cxlkv_key_chain`).
 //!
+//! - **Metrics** ([`metrics`]): every put, get, pin, delete and device command is counted in
+//!   this process's metrics (outcome, bytes, latency, fallbacks); `cxlkv_metrics_read` and
+//!   `cxlkv_metrics_text` read them.
+//!
 //! Other modules: [`version`] (library and ABI versions), [`keys`] (the key struct and the key
 //! functions), [`kv`] (typed KV blocks) and `args` (checks of pointer, string and array
 //! arguments). Every `unsafe` block (a read or write through a caller's pointer, a registered
@@ -81,6 +85,8 @@ pub mod participant;
 pub mod kv;
 
 pub mod device;
+
+pub mod metrics;
 
 #[cfg(test)]
 mod tests;

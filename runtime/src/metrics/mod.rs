@@ -17,18 +17,20 @@
 pub mod pool;
 
 use crate::ndp::{FallbackReason, NdpPath, NdpStats};
+use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 /// Upper bounds of the latency histograms' buckets, in seconds: 1 µs to about 4.2 s, ×4 apart.
 pub fn latency_buckets() -> impl Iterator<Item = f64> {
-    exponential_buckets(1e-6, 4.0, 12)
+    exponential_buckets(1e-6, 4.0, BUCKETS as u16)
 }
 
 /// A latency histogram with [`latency_buckets`].
@@ -108,62 +110,8 @@ impl Outcome {
     }
 }
 
-/// The process-local metrics (see the module documentation). Thread-safe; cheap to record.
-pub struct Metrics {
-    ops: Family<Labels, Counter>,
-    bytes_in: Family<Labels, Counter>,
-    bytes_out: Family<Labels, Counter>,
-    latency: HistogramFamily,
-    /// The histograms' sums again, for [`Metrics::snapshot`] (the client keeps them private).
-    latency_sum: Family<Labels, Counter<f64, AtomicU64>>,
-    link_bytes: Family<Labels, Counter>,
-    fallbacks: Family<Labels, Counter>,
-}
-
-/// One operation's figures in a [`MetricsSnapshot`].
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct OpSnapshot {
-    /// Calls that succeeded.
-    pub ok: u64,
-    /// Calls that missed (gets and pins).
-    pub miss: u64,
-    /// Calls that failed.
-    pub error: u64,
-    /// Bytes the caller handed in (put payloads, device arguments).
-    pub bytes_in: u64,
-    /// Bytes handed back to the caller (get payloads, device results).
-    pub bytes_out: u64,
-    /// Calls in the latency histogram (all outcomes).
-    pub latency_count: u64,
-    /// Sum of their latencies, seconds.
-    pub latency_sum_s: f64,
-}
-
-/// The numbers of [`Metrics`] at one moment.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct MetricsSnapshot {
-    /// Per operation, in [`Op::ALL`] order.
-    pub ops: Vec<(Op, OpSnapshot)>,
-    /// Device commands the client computed on the host instead (device absent, dead or late).
-    pub device_fallbacks: u64,
-    /// Bytes that crossed the link for device commands on the device path.
-    pub device_link_bytes: u64,
-    /// Bytes a host fallback's scan pulled across the link.
-    pub host_link_bytes: u64,
-}
-
-impl MetricsSnapshot {
-    /// The figures of `op`.
-    pub fn op(&self, op: Op) -> OpSnapshot {
-        self.ops
-            .iter()
-            .find(|(o, _)| *o == op)
-            .map(|(_, s)| *s)
-            .unwrap_or_default()
-    }
-}
-
-const FALLBACKS: [FallbackReason; 7] = [
+/// The reasons of a host fallback, in label order.
+pub const FALLBACKS: [FallbackReason; 7] = [
     FallbackReason::Absent,
     FallbackReason::Dead,
     FallbackReason::Timeout,
@@ -186,65 +134,149 @@ pub fn fallback_name(why: FallbackReason) -> &'static str {
     }
 }
 
-fn op_labels(op: Op) -> Labels {
-    vec![("op", op.name())]
+/// A latency histogram of atomics with [`latency_buckets`]' bounds (lock-free to record, no
+/// allocation after construction).
+#[derive(Debug, Default)]
+pub struct AtomicHistogram {
+    /// Observations per bucket (not cumulative); the last is above every bound.
+    buckets: [AtomicU64; BUCKETS + 1],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
-        Self::new()
+const BUCKETS: usize = 12;
+
+impl AtomicHistogram {
+    /// Counts one observation.
+    pub fn observe(&self, took: Duration) {
+        let s = took.as_secs_f64();
+        let i = latency_buckets().position(|b| s <= b).unwrap_or(BUCKETS);
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Its figures now.
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        HistogramSnapshot {
+            buckets: latency_buckets()
+                .chain(std::iter::once(f64::MAX))
+                .zip(&self.buckets)
+                .map(|(b, n)| (b, n.load(Ordering::Relaxed)))
+                .collect(),
+            count: self.count.load(Ordering::Relaxed),
+            sum_s: self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
+        }
+    }
+}
+
+/// An [`AtomicHistogram`] read at one moment.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HistogramSnapshot {
+    /// (upper bound in seconds, observations in this bucket alone); the last bound is `f64::MAX`.
+    pub buckets: Vec<(f64, u64)>,
+    /// Observations.
+    pub count: u64,
+    /// Their sum, seconds.
+    pub sum_s: f64,
+}
+
+const OPS: usize = Op::ALL.len();
+const OUTCOMES: usize = Outcome::ALL.len();
+
+/// The process-local metrics (see the module documentation): fixed arrays of atomics, so that
+/// recording takes no lock and allocates nothing. Thread-safe.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    ops: [[AtomicU64; OUTCOMES]; OPS],
+    bytes_in: [AtomicU64; OPS],
+    bytes_out: [AtomicU64; OPS],
+    latency: [AtomicHistogram; OPS],
+    /// Per [`FALLBACKS`] reason.
+    fallbacks: [AtomicU64; FALLBACKS.len()],
+    device_link_bytes: AtomicU64,
+    host_link_bytes: AtomicU64,
+}
+
+/// One operation's figures in a [`MetricsSnapshot`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OpSnapshot {
+    /// Calls that succeeded.
+    pub ok: u64,
+    /// Calls that missed (gets, pins and deletes of an absent key).
+    pub miss: u64,
+    /// Calls that failed.
+    pub error: u64,
+    /// Bytes the caller handed in (put payloads, device arguments).
+    pub bytes_in: u64,
+    /// Bytes handed back to the caller (get payloads, device results).
+    pub bytes_out: u64,
+    /// The latencies of all its calls (every outcome).
+    pub latency: HistogramSnapshot,
+}
+
+/// The numbers of [`Metrics`] at one moment.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MetricsSnapshot {
+    /// Per operation, in [`Op::ALL`] order.
+    pub ops: Vec<(Op, OpSnapshot)>,
+    /// Device commands the client computed on the host instead, by reason.
+    pub fallbacks: Vec<(FallbackReason, u64)>,
+    /// Bytes that crossed the link for device commands on the device path.
+    pub device_link_bytes: u64,
+    /// Bytes a host fallback's scan pulled across the link.
+    pub host_link_bytes: u64,
+}
+
+impl MetricsSnapshot {
+    /// The figures of `op`.
+    pub fn op(&self, op: Op) -> OpSnapshot {
+        self.ops
+            .iter()
+            .find(|(o, _)| *o == op)
+            .map(|(_, s)| s.clone())
+            .unwrap_or_default()
+    }
+
+    /// Device commands computed on the host, all reasons.
+    pub fn device_fallbacks(&self) -> u64 {
+        self.fallbacks.iter().map(|f| f.1).sum()
     }
 }
 
 impl Metrics {
     /// Empty metrics.
     pub fn new() -> Self {
-        Metrics {
-            ops: Family::default(),
-            bytes_in: Family::default(),
-            bytes_out: Family::default(),
-            latency: Family::new_with_constructor(latency_histogram),
-            latency_sum: Family::default(),
-            link_bytes: Family::default(),
-            fallbacks: Family::default(),
-        }
+        Self::default()
     }
 
     /// Records one operation: how it ended, the bytes it took in and gave out, how long it took.
     pub fn record(&self, op: Op, outcome: Outcome, bytes_in: u64, bytes_out: u64, took: Duration) {
-        self.ops
-            .get_or_create(&vec![("op", op.name()), ("result", outcome.name())])
-            .inc();
-        let l = op_labels(op);
-        if bytes_in > 0 {
-            self.bytes_in.get_or_create(&l).inc_by(bytes_in);
-        }
-        if bytes_out > 0 {
-            self.bytes_out.get_or_create(&l).inc_by(bytes_out);
-        }
-        self.latency.get_or_create(&l).observe(took.as_secs_f64());
-        self.latency_sum
-            .get_or_create(&l)
-            .inc_by(took.as_secs_f64());
+        let i = op as usize;
+        self.ops[i][outcome as usize].fetch_add(1, Ordering::Relaxed);
+        self.bytes_in[i].fetch_add(bytes_in, Ordering::Relaxed);
+        self.bytes_out[i].fetch_add(bytes_out, Ordering::Relaxed);
+        self.latency[i].observe(took);
     }
 
     /// Records a device command that succeeded, from its [`NdpStats`] (path, link bytes, time):
-    /// a host fallback counts in `cxlkv_device_fallbacks_total`.
+    /// a host fallback counts in `cxlkv_device_fallbacks_total` under its reason.
     pub fn record_device(&self, op: Op, stats: &NdpStats, bytes_in: u64, bytes_out: u64) {
         self.record(op, Outcome::Ok, bytes_in, bytes_out, stats.elapsed);
         match stats.path {
             Some(NdpPath::Device) => {
-                self.link_bytes
-                    .get_or_create(&vec![("path", "device")])
-                    .inc_by(stats.bytes_to_device + stats.bytes_from_device);
+                self.device_link_bytes.fetch_add(
+                    stats.bytes_to_device + stats.bytes_from_device,
+                    Ordering::Relaxed,
+                );
             }
             Some(NdpPath::Host(why)) => {
-                self.fallbacks
-                    .get_or_create(&vec![("reason", fallback_name(why))])
-                    .inc();
-                self.link_bytes
-                    .get_or_create(&vec![("path", "host")])
-                    .inc_by(stats.link_bytes());
+                if let Some(r) = FALLBACKS.iter().position(|&f| f == why) {
+                    self.fallbacks[r].fetch_add(1, Ordering::Relaxed);
+                }
+                self.host_link_bytes
+                    .fetch_add(stats.link_bytes(), Ordering::Relaxed);
             }
             None => {}
         }
@@ -252,81 +284,129 @@ impl Metrics {
 
     /// The numbers now.
     pub fn snapshot(&self) -> MetricsSnapshot {
-        let get = |f: &Family<Labels, Counter>, l: &Labels| f.get(l).map_or(0, |c| c.get());
-        let ops = Op::ALL
-            .iter()
-            .map(|&op| {
-                let n = |o: Outcome| get(&self.ops, &vec![("op", op.name()), ("result", o.name())]);
-                let l = op_labels(op);
-                let (ok, miss, error) = (n(Outcome::Ok), n(Outcome::Miss), n(Outcome::Error));
-                (
-                    op,
-                    OpSnapshot {
-                        ok,
-                        miss,
-                        error,
-                        bytes_in: get(&self.bytes_in, &l),
-                        bytes_out: get(&self.bytes_out, &l),
-                        latency_count: ok + miss + error,
-                        latency_sum_s: self.latency_sum.get(&l).map_or(0.0, |c| c.get()),
-                    },
-                )
-            })
-            .collect();
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
         MetricsSnapshot {
-            ops,
-            device_fallbacks: FALLBACKS
+            ops: Op::ALL
                 .iter()
-                .map(|&r| get(&self.fallbacks, &vec![("reason", fallback_name(r))]))
-                .sum(),
-            device_link_bytes: get(&self.link_bytes, &vec![("path", "device")]),
-            host_link_bytes: get(&self.link_bytes, &vec![("path", "host")]),
+                .map(|&op| {
+                    let i = op as usize;
+                    let n = |o: Outcome| ld(&self.ops[i][o as usize]);
+                    (
+                        op,
+                        OpSnapshot {
+                            ok: n(Outcome::Ok),
+                            miss: n(Outcome::Miss),
+                            error: n(Outcome::Error),
+                            bytes_in: ld(&self.bytes_in[i]),
+                            bytes_out: ld(&self.bytes_out[i]),
+                            latency: self.latency[i].snapshot(),
+                        },
+                    )
+                })
+                .collect(),
+            fallbacks: FALLBACKS
+                .iter()
+                .zip(&self.fallbacks)
+                .map(|(&r, n)| (r, ld(n)))
+                .collect(),
+            device_link_bytes: ld(&self.device_link_bytes),
+            host_link_bytes: ld(&self.host_link_bytes),
         }
     }
 
-    /// Adds these metrics to `reg` (the families are shared, so later records show in it).
-    pub fn register(&self, reg: &mut Registry) {
-        reg.register(
-            "cxlkv_ops",
-            "Operations of this process by op and result",
-            self.ops.clone(),
-        );
-        reg.register_with_unit(
-            "cxlkv_op_in",
-            "Bytes handed in by the caller (put payloads, device arguments)",
-            Unit::Bytes,
-            self.bytes_in.clone(),
-        );
-        reg.register_with_unit(
-            "cxlkv_op_out",
-            "Bytes handed back to the caller (get payloads, device results)",
-            Unit::Bytes,
-            self.bytes_out.clone(),
-        );
-        reg.register_with_unit(
-            "cxlkv_op_latency",
-            "Latency of an operation as its caller saw it",
-            Unit::Seconds,
-            self.latency.clone(),
-        );
-        reg.register(
-            "cxlkv_device_fallbacks",
-            "Device commands computed on the host, by reason",
-            self.fallbacks.clone(),
-        );
-        reg.register_with_unit(
-            "cxlkv_device_link",
-            "Bytes that crossed the link for device commands, by the path that computed them",
-            Unit::Bytes,
-            self.link_bytes.clone(),
-        );
-    }
-
-    /// The text exposition of these metrics (ends with `# EOF`).
+    /// The text exposition of these metrics now (ends with `# EOF`).
     pub fn encode(&self) -> String {
         let mut reg = Registry::default();
-        self.register(&mut reg);
+        reg.register_collector(Box::new(self.snapshot()));
         encode_registry(&reg)
+    }
+}
+
+/// Writes a counter family of `(labels, value)` rows.
+fn counters<'a, L: EncodeLabelSet + 'a>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    rows: impl IntoIterator<Item = (L, u64)>,
+) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, unit, MetricType::Counter)?;
+    for (l, v) in rows {
+        m.encode_family(&l)?
+            .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
+    }
+    Ok(())
+}
+
+/// The exposition of a snapshot: `cxlkv_ops_total{op,result}`, `cxlkv_op_in_bytes_total{op}`,
+/// `cxlkv_op_out_bytes_total{op}`, `cxlkv_op_latency_seconds{op}` (histogram),
+/// `cxlkv_device_fallbacks_total{reason}` and `cxlkv_device_link_bytes_total{path}`.
+impl Collector for MetricsSnapshot {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        counters(
+            &mut enc,
+            "cxlkv_ops",
+            "Operations of this process by op and result",
+            None,
+            self.ops.iter().flat_map(|(op, s)| {
+                [
+                    (Outcome::Ok, s.ok),
+                    (Outcome::Miss, s.miss),
+                    (Outcome::Error, s.error),
+                ]
+                .map(|(o, n)| ([("op", op.name()), ("result", o.name())], n))
+            }),
+        )?;
+        counters(
+            &mut enc,
+            "cxlkv_op_in",
+            "Bytes handed in by the caller (put payloads, device arguments)",
+            Some(&Unit::Bytes),
+            self.ops
+                .iter()
+                .map(|(op, s)| ([("op", op.name())], s.bytes_in)),
+        )?;
+        counters(
+            &mut enc,
+            "cxlkv_op_out",
+            "Bytes handed back to the caller (get payloads, device results)",
+            Some(&Unit::Bytes),
+            self.ops
+                .iter()
+                .map(|(op, s)| ([("op", op.name())], s.bytes_out)),
+        )?;
+        {
+            let mut m = enc.encode_descriptor(
+                "cxlkv_op_latency",
+                "Latency of an operation as its caller saw it",
+                Some(&Unit::Seconds),
+                MetricType::Histogram,
+            )?;
+            for (op, s) in &self.ops {
+                let h = &s.latency;
+                m.encode_family(&[("op", op.name())])?
+                    .encode_histogram::<NoLabelSet>(h.sum_s, h.count, &h.buckets, None)?;
+            }
+        }
+        counters(
+            &mut enc,
+            "cxlkv_device_fallbacks",
+            "Device commands computed on the host, by reason",
+            None,
+            self.fallbacks
+                .iter()
+                .map(|&(r, n)| ([("reason", fallback_name(r))], n)),
+        )?;
+        counters(
+            &mut enc,
+            "cxlkv_device_link",
+            "Bytes that crossed the link for device commands, by the path that computed them",
+            Some(&Unit::Bytes),
+            [
+                ([("path", "device")], self.device_link_bytes),
+                ([("path", "host")], self.host_link_bytes),
+            ],
+        )
     }
 }
 
@@ -357,11 +437,18 @@ mod tests {
         m.record(Op::Get, Outcome::Ok, 0, 70, Duration::from_micros(2));
         let s = m.snapshot();
         let put = s.op(Op::Put);
-        assert_eq!((put.ok, put.bytes_in, put.latency_count), (2, 150, 2));
-        assert!((put.latency_sum_s - 8e-6).abs() < 1e-9);
+        assert_eq!((put.ok, put.bytes_in, put.latency.count), (2, 150, 2));
+        assert!((put.latency.sum_s - 8e-6).abs() < 1e-12);
+        // 3 µs and 5 µs both fall in (1 µs, 4 µs] and (4 µs, 16 µs] respectively.
+        assert_eq!(put.latency.buckets[1], (4e-6, 1));
+        assert_eq!(put.latency.buckets[2], (16e-6, 1));
         let get = s.op(Op::Get);
         assert_eq!((get.ok, get.miss, get.bytes_out), (1, 1, 70));
-        assert_eq!(s.op(Op::Pin), OpSnapshot::default());
+        let pin = s.op(Op::Pin);
+        assert_eq!(
+            (pin.ok, pin.miss, pin.error, pin.latency.count),
+            (0, 0, 0, 0)
+        );
         let text = m.encode();
         assert!(text.contains("# TYPE cxlkv_ops counter"), "{text}");
         assert!(
@@ -378,6 +465,14 @@ mod tests {
         );
         assert!(
             text.contains("cxlkv_op_latency_seconds_count{op=\"get\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cxlkv_op_latency_seconds_bucket{le=\"+Inf\",op=\"put\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cxlkv_op_latency_seconds_bucket{le=\"0.000004\",op=\"put\"} 1"),
             "{text}"
         );
         assert!(text.trim_end().ends_with("# EOF"), "{text}");
@@ -401,7 +496,7 @@ mod tests {
         m.record_device(Op::ScoreTopk, &host, 0, 0);
         m.record_device(Op::ScoreTopk, &host, 0, 0);
         let s = m.snapshot();
-        assert_eq!(s.device_fallbacks, 2);
+        assert_eq!(s.device_fallbacks(), 2);
         assert_eq!((s.device_link_bytes, s.host_link_bytes), (15, 2000));
         assert_eq!(s.op(Op::ScoreTopk).ok, 3);
         assert!(
