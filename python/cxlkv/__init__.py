@@ -35,6 +35,8 @@ from ._cxlkv import (  # noqa: F401
     UnavailableError,
     __version__,
     key_chain,
+    metrics,
+    metrics_text,
     unlink,
 )
 from . import _cxlkv

@@ -6,7 +6,9 @@
 use crate::buffer::{numpy, Bytes};
 use crate::errors::{code, Fail};
 use crate::keys::key_of;
+use crate::metrics::record;
 use cxlkv_kernels::{DType, GroupMode};
+use cxlkv_runtime::metrics::{global, Op, Outcome};
 use cxlkv_runtime::ndp::{
     host_score_topk, BlockSpec, NdpDevice, NdpOptions, NdpPath, NdpStats, ScoreRequest,
 };
@@ -14,7 +16,7 @@ use cxlkv_runtime::Participant;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A near-data device client.
 #[pyclass(frozen, name = "Device", module = "cxlkv")]
@@ -184,12 +186,22 @@ impl PyDevice {
             .into());
         }
         let top = py.detach(|| {
-            if host {
+            let t0 = Instant::now();
+            let top = if host {
                 let kernel = NdpOptions::default().kernel;
                 host_score_topk(self.participant.pool(), &req, kernel).map_err(Fail::from)
             } else {
                 self.with(|d| d.score_topk(&req).map_err(Fail::from))
+            };
+            match &top {
+                Ok(t) => {
+                    let hits: usize = t.indices.iter().map(Vec::len).sum();
+                    let out = (hits * 8 + t.values.len()) as u64;
+                    global().record_device(Op::ScoreTopk, &t.stats, q.len() as u64, out);
+                }
+                Err(_) => record(Op::ScoreTopk, Outcome::Error, 0, 0, t0),
             }
+            top
         })?;
         let lists = top.indices.len();
         let n = top.indices.first().map_or(0, Vec::len);
@@ -239,10 +251,19 @@ impl PyDevice {
             return Err(Fail::bad("tokens and dim must be non-empty / positive").into());
         }
         let (rows, st) = py.detach(|| {
-            self.with(|d| {
+            let t0 = Instant::now();
+            let got = self.with(|d| {
                 d.gather(&specs, sequence, layer, kv_head, dt, dim, &tokens)
                     .map_err(Fail::from)
-            })
+            });
+            match &got {
+                Ok((rows, st)) => {
+                    let tokens_in = 4 * tokens.len() as u64;
+                    global().record_device(Op::Gather, st, tokens_in, rows.len() as u64);
+                }
+                Err(_) => record(Op::Gather, Outcome::Error, 0, 0, t0),
+            }
+            got
         })?;
         let n = tokens.len();
         Ok((

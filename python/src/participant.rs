@@ -8,11 +8,14 @@ use crate::device::PyDevice;
 use crate::errors::{code, Fail};
 use crate::keys::{key_of, keys_of};
 use crate::kv::{dtype_arg, kv_block, shape_arg, PyKvBlock};
+use crate::metrics::{record, record_read, record_result};
 use crate::pin::PyPin;
+use cxlkv_runtime::metrics::{Op, Outcome};
 use cxlkv_runtime::{Key, Participant, PoolError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use std::sync::{Arc, RwLock};
+use std::time::Instant;
 
 /// A participant attached to a pool (`Pool.attach()`). `detach()` (or a `with` block) gives its
 /// slot back; its blocks stay in the pool. Pins and devices keep it attached until released.
@@ -41,7 +44,10 @@ impl PyParticipant {
 
 /// `get_into` with the library's miss and too-small rules.
 fn get_into(me: &Participant, key: Key, dst: &mut [u8]) -> Result<Option<usize>, Fail> {
-    match me.get_into(key, dst) {
+    let t0 = Instant::now();
+    let r = me.get_into(key, dst);
+    record_read(Op::Get, &r, t0);
+    match r {
         Ok(info) => Ok(info.map(|i| i.len as usize)),
         Err(PoolError::BufferTooSmall { needed, capacity }) => Err(Fail::new(
             code::BUFFER_TOO_SMALL,
@@ -75,7 +81,12 @@ impl PyParticipant {
     /// evicting least recently used unpinned blocks of the partition if needed.
     fn put(&self, py: Python<'_>, key: &Bound<'_, PyAny>, data: &Bound<'_, PyAny>) -> PyResult<()> {
         let (me, k, b) = (self.inner()?, key_of(key)?, Bytes::get(data, "data")?);
-        py.detach(|| me.put(k, b.as_slice()).map(drop).map_err(Fail::from))?;
+        py.detach(|| {
+            let t0 = Instant::now();
+            let r = me.put(k, b.as_slice());
+            record_result(Op::Put, &r, b.len() as u64, 0, t0);
+            r.map(drop).map_err(Fail::from)
+        })?;
         Ok(())
     }
 
@@ -99,7 +110,16 @@ impl PyParticipant {
         key: &Bound<'_, PyAny>,
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let (me, k) = (self.inner()?, key_of(key)?);
-        let got = py.detach(|| me.get(k).map_err(Fail::from))?;
+        let got = py.detach(|| {
+            let t0 = Instant::now();
+            let r = me.get(k);
+            match &r {
+                Ok(Some((_, i))) => record(Op::Get, Outcome::Ok, 0, i.len, t0),
+                Ok(None) => record(Op::Get, Outcome::Miss, 0, 0, t0),
+                Err(_) => record(Op::Get, Outcome::Error, 0, 0, t0),
+            }
+            r.map_err(Fail::from)
+        })?;
         Ok(got.map(|(v, _)| PyBytes::new(py, &v)))
     }
 
@@ -125,8 +145,10 @@ impl PyParticipant {
         }
         py.detach(|| {
             for (i, (k, b)) in ks.iter().zip(&bufs).enumerate() {
-                me.put(*k, b.as_slice())
-                    .map_err(|e| Fail::from(e).context(format!("batch_put item {i}")))?;
+                let t0 = Instant::now();
+                let r = me.put(*k, b.as_slice());
+                record_result(Op::Put, &r, b.len() as u64, 0, t0);
+                r.map_err(|e| Fail::from(e).context(format!("batch_put item {i}")))?;
             }
             Ok::<_, Fail>(())
         })?;
@@ -212,7 +234,17 @@ impl PyParticipant {
     /// NotOwnerError if another participant owns it.
     fn delete(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
         let (me, k) = (self.inner()?, key_of(key)?);
-        Ok(py.detach(|| me.delete(k).map_err(Fail::from))?)
+        Ok(py.detach(|| {
+            let t0 = Instant::now();
+            let r = me.delete(k);
+            let outcome = match r {
+                Ok(true) => Outcome::Ok,
+                Ok(false) => Outcome::Miss,
+                Err(_) => Outcome::Error,
+            };
+            record(Op::Delete, outcome, 0, 0, t0);
+            r.map_err(Fail::from)
+        })?)
     }
 
     /// Pins the block under `key` (None on a miss): a `Pin`, a read-only zero-copy buffer of the

@@ -438,3 +438,47 @@ def test_device_falls_back_to_the_host_without_a_device(spec):
                 d.nop()
         with pytest.raises(cxlkv.ClosedError):
             d.score_topk(q, 16, [("b", 0)], sequence=1, layer=0, kv_head=0, dtype="f32", k=3)
+
+
+def test_metrics_follow_known_operations(spec):
+    """cxlkv.metrics() and cxlkv.metrics_text() count this process's operations: the deltas after
+    3 puts of 100 bytes, 2 hits, 1 miss, a pin, a delete and a device command that falls back."""
+    before = cxlkv.metrics()
+    with make_pool(spec) as pool, pool.attach() as me:
+        for i in range(3):
+            me.put("m-%d" % i, bytes([i]) * 100)
+        assert me.get("m-0") is not None
+        out = bytearray(256)
+        assert me.get_into("m-1", out) == 100
+        assert me.get("m-none") is None
+        with me.pin("m-2") as p:
+            assert len(p) == 100
+        assert me.delete("m-0")
+        k = np.random.default_rng(2).standard_normal((1, 32, 16)).astype(np.float32)
+        me.put_kv("m-kv", k, k, sequence=1)
+        with me.device(timeout_ms=100) as d:
+            q = np.ones(16, np.float32)
+            d.score_topk(q, 16, [("m-kv", 0)], sequence=1, layer=0, kv_head=0, dtype="f32", k=3)
+    after = cxlkv.metrics()
+
+    def delta(op, field):
+        return after[op][field] - before[op][field]
+
+    assert (delta("put", "ok"), delta("put", "bytes_in")) == (3, 300)
+    assert (delta("get", "ok"), delta("get", "miss"), delta("get", "bytes_out")) == (2, 1, 200)
+    assert (delta("pin", "ok"), delta("pin", "bytes_out")) == (1, 100)
+    assert delta("delete", "ok") == 1
+    assert delta("get", "latency_count") == 3 and delta("get", "latency_sum_s") > 0
+    assert delta("score_topk", "ok") == 1 and delta("score_topk", "bytes_in") == 64
+    fallbacks = after["device_fallbacks"]["absent"] - before["device_fallbacks"]["absent"]
+    assert fallbacks == 1
+    assert after["host_link_bytes"] > before["host_link_bytes"]
+
+    text = cxlkv.metrics_text()
+    assert text.rstrip().endswith("# EOF")
+    assert "# TYPE cxlkv_ops counter" in text
+    assert "# TYPE cxlkv_op_latency_seconds histogram" in text
+    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+    assert int(samples['cxlkv_ops_total{op="put",result="ok"}']) == after["put"]["ok"]
+    assert int(samples['cxlkv_op_latency_seconds_count{op="get"}']) == after["get"]["latency_count"]
+    assert int(samples['cxlkv_device_fallbacks_total{reason="absent"}']) >= 1
