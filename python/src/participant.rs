@@ -277,9 +277,10 @@ impl PyParticipant {
         let d = dtype_arg(dtype, &kb)?;
         let s = shape_arg(shape, &kb, d, layer, sequence, token_offset)?;
         py.detach(|| {
-            me.put_kv(key, &s, kb.as_slice(), vb.as_slice())
-                .map(drop)
-                .map_err(Fail::from)
+            let t0 = Instant::now();
+            let r = me.put_kv(key, &s, kb.as_slice(), vb.as_slice());
+            record_result(Op::Put, &r, (kb.len() + vb.len()) as u64, 0, t0);
+            r.map(drop).map_err(Fail::from)
         })?;
         Ok(())
     }
