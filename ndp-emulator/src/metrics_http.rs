@@ -30,11 +30,10 @@ where
     std::thread::Builder::new()
         .name("cxlkv-metrics-http".into())
         .spawn(move || {
-            for conn in listener.incoming() {
-                if let Ok(s) = conn {
-                    // A client that hangs up or sends garbage only loses its own answer.
-                    let _ = answer(s, &render);
-                }
+            // A failed accept is skipped; a client that hangs up or sends garbage only loses its
+            // own answer.
+            for s in listener.incoming().flatten() {
+                let _ = answer(s, &render);
             }
         })?;
     Ok(bound)
