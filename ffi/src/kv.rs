@@ -85,7 +85,11 @@ pub extern "C" fn cxlkv_participant_put_kv(
         let (k, v) = (bytes_in(k, k_len, "k")?, bytes_in(v, v_len, "v")?);
         let t0 = Instant::now();
         let r = me.inner.put_kv(key, &shape, k, v);
-        let outcome = if r.is_ok() { Outcome::Ok } else { Outcome::Error };
+        let outcome = if r.is_ok() {
+            Outcome::Ok
+        } else {
+            Outcome::Error
+        };
         record(Op::Put, outcome, (k.len() + v.len()) as u64, 0, t0);
         r.map_err(map_err)?;
         Ok(())

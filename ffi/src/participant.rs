@@ -373,7 +373,11 @@ pub extern "C" fn cxlkv_reservation_commit(r: *mut cxlkv_reservation) -> cxlkv_r
         let res = b.res.take().ok_or(CXLKV_ERR_INVALID_HANDLE)?;
         let (t0, len) = (Instant::now(), res.len());
         let r = b.participant.commit_raw(res);
-        let outcome = if r.is_ok() { Outcome::Ok } else { Outcome::Error };
+        let outcome = if r.is_ok() {
+            Outcome::Ok
+        } else {
+            Outcome::Error
+        };
         record(Op::Put, outcome, len, 0, t0);
         r.map_err(map_err)?;
         Ok(())
