@@ -4,7 +4,7 @@
 //! ([`crate::metrics_http`]).
 
 use crate::device::model::Device;
-use cxlkv_runtime::metrics::{encode_registry, latency_histogram, HistogramFamily, Labels};
+use cxlkv_runtime::metrics::{encode_registry, Labels};
 use cxlkv_runtime::ndp::abi::*;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::registry::{Registry, Unit};
@@ -20,11 +20,6 @@ pub fn opcode_name(opcode: u32) -> &'static str {
         CXLKV_NDP_OP_HOTLIST => "hotlist",
         _ => "unknown",
     }
-}
-
-/// Per-opcode command latency, as the device measured it (decode to completion written).
-pub(crate) fn new_latency() -> HistogramFamily {
-    HistogramFamily::new_with_constructor(latency_histogram)
 }
 
 /// The device's counters: (name, help, `CXLKV_NDP_CTR_*`, unit).

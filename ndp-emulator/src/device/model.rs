@@ -6,7 +6,7 @@ use crate::device::hotlist::HotTable;
 use cxlkv_runtime::coherence::{self, Site};
 use cxlkv_runtime::format;
 use cxlkv_runtime::mem::SharedMemory;
-use cxlkv_runtime::metrics::HistogramFamily;
+use cxlkv_runtime::metrics::{latency_histogram, HistogramFamily};
 use cxlkv_runtime::ndp::abi::*;
 use cxlkv_runtime::ndp::{futex_wake, reg, DeviceLayout};
 use cxlkv_runtime::{AttachOptions, Participant, Pool};
@@ -145,7 +145,7 @@ impl Device {
             cfg: cfg.clone(),
             generation,
             counters: Default::default(),
-            latency: crate::device::metrics::new_latency(),
+            latency: HistogramFamily::new_with_constructor(latency_histogram),
             hot: HotTable::default(),
             stop: AtomicBool::new(false),
             sleepers: Mutex::new(0),
