@@ -47,6 +47,7 @@ impl Participant {
         }
         let mut st = self.owner()?;
         let block = self.allocate(&mut st)?;
+        crash_point("put:allocated");
         let p = st.partition;
         let off = self.pool.payload_off(p, block);
         // Checksummed from the private source, so the copy below never has to be read back.
