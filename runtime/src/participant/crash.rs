@@ -43,11 +43,13 @@ pub(super) fn crash_point(site: &'static str) {
     let _ = site;
 }
 
-/// Names of the crash and pause points (see `crash_point`), in the order a put reaches them: the
-/// block taken from the free list, its payload written, its header written, the index slot made
-/// odd, the slot's fields written, the slot made even (the put has landed). A reservation reaches
-/// the first at `reserve` and the others at `commit`.
-pub const CRASH_SITES: [&str; 6] = [
+/// Names of the crash and pause points (see `crash_point`), in the order a put reaches them: a
+/// free block's claim word read (not yet swapped), the block claimed, its payload written, its
+/// header written (and claim committed), the index slot made odd, the slot's fields written, the
+/// slot made even (the put has landed). A reservation reaches the first two at `reserve`, the
+/// others but the payload at `commit`.
+pub const CRASH_SITES: [&str; 7] = [
+    "claim:read",
     "put:allocated",
     "put:payload",
     "put:header",

@@ -132,10 +132,8 @@ impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         if !self.done {
             if let Some(m) = &self.participant.owner {
-                m.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .free
-                    .push(self.block);
+                let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
+                self.participant.release_block(&mut st, self.block);
             }
         }
     }
