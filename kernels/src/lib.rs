@@ -25,7 +25,10 @@
 //!   Quest-style upper bounds and an *exact* pruned top-k that skips blocks. The block-wise scan
 //!   behind it ([`PrunedScan`]: visiting order, skip rule, [`BlockScorer`] engines) is the one the
 //!   NDP device and its host fallback run over a pool's blocks.
-//! - [`attention`]: softmax attention over selected rows and the dense reference.
+//! - [`attention`]: softmax attention over selected rows and the dense reference; [`partial`]:
+//!   unnormalized partial attention ([`Partial`]) and its exact merge; [`attend`]: the fused
+//!   kernel ([`attend_block`]: scores, online maximum, exponentials and weighted value sum in one
+//!   pass, bit-identical across ISAs) that the NDP `ATTEND` command and its host fallback run.
 //! - [`bitplane`]: lossless f16 bit-plane layout and an approximate scorer that reads the high
 //!   planes only.
 //! - [`parallel`]: the same scans split across threads; [`bench`](mod@bench): the `cxlkv bench
@@ -46,6 +49,7 @@
 //!   pruning never changes a top-k result.
 //! - Head dimension is a multiple of 16 in `16..=256` ([`MAX_DIM`]).
 
+pub mod attend;
 pub mod attention;
 pub mod bench;
 pub mod bitplane;
@@ -62,6 +66,7 @@ pub mod scan;
 pub mod score;
 pub mod topk;
 
+pub use attend::attend_block;
 pub use bounds::{block_bounds, upper_bound, BlockBounds};
 pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
 pub use partial::Partial;
