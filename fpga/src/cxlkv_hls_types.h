@@ -30,6 +30,27 @@ inline float fused_mul_add(float a, float b, float c) {
     return std::fma(a, b, c);
 #endif
 }
+
+// f32 exponential. C simulation and the emulator's engine use the C library's expf, the one
+// Rust's f32::exp calls on the reference's platform (glibc), so they agree with the Rust reference
+// bit for bit. Vitis HLS's hls::exp is not correctly rounded (a few ulp): the synthesized kernel
+// meets the ATTEND tolerance of fpga/README.md, not bit-exactness.
+inline float exp_f32(float x) {
+#ifdef CXLKV_HLS_VENDOR
+    return hls::exp(x);
+#else
+    return std::exp(x);
+#endif
+}
+
+// f64 exponential (the selection's mass, as the reference computes it in f64).
+inline double exp_f64(double x) {
+#ifdef CXLKV_HLS_VENDOR
+    return hls::exp(x);
+#else
+    return std::exp(x);
+#endif
+}
 }  // namespace cxlkv_hls
 
 #endif

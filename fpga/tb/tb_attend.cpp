@@ -1,0 +1,126 @@
+// C-simulation test bench, ATTEND: runs cxlkv_ndp_top() on every case of an ATTEND golden set
+// (NAME.gatt, written by the Rust reference: kernels/examples/golden/attend.rs) and checks each
+// query's partial against the reference's:
+//   - max: bit for bit (it is the largest scaled canonical score, no exp involved);
+//   - sum: relative error <= ATTEND_TOL;
+//   - out: Euclidean relative error ||out - ref|| / ||ref|| <= ATTEND_TOL.
+// ATTEND_TOL = 1e-5 is the tolerance fpga/README.md states for the kernel's exp (hls::exp in the
+// synthesized kernel, a few ulp) and for tiles shorter than the reference's blocks (other
+// summation and merge points). The largest errors seen are printed per set. A command with flags
+// must fail with CXLKV_NDP_ERR_ARGS.
+#include <cmath>
+
+#include "tb_common.h"
+
+namespace {
+
+constexpr double ATTEND_TOL = 1e-5;
+
+double rel(double num2, double den2) { return den2 == 0.0 ? std::sqrt(num2) : std::sqrt(num2 / den2); }
+
+}  // namespace
+
+int run_attend(Reader& r, const std::string& name, int& passed, int& failed) {
+    const uint32_t dtype = r.u32(), dim = r.u32(), tokens = r.u32(), bt = r.u32(),
+                   nblocks = r.u32(), ncases = r.u32();
+    const uint32_t words = dtype == CXLKV_HLS_DTYPE_F32 ? 2 : 1;
+    std::vector<uint16_t> keys, values;
+    r.raw(keys, size_t(tokens) * dim * words);
+    r.raw(values, size_t(tokens) * dim * words);
+    if (!r.ok || bt == 0) {
+        std::printf("FAIL %s: truncated header\n", name.c_str());
+        return -1;
+    }
+    std::vector<cxlkv_hls_block> blocks(nblocks);
+    for (uint32_t b = 0; b < nblocks; ++b) {
+        uint32_t start = b * bt, end = start + bt < tokens ? start + bt : tokens;
+        blocks[b].k_elem = uint64_t(start) * dim * words;
+        blocks[b].v_elem = blocks[b].k_elem;
+        blocks[b].bounds_elem = 0;
+        blocks[b].tokens = end - start;
+        blocks[b].base = start;
+    }
+    cxlkv_hls_select nosel;
+    std::memset(&nosel, 0, sizeof nosel);
+    int file_pass = 0, file_fail = 0;
+    double worst_out = 0.0, worst_sum = 0.0;
+    for (uint32_t ci = 0; ci < ncases; ++ci) {
+        const uint32_t g = r.u32();
+        const float scale = r.f32();
+        std::vector<float> q, want;
+        r.raw(q, size_t(g) * dim);
+        r.raw(want, size_t(g) * (dim + 2));
+        if (!r.ok) {
+            std::printf("FAIL %s: truncated case %u\n", name.c_str(), ci);
+            ++file_fail;
+            break;
+        }
+        cxlkv_ndp_cmd cmd;
+        std::memset(&cmd, 0, sizeof cmd);
+        cmd.tag = ci + 1;
+        cmd.opcode = CXLKV_NDP_OP_ATTEND;
+        cmd.dtype = uint8_t(dtype);
+        cmd.group = uint8_t(g);
+        cmd.dim = dim;
+        cmd.nblocks = nblocks;
+        std::vector<float> got(size_t(g) * (dim + 2) + 1, NAN);
+        cxlkv_ndp_cpl cpl;
+        std::memset(&cpl, 0, sizeof cpl);
+        cxlkv_ndp_top(cmd, nosel, scale, keys.data(), values.data(), q.data(), nullptr,
+                      blocks.data(), nullptr, nullptr, nullptr, got.data(), nullptr, &cpl);
+        std::string why;
+        char msg[256];
+        if (cpl.status != CXLKV_NDP_OK) {
+            std::snprintf(msg, sizeof msg, "status %u", cpl.status);
+            why = msg;
+        } else if (cpl.blocks_scanned != nblocks ||
+                   cpl.bytes_scanned != 2ull * tokens * dim * words * 2) {
+            why = "blocks or bytes scanned wrong";
+        }
+        for (uint32_t qi = 0; why.empty() && qi < g; ++qi) {
+            double num = 0.0, den = 0.0;
+            for (uint32_t d = 0; d < dim; ++d) {
+                double a = got[qi * dim + d], b = want[qi * dim + d];
+                num += (a - b) * (a - b);
+                den += b * b;
+            }
+            const double e_out = rel(num, den);
+            const float gm = got[g * dim + qi], wm = want[g * dim + qi];
+            const double gs = got[g * dim + g + qi], ws = want[g * dim + g + qi];
+            const double e_sum = std::fabs(gs - ws) / std::fabs(ws);
+            worst_out = e_out > worst_out ? e_out : worst_out;
+            worst_sum = e_sum > worst_sum ? e_sum : worst_sum;
+            if (!same_score(gm, wm)) {
+                std::snprintf(msg, sizeof msg, "query %u: max %.9g, the reference %.9g", qi,
+                              double(gm), double(wm));
+                why = msg;
+            } else if (!(e_sum <= ATTEND_TOL) || !(e_out <= ATTEND_TOL)) {
+                std::snprintf(msg, sizeof msg, "query %u: sum error %.3g, out error %.3g", qi,
+                              e_sum, e_out);
+                why = msg;
+            }
+        }
+        // The same command with a flag set is refused.
+        if (why.empty()) {
+            cxlkv_ndp_cmd bad = cmd;
+            bad.flags = CXLKV_NDP_FLAG_PRUNE;
+            cxlkv_ndp_top(bad, nosel, scale, keys.data(), values.data(), q.data(), nullptr,
+                          blocks.data(), nullptr, nullptr, nullptr, got.data(), nullptr, &cpl);
+            if (cpl.status != CXLKV_NDP_ERR_ARGS) why = "ATTEND with flags not refused";
+        }
+        if (why.empty()) {
+            ++file_pass;
+        } else {
+            ++file_fail;
+            std::printf("FAIL %s case %u (g %u scale %g): %s\n", name.c_str(), ci, g,
+                        double(scale), why.c_str());
+        }
+    }
+    std::printf("%-24s dtype %u d %3u tokens %4u blocks %2u: %d/%u ATTEND cases passed "
+                "(max rel. error: out %.2g, sum %.2g)\n",
+                name.c_str(), dtype, dim, tokens, nblocks, file_pass, ncases, worst_out,
+                worst_sum);
+    passed += file_pass;
+    failed += file_fail + int(ncases) - file_pass - file_fail;
+    return 0;
+}
