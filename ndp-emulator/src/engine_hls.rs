@@ -13,7 +13,7 @@
 //!
 //! All foreign calls are confined to this module.
 
-use cxlkv_kernels::{BlockScorer, GroupMode, Hit, KeyRows, QueryGroup, TopK};
+use cxlkv_kernels::{BlockScorer, GroupMode, Hit, KeyRows, Partial, QueryGroup, TopK};
 use cxlkv_runtime::ndp::abi::cxlkv_ndp_hit;
 use std::ptr::NonNull;
 
@@ -86,6 +86,32 @@ mod ffi {
         pub fn cxlkv_hls_scan_finish(s: *const Scan, per_list: u32, out: *mut cxlkv_ndp_hit)
             -> u32;
         pub fn cxlkv_hls_copy_row(src: *const u16, words: u32, dst: *mut u16);
+        pub fn cxlkv_hls_attend_new(
+            g: u32,
+            queries: *const f32,
+            dim: u32,
+            scale: f32,
+        ) -> *mut Attend;
+        pub fn cxlkv_hls_attend_free(s: *mut Attend);
+        pub fn cxlkv_hls_attend_block(
+            s: *mut Attend,
+            keys: *const u16,
+            values: *const u16,
+            rows: u32,
+            dtype: u8,
+        ) -> i32;
+        pub fn cxlkv_hls_attend_finish(
+            s: *const Attend,
+            out: *mut f32,
+            max: *mut f32,
+            sum: *mut f32,
+        );
+    }
+
+    /// Opaque ATTEND state of the C library.
+    #[repr(C)]
+    pub struct Attend {
+        _private: [u8; 0],
     }
 }
 
@@ -154,21 +180,11 @@ impl BlockScorer for HlsScorer {
     fn score_block(&mut self, keys: &KeyRows<'_>, base: u32) {
         assert_eq!(keys.dim(), self.dim, "key and query dimensions differ");
         let rows = u32::try_from(keys.len()).expect("rows fit in u32");
-        // The library reads 16-bit words; copy when the rows are not 2-byte aligned.
-        let aligned: Vec<u16>;
-        let words: *const u16 = if keys.as_ptr().cast::<u16>().is_aligned() {
-            keys.as_ptr().cast()
-        } else {
-            aligned = keys
-                .to_vec()
-                .chunks_exact(2)
-                .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                .collect();
-            aligned.as_ptr()
-        };
+        let aligned = Words::of(keys);
+        let words = aligned.ptr();
         // SAFETY: `words` points at `keys.byte_len() / 2` readable, 2-byte aligned u16: the view's
         // rows (readable for the view's life, which spans this call, by its invariant) or their
-        // aligned copy. rows * dim elements of `dtype` are rows * dim * size / 2 words, exactly
+        // aligned copy (`Words`). rows * dim elements of `dtype` are rows * dim * size / 2 words, exactly
         // what the library reads. `raw` is a live scan whose dimension equals `keys.dim()`
         // (asserted). Little-endian host: the words read are the stored little-endian elements.
         let rc = unsafe {
@@ -210,6 +226,134 @@ impl Drop for HlsScorer {
     }
 }
 
+/// The 16-bit words of a view's rows as the library reads them: the rows in place when they are
+/// 2-byte aligned, else an aligned copy.
+struct Words<'a> {
+    rows: &'a KeyRows<'a>,
+    copy: Option<Vec<u16>>,
+}
+
+impl<'a> Words<'a> {
+    fn of(rows: &'a KeyRows<'a>) -> Words<'a> {
+        let copy = (!rows.as_ptr().cast::<u16>().is_aligned()).then(|| {
+            rows.to_vec()
+                .chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect()
+        });
+        Words { rows, copy }
+    }
+
+    /// `rows.byte_len() / 2` readable, aligned u16, valid while `self` lives.
+    fn ptr(&self) -> *const u16 {
+        match &self.copy {
+            Some(v) => v.as_ptr(),
+            None => self.rows.as_ptr().cast(),
+        }
+    }
+}
+
+/// The HLS kernel's ATTEND unit: the partials of a GQA group over blocks of keys and values, each
+/// block one tile (key pass, weights, value accumulation), merged in the order given.
+pub struct HlsAttend {
+    raw: NonNull<ffi::Attend>,
+    g: usize,
+    dim: usize,
+}
+
+// SAFETY: the C state is plain memory owned by this value alone (as for `HlsScorer`).
+unsafe impl Send for HlsAttend {}
+
+impl HlsAttend {
+    /// The partials of `queries`, scores scaled by `scale` before exp; `None` if the library
+    /// refuses the shape (G or dim outside the device ABI's limits).
+    pub fn new(queries: &QueryGroup<'_>, scale: f32) -> Option<HlsAttend> {
+        let (g, dim) = (queries.count(), queries.dim());
+        let data = queries.data();
+        if data.len() != g * dim {
+            return None;
+        }
+        // SAFETY: `data` holds g * dim f32 (checked) and outlives the call, which copies them;
+        // the library checks g and dim against its capacities first.
+        let raw = unsafe {
+            ffi::cxlkv_hls_attend_new(
+                u32::try_from(g).ok()?,
+                data.as_ptr(),
+                u32::try_from(dim).ok()?,
+                scale,
+            )
+        };
+        Some(HlsAttend {
+            raw: NonNull::new(raw)?,
+            g,
+            dim,
+        })
+    }
+
+    /// Folds one block (its keys and values, the same rows) into the partials.
+    pub fn block(&mut self, keys: &KeyRows<'_>, values: &KeyRows<'_>) {
+        assert_eq!(keys.dim(), self.dim, "key and query dimensions differ");
+        assert_eq!(values.dim(), self.dim, "value and query dimensions differ");
+        assert_eq!(
+            keys.len(),
+            values.len(),
+            "keys and values have different rows"
+        );
+        assert_eq!(
+            keys.dtype(),
+            values.dtype(),
+            "keys and values have different dtypes"
+        );
+        let rows = u32::try_from(keys.len()).expect("rows fit in u32");
+        let (k, v) = (Words::of(keys), Words::of(values));
+        // SAFETY: `k` and `v` point at rows * dim elements of the dtype as aligned u16 words,
+        // readable during the call (the views' invariant, or the copies `k` and `v` hold), exactly
+        // what the library reads; `raw` is live with dimension `self.dim` (asserted equal).
+        let rc = unsafe {
+            ffi::cxlkv_hls_attend_block(
+                self.raw.as_ptr(),
+                k.ptr(),
+                v.ptr(),
+                rows,
+                keys.dtype() as u8,
+            )
+        };
+        assert_eq!(rc, 0, "the HLS engine refused a block");
+    }
+
+    /// The partials, one per query.
+    pub fn finish(self) -> Vec<Partial> {
+        let (g, dim) = (self.g, self.dim);
+        let mut out = vec![0f32; g * dim];
+        let (mut max, mut sum) = (vec![0f32; g], vec![0f32; g]);
+        // SAFETY: the buffers hold g * dim, g and g f32, what the library writes for this state's
+        // g and dim; `raw` is live.
+        unsafe {
+            ffi::cxlkv_hls_attend_finish(
+                self.raw.as_ptr(),
+                out.as_mut_ptr(),
+                max.as_mut_ptr(),
+                sum.as_mut_ptr(),
+            )
+        };
+        out.chunks_exact(dim)
+            .zip(max.iter().zip(&sum))
+            .map(|(o, (&max, &sum))| Partial {
+                out: o.to_vec(),
+                max,
+                sum,
+            })
+            .collect()
+    }
+}
+
+impl Drop for HlsAttend {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from cxlkv_hls_attend_new and is freed exactly once, here.
+        unsafe { ffi::cxlkv_hls_attend_free(self.raw.as_ptr()) }
+    }
+}
+
 /// Copies the rows of `src` (an even number of bytes; shared memory included) into `dst` with the
 /// engine's GATHER row mover.
 pub fn copy_rows(engine: Engine, src: &KeyRows<'_>, dst: &mut [u8]) {
@@ -243,5 +387,54 @@ pub fn copy_rows(engine: Engine, src: &KeyRows<'_>, dst: &mut [u8]) {
                 };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cxlkv_kernels::rng::SplitMix64;
+    use cxlkv_kernels::{DType, ScoreKernel};
+
+    /// The HLS ATTEND unit returns the Rust reference's partials (per block `over_group` of the
+    /// canonical scores, merged in block order) for every dtype, G and block split. The library
+    /// calls the same expf as Rust's f32::exp, so they agree bit for bit.
+    #[test]
+    fn attend_matches_the_reference() {
+        let mut rng = SplitMix64::new(0xa77e);
+        for (dtype, dim, n, block) in [
+            (DType::F16, 64usize, 300usize, 128usize),
+            (DType::Bf16, 128, 200, 64),
+            (DType::F32, 64, 150, 150),
+            (DType::F32, 256, 40, 16),
+        ] {
+            let kb = rng.key_bytes(n, dim, dtype);
+            let vb = rng.key_bytes(n, dim, dtype);
+            // Odd byte offsets: the engine must take the unaligned path too.
+            let mut kodd = vec![0u8];
+            kodd.extend_from_slice(&kb);
+            let keys = KeyRows::new(&kodd[1..], dtype, dim).unwrap();
+            let values = KeyRows::new(&vb, dtype, dim).unwrap();
+            for g in [1usize, 3, 16] {
+                let qv = rng.normal_vec(g * dim);
+                let q = QueryGroup::new(&qv, dim).unwrap();
+                let scale = 1.0 / (dim as f32).sqrt();
+                let mut want: Vec<Partial> = (0..g).map(|_| Partial::empty(dim)).collect();
+                let mut hls = HlsAttend::new(&q, scale).unwrap();
+                for start in (0..n).step_by(block) {
+                    let end = (start + block).min(n);
+                    let (k, v) = (keys.slice(start, end), values.slice(start, end));
+                    let mut s = vec![0f32; (end - start) * g];
+                    ScoreKernel::scalar().score(&q, &k, &mut s);
+                    for (w, p) in want.iter_mut().zip(Partial::over_group(&v, &s, g, scale)) {
+                        w.merge(&p);
+                    }
+                    hls.block(&k, &v);
+                }
+                assert_eq!(hls.finish(), want, "{dtype:?} d {dim} G {g}");
+            }
+        }
+        let q = vec![0f32; 17 * 64];
+        assert!(HlsAttend::new(&QueryGroup::new(&q, 64).unwrap(), 1.0).is_none());
     }
 }
