@@ -40,11 +40,11 @@ inline bool sel_forced(const cxlkv_hls_select& p, uint64_t t) {
 inline uint32_t sel_check(const cxlkv_hls_select& p, uint64_t end) {
     if ((p.flags & CXLKV_HLS_SEL_TOP_P) != 0 && !(p.top_p > 0.0f && p.top_p <= 1.0f))
         return CXLKV_HLS_SEL_BAD_P;
-    if ((p.flags & CXLKV_HLS_SEL_WINDOW) != 0 &&
-        (p.window_start > p.window_end || p.window_end > end))
-        return CXLKV_HLS_SEL_BAD_WINDOW;
+    const bool window = (p.flags & CXLKV_HLS_SEL_WINDOW) != 0;
+    if (window && p.window_start > p.window_end) return CXLKV_HLS_SEL_BAD_WINDOW;
     if ((p.flags & CXLKV_HLS_SEL_EXCLUDE) != 0 && p.exclude_start > p.exclude_end)
         return CXLKV_HLS_SEL_BAD_EXCLUDE;
+    if (window && p.window_end > end) return CXLKV_HLS_SEL_BAD_WINDOW;
     return 0;
 }
 
