@@ -52,7 +52,8 @@ fn selections(n: u64) -> Vec<(Select, usize)> {
         top_p,
     };
     vec![
-        (s(0, None, None, None), 32),
+        // Plain top-k with its left-out mass (an empty exclusion makes the selection active).
+        (s(0, None, Some((0, 0)), None), 32),
         (s(4, None, None, None), 32),
         (s(2, Some((n - 32, n)), None, None), 64),
         (s(0, Some((100, 200)), Some((150, n)), None), 128),
@@ -106,8 +107,8 @@ fn write_set(dir: &Path, s: &Set) -> std::io::Result<usize> {
                 }
                 match Selection::new(sel, k, *scale, lists, &ranges) {
                     Err(e) => {
-                        assert_eq!(e.status, CXLKV_NDP_ERR_ARGS);
-                        put_u32(&mut c, e.status);
+                        assert_eq!(e.code, CXLKV_NDP_ERR_ARGS);
+                        put_u32(&mut c, e.code);
                         put_u32(&mut c, e.detail);
                     }
                     Ok(mut selection) => {
@@ -197,7 +198,10 @@ fn main() {
     std::fs::create_dir_all(&dir).expect("create the output directory");
     let mut rng = SplitMix64::new(0x5e1ec7);
     let mut sets = Vec::new();
-    for (dtype, dim, tokens, block) in [(DType::F16, 64usize, 1000usize, 128usize), (DType::F32, 128, 400, 96)] {
+    for (dtype, dim, tokens, block) in [
+        (DType::F16, 64usize, 1000usize, 128usize),
+        (DType::F32, 128, 400, 96),
+    ] {
         let keys = clustered(&mut rng, tokens, dim, dtype);
         let scale = 1.0 / (dim as f32).sqrt();
         sets.push(Set {
@@ -206,7 +210,10 @@ fn main() {
             dim,
             keys,
             block_tokens: block,
-            queries: vec![(1, rng.normal_vec(dim), scale), (4, rng.normal_vec(4 * dim), scale)],
+            queries: vec![
+                (1, rng.normal_vec(dim), scale),
+                (4, rng.normal_vec(4 * dim), scale),
+            ],
         });
     }
     let keys = ties(&mut rng, 600, 64, DType::Bf16);
@@ -219,7 +226,10 @@ fn main() {
         dim: 64,
         keys,
         block_tokens: 64,
-        queries: vec![(1, small(&mut rng, 64), 0.125), (3, small(&mut rng, 192), 0.125)],
+        queries: vec![
+            (1, small(&mut rng, 64), 0.125),
+            (3, small(&mut rng, 192), 0.125),
+        ],
     });
     // The real SmolLM2-135M keys of layer 4, KV head 0, with its GQA group at the last token:
     // a peaked distribution with a heavy attention sink.
