@@ -14,7 +14,9 @@
 //! All foreign calls are confined to this module.
 
 use cxlkv_kernels::{BlockScorer, GroupMode, Hit, KeyRows, Partial, QueryGroup, TopK};
-use cxlkv_runtime::ndp::abi::cxlkv_ndp_hit;
+use cxlkv_runtime::ndp::abi::{cxlkv_ndp_hit, CXLKV_NDP_ERR_ARGS, CXLKV_NDP_ERR_INTERNAL};
+use cxlkv_runtime::ndp::select::{Select, Selected, Selection, SEL_TOO_MANY_FORCED};
+use cxlkv_runtime::ndp::DeviceStatus;
 use std::ptr::NonNull;
 
 /// The device's compute engine.
@@ -106,6 +108,60 @@ mod ffi {
             max: *mut f32,
             sum: *mut f32,
         );
+    }
+
+    /// `struct cxlkv_hls_select` of fpga/src/cxlkv_ndp_kernel.h.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct Select {
+        pub sinks: u64,
+        pub window_start: u64,
+        pub window_end: u64,
+        pub exclude_start: u64,
+        pub exclude_end: u64,
+        pub flags: u32,
+        pub top_p: f32,
+        pub scale: f32,
+        pub reserved: u32,
+    }
+
+    /// `struct cxlkv_hls_sel_result`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct SelResult {
+        pub count: u32,
+        pub left_out: f32,
+    }
+
+    /// Opaque selection state of the C library.
+    #[repr(C)]
+    pub struct Sel {
+        _private: [u8; 0],
+    }
+
+    unsafe extern "C" {
+        pub fn cxlkv_hls_sel_new(
+            g: u32,
+            k: u32,
+            group_max: u32,
+            queries: *const f32,
+            dim: u32,
+            sel: *const Select,
+            scale: f32,
+        ) -> *mut Sel;
+        pub fn cxlkv_hls_sel_free(s: *mut Sel);
+        pub fn cxlkv_hls_sel_block(
+            s: *mut Sel,
+            keys: *const u16,
+            rows: u32,
+            base: u32,
+            dtype: u8,
+        ) -> i32;
+        pub fn cxlkv_hls_sel_finish(
+            s: *mut Sel,
+            hits: *mut cxlkv_ndp_hit,
+            res: *mut SelResult,
+        ) -> i32;
     }
 
     /// Opaque ATTEND state of the C library.
@@ -354,6 +410,138 @@ impl Drop for HlsAttend {
     }
 }
 
+/// The HLS kernel's selecting SCORE_TOPK (sinks, window, exclusion, top-p with `k_max`, the
+/// left-out mass): its dot unit scores each block, its selection unit keeps the lists and the
+/// running log-sum-exp, its finish pass cuts and sorts them. The answer equals the reference
+/// [`Selection`]'s over the same blocks in the same order.
+pub struct HlsSelect {
+    raw: NonNull<ffi::Sel>,
+    dim: usize,
+    lists: usize,
+    k: usize,
+}
+
+// SAFETY: the C state is plain memory owned by this value alone (as for `HlsScorer`).
+unsafe impl Send for HlsSelect {}
+
+impl HlsSelect {
+    /// A selection of `k` hits per list (one list with `group_max`) for `queries` over blocks
+    /// covering `ranges` (`[base, base + tokens)`, the order they will be fed in). A selection the
+    /// reference refuses is refused with the same status (the control path's checks);
+    /// `CXLKV_NDP_ERR_INTERNAL` if the library refuses the shape.
+    pub fn new(
+        queries: &QueryGroup<'_>,
+        k: usize,
+        group_max: bool,
+        sel: &Select,
+        scale: f32,
+        ranges: &[(u64, u64)],
+    ) -> Result<HlsSelect, DeviceStatus> {
+        let (g, dim) = (queries.count(), queries.dim());
+        let lists = if group_max { 1 } else { g };
+        // The control path's checks: p, the ranges, the window inside the stored tokens, the
+        // forced count against k.
+        Selection::new(*sel, k, scale, lists, ranges)?;
+        let internal = DeviceStatus::at(CXLKV_NDP_ERR_INTERNAL, 0);
+        let data = queries.data();
+        if data.len() != g * dim {
+            return Err(internal);
+        }
+        let (w, x) = (sel.window.unwrap_or((0, 0)), sel.exclude.unwrap_or((0, 0)));
+        let c = ffi::Select {
+            sinks: sel.sinks,
+            window_start: w.0,
+            window_end: w.1,
+            exclude_start: x.0,
+            exclude_end: x.1,
+            flags: u32::from(sel.window.is_some())
+                | u32::from(sel.exclude.is_some()) << 1
+                | u32::from(sel.top_p.is_some()) << 2,
+            top_p: sel.top_p.unwrap_or(0.0),
+            scale,
+            reserved: 0,
+        };
+        let small = |x: usize| u32::try_from(x).map_err(|_| internal);
+        // SAFETY: `data` holds g * dim f32 (checked) and `c` is a live struct of the C layout;
+        // both outlive the call, which copies them. The library checks g, k and dim first.
+        let raw = unsafe {
+            ffi::cxlkv_hls_sel_new(
+                small(g)?,
+                small(k)?,
+                u32::from(group_max),
+                data.as_ptr(),
+                small(dim)?,
+                &c,
+                scale,
+            )
+        };
+        Ok(HlsSelect {
+            raw: NonNull::new(raw).ok_or(internal)?,
+            dim,
+            lists,
+            k,
+        })
+    }
+
+    /// Scores one block's keys as tokens `base..` and offers them to the lists.
+    pub fn block(&mut self, keys: &KeyRows<'_>, base: u32) {
+        assert_eq!(keys.dim(), self.dim, "key and query dimensions differ");
+        let rows = u32::try_from(keys.len()).expect("rows fit in u32");
+        let words = Words::of(keys);
+        // SAFETY: as in `HlsScorer::score_block`: `words` holds the rows as aligned u16 words,
+        // readable during the call; `raw` is live with dimension `self.dim` (asserted).
+        let rc = unsafe {
+            ffi::cxlkv_hls_sel_block(
+                self.raw.as_ptr(),
+                words.ptr(),
+                rows,
+                base,
+                keys.dtype() as u8,
+            )
+        };
+        assert_eq!(rc, 0, "the HLS engine refused a key dtype");
+    }
+
+    /// The lists, best first, and the mass each leaves out.
+    pub fn finish(self) -> Result<Selected, DeviceStatus> {
+        let mut hits = vec![cxlkv_ndp_hit::default(); self.lists * self.k];
+        let mut res = vec![ffi::SelResult::default(); self.lists];
+        // SAFETY: `hits` holds lists * k hits and `res` lists results, what the library writes
+        // for this state; `raw` is live.
+        let rc = unsafe {
+            ffi::cxlkv_hls_sel_finish(self.raw.as_ptr(), hits.as_mut_ptr(), res.as_mut_ptr())
+        };
+        if rc < 0 {
+            return Err(DeviceStatus::at(CXLKV_NDP_ERR_ARGS, SEL_TOO_MANY_FORCED));
+        }
+        assert_eq!(rc as usize, self.lists);
+        let lists = hits
+            .chunks(self.k)
+            .zip(&res)
+            .map(|(c, r)| {
+                c[..r.count as usize]
+                    .iter()
+                    .map(|h| Hit {
+                        index: h.token,
+                        score: h.score,
+                    })
+                    .collect()
+            })
+            .collect();
+        Ok(Selected {
+            lists,
+            left_out: res.iter().map(|r| r.left_out).collect(),
+        })
+    }
+}
+
+impl Drop for HlsSelect {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from cxlkv_hls_sel_new and is freed exactly once, here.
+        unsafe { ffi::cxlkv_hls_sel_free(self.raw.as_ptr()) }
+    }
+}
+
 /// Copies the rows of `src` (an even number of bytes; shared memory included) into `dst` with the
 /// engine's GATHER row mover.
 pub fn copy_rows(engine: Engine, src: &KeyRows<'_>, dst: &mut [u8]) {
@@ -436,5 +624,63 @@ mod tests {
         }
         let q = vec![0f32; 17 * 64];
         assert!(HlsAttend::new(&QueryGroup::new(&q, 64).unwrap(), 1.0).is_none());
+    }
+
+    /// The HLS selection returns the reference `Selection`'s lists (identical indices and
+    /// scores) and left-out masses, and refuses what it refuses with the same detail.
+    #[test]
+    fn selection_matches_the_reference() {
+        let mut rng = SplitMix64::new(0x5e1);
+        let (dim, n, block) = (64usize, 500usize, 96usize);
+        let kb = rng.key_bytes(n, dim, DType::F16);
+        let keys = KeyRows::new(&kb, DType::F16, dim).unwrap();
+        let ranges: Vec<(u64, u64)> = (0..n)
+            .step_by(block)
+            .map(|a| (a as u64, (a + block).min(n) as u64))
+            .collect();
+        let s = |sinks, window, exclude, top_p| Select {
+            sinks,
+            window,
+            exclude,
+            top_p,
+        };
+        let n64 = n as u64;
+        let sels = [
+            (s(4, None, None, None), 16usize),
+            (s(2, Some((n64 - 20, n64)), Some((100, 300)), None), 64),
+            (s(0, None, None, Some(0.7)), 200),
+            (s(3, Some((10, 20)), None, Some(0.95)), 40),
+            (s(0, None, Some((0, 0)), Some(1.0)), 8),
+            (s(0, None, None, Some(0.0)), 8),
+            (s(0, Some((0, n64 + 1)), None, None), 8),
+            (s(20, None, None, None), 8),
+        ];
+        for g in [1usize, 4] {
+            let qv = rng.normal_vec(g * dim);
+            let q = QueryGroup::new(&qv, dim).unwrap();
+            for (sel, k) in sels {
+                for group_max in [false, true] {
+                    let lists = if group_max { 1 } else { g };
+                    let scale = 1.0 / (dim as f32).sqrt();
+                    let want = Selection::new(sel, k, scale, lists, &ranges).map(|mut r| {
+                        for &(a, b) in &ranges {
+                            let blk = keys.slice(a as usize, b as usize);
+                            let mut sc = vec![0f32; blk.len() * g];
+                            ScoreKernel::scalar().score(&q, &blk, &mut sc);
+                            r.feed(a as u32, &sc, g, group_max);
+                        }
+                        r.finish()
+                    });
+                    let got =
+                        HlsSelect::new(&q, k, group_max, &sel, scale, &ranges).and_then(|mut h| {
+                            for &(a, b) in &ranges {
+                                h.block(&keys.slice(a as usize, b as usize), a as u32);
+                            }
+                            h.finish()
+                        });
+                    assert_eq!(got, want, "{sel:?} k {k} G {g} group_max {group_max}");
+                }
+            }
+        }
     }
 }
