@@ -76,13 +76,70 @@ impl Select {
 }
 
 /// Error detail of a bad `top_p` (with `CXLKV_NDP_ERR_ARGS`).
-pub const SEL_BAD_P: usize = 1;
+pub const SEL_BAD_P: usize = CXLKV_NDP_DETAIL_BAD_P as usize;
 /// Error detail of a reversed window or one past the sequence's stored tokens.
-pub const SEL_BAD_WINDOW: usize = 2;
+pub const SEL_BAD_WINDOW: usize = CXLKV_NDP_DETAIL_BAD_WINDOW as usize;
 /// Error detail of a reversed exclusion range.
-pub const SEL_BAD_EXCLUDE: usize = 3;
+pub const SEL_BAD_EXCLUDE: usize = CXLKV_NDP_DETAIL_BAD_EXCLUDE as usize;
 /// Error detail of more forced tokens than `k`.
-pub const SEL_TOO_MANY_FORCED: usize = 4;
+pub const SEL_TOO_MANY_FORCED: usize = CXLKV_NDP_DETAIL_TOO_MANY_FORCED as usize;
+
+impl Select {
+    /// The wire form, with `scale`.
+    pub fn to_abi(&self, scale: f32) -> cxlkv_ndp_select {
+        let mut options = 0;
+        let (ws, we) = self.window.unwrap_or((0, 0));
+        let (es, ee) = self.exclude.unwrap_or((0, 0));
+        if self.window.is_some() {
+            options |= CXLKV_NDP_SEL_WINDOW;
+        }
+        if self.exclude.is_some() {
+            options |= CXLKV_NDP_SEL_EXCLUDE;
+        }
+        if self.top_p.is_some() {
+            options |= CXLKV_NDP_SEL_TOP_P;
+        }
+        cxlkv_ndp_select {
+            scale,
+            top_p: self.top_p.unwrap_or(0.0),
+            options,
+            reserved0: 0,
+            sinks: self.sinks,
+            window_start: ws,
+            window_end: we,
+            exclude_start: es,
+            exclude_end: ee,
+            reserved1: 0,
+        }
+    }
+
+    /// The selection and scale of a wire form read from a peer: unknown options, nonzero reserved
+    /// fields or a non-finite scale are refused (`CXLKV_NDP_ERR_ARGS` with its detail), as is
+    /// everything [`Select::check_status`] refuses.
+    pub fn from_abi(w: &cxlkv_ndp_select) -> Result<(Select, f32), DeviceStatus> {
+        if w.options & !CXLKV_NDP_SEL_ALL != 0 || w.reserved0 != 0 || w.reserved1 != 0 {
+            return Err(DeviceStatus::at(
+                CXLKV_NDP_ERR_ARGS,
+                CXLKV_NDP_DETAIL_BAD_OPTIONS as usize,
+            ));
+        }
+        if !w.scale.is_finite() {
+            return Err(DeviceStatus::at(
+                CXLKV_NDP_ERR_ARGS,
+                CXLKV_NDP_DETAIL_BAD_SCALE as usize,
+            ));
+        }
+        let on = |bit: u32| w.options & bit != 0;
+        let sel = Select {
+            sinks: w.sinks,
+            window: on(CXLKV_NDP_SEL_WINDOW).then_some((w.window_start, w.window_end)),
+            exclude: on(CXLKV_NDP_SEL_EXCLUDE).then_some((w.exclude_start, w.exclude_end)),
+            top_p: on(CXLKV_NDP_SEL_TOP_P).then_some(w.top_p),
+        };
+        sel.check_status()?;
+        Ok((sel, w.scale))
+    }
+}
 
 /// One list's selection being built over the scan (blocks fed in command order).
 #[derive(Clone, Debug)]
