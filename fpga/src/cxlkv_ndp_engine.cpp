@@ -141,7 +141,7 @@ extern "C" void cxlkv_hls_attend_finish(const cxlkv_hls_attend* s, float* out, f
 struct cxlkv_hls_sel {
     uint32_t g, k, dim;
     bool group_max;
-    cxlkv_hls_select p;
+    cxlkv_ndp_select p;
     float q[EGMAX][EDMAX];
     SelList<EKMAX> lists[EGMAX];
     Hit chosen[EKMAX];
@@ -149,7 +149,7 @@ struct cxlkv_hls_sel {
 
 extern "C" cxlkv_hls_sel* cxlkv_hls_sel_new(uint32_t g, uint32_t k, uint32_t group_max,
                                             const float* queries, uint32_t dim,
-                                            const cxlkv_hls_select* sel, float scale) {
+                                            const cxlkv_ndp_select* sel) {
     if (!shape_ok(g, dim, queries) || k == 0 || k > uint32_t(EKMAX) || sel == nullptr)
         return nullptr;
     cxlkv_hls_sel* s = new (std::nothrow) cxlkv_hls_sel;
@@ -159,7 +159,6 @@ extern "C" cxlkv_hls_sel* cxlkv_hls_sel_new(uint32_t g, uint32_t k, uint32_t gro
     s->dim = dim;
     s->group_max = group_max != 0;
     s->p = *sel;
-    s->p.scale = scale;
     load_queries(s->q, g, dim, queries);
     for (int l = 0; l < EGMAX; ++l) sel_clear<EKMAX>(s->lists[l]);
     return s;
@@ -176,15 +175,15 @@ extern "C" int cxlkv_hls_sel_block(cxlkv_hls_sel* s, const uint16_t* keys, uint3
 }
 
 extern "C" int cxlkv_hls_sel_finish(cxlkv_hls_sel* s, cxlkv_ndp_hit* hits,
-                                    cxlkv_hls_sel_result* res) {
+                                    cxlkv_ndp_list_info* info) {
     const uint32_t lists = s->group_max ? 1 : s->g;
     Hit* chosen = s->chosen; // the finish pass's sorting network
     for (uint32_t l = 0; l < lists; ++l) {
         float left = 0.0f;
         int n = sel_finish<EKMAX>(s->lists[l], s->p, s->k, chosen, &left);
-        if (n < 0) return -int(CXLKV_HLS_SEL_TOO_MANY_FORCED);
-        res[l].count = uint32_t(n);
-        res[l].left_out = left;
+        if (n < 0) return -int(CXLKV_NDP_DETAIL_TOO_MANY_FORCED);
+        info[l].count = uint32_t(n);
+        info[l].left_out_mass = left;
         for (int i = 0; i < n; ++i) {
             hits[size_t(l) * s->k + i].token = chosen[i].index;
             hits[size_t(l) * s->k + i].score = chosen[i].score;

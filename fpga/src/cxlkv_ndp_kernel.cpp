@@ -51,16 +51,12 @@ bool elem_words(uint8_t dtype, uint32_t& words) {
     return false;
 }
 
-// Whether a selection asks for more than plain top-k.
-bool select_active(const cxlkv_hls_select& p) { return p.sinks != 0 || p.flags != 0; }
-
 // A selecting SCORE_TOPK: every block in list order through reader -> dot -> reduce -> selection,
 // then each list's finish pass, its hits (and value rows) and its left-out mass.
-void select_scan(const cxlkv_ndp_cmd& cmd, cxlkv_hls_select p, float scale, const uint16_t* keys,
+void select_scan(const cxlkv_ndp_cmd& cmd, const cxlkv_ndp_select& p, const uint16_t* keys,
                  const uint16_t* values, const cxlkv_hls_block* blocks, const float q[GMAX][DMAX],
                  uint32_t words, cxlkv_ndp_hit* hits, uint16_t* rows_out,
-                 cxlkv_hls_sel_result* sel_out, cxlkv_ndp_cpl& c) {
-    p.scale = scale;
+                 uint32_t per_list, cxlkv_ndp_list_info* info, cxlkv_ndp_cpl& c) {
     const uint32_t g = cmd.group, k = cmd.k, dim = cmd.dim, n = cmd.nblocks;
     const bool group_max = (cmd.flags & CXLKV_NDP_FLAG_GROUP_MAX) != 0;
     const bool gather = (cmd.flags & CXLKV_NDP_FLAG_GATHER_V) != 0;
@@ -86,7 +82,6 @@ SCAN_SEL:
         c.bytes_scanned += uint64_t(blk.tokens) * dim * words * 2;
     }
     const uint32_t lists_n = group_max ? 1 : g;
-    uint64_t returned = 0;
     static Hit chosen[KMAX];
 OUT_SEL:
     for (uint32_t l = 0; l < lists_n; ++l) {
@@ -94,35 +89,45 @@ OUT_SEL:
         int m = sel_finish<KMAX>(lists[l], p, k, chosen, &left);
         if (m < 0) {
             c.status = CXLKV_NDP_ERR_ARGS;
-            c.detail = CXLKV_HLS_SEL_TOO_MANY_FORCED;
+            c.detail = CXLKV_NDP_DETAIL_TOO_MANY_FORCED;
             return;
         }
-        sel_out[l].count = uint32_t(m);
-        sel_out[l].left_out = left;
-        for (uint32_t i = 0; i < uint32_t(m); ++i) {
-            hits[l * k + i].token = chosen[i].index;
-            hits[l * k + i].score = chosen[i].score;
+        info[l].count = uint32_t(m);
+        info[l].left_out_mass = left;
+    SEL_HITS:
+        for (uint32_t i = 0; i < per_list; ++i) {
+            const uint32_t at = l * per_list + i;
+            if (i >= uint32_t(m)) {
+                // Padding, as the ABI's result: token 0xFFFFFFFF, score -inf, a zero row.
+                hits[at].token = 0xFFFFFFFFu;
+                hits[at].score = -INFINITY;
+                if (gather) {
+                    for (uint32_t w = 0; w < dim * words; ++w) rows_out[uint64_t(at) * dim * words + w] = 0;
+                }
+                continue;
+            }
+            hits[at].token = chosen[i].index;
+            hits[at].score = chosen[i].score;
             if (gather) {
                 uint32_t row = 0;
                 int b = locate(blocks, n, chosen[i].index, row);
                 if (b < 0) {
                     c.status = CXLKV_NDP_ERR_TOKEN;
-                    c.detail = l * k + i;
+                    c.detail = at;
                     return;
                 }
-                copy_row(values, blocks[b], row, dim * words,
-                         rows_out + uint64_t(l * k + i) * dim * words);
+                copy_row(values, blocks[b], row, dim * words, rows_out + uint64_t(at) * dim * words);
             }
         }
-        returned += uint32_t(m);
     }
-    c.result_bytes = returned * (8 + (gather ? dim * words * 2 : 0)) + uint64_t(lists_n) * 8;
+    c.result_bytes =
+        uint64_t(lists_n) * per_list * (8 + (gather ? dim * words * 2 : 0)) + uint64_t(lists_n) * 8;
 }
 
 // ATTEND: the G partials over the blocks, in list order, each block in tiles of TMAX rows.
 void attend(const cxlkv_ndp_cmd& cmd, float scale, const uint16_t* keys, const uint16_t* values,
-            const float* queries, const cxlkv_hls_block* blocks, uint32_t words, float* partials,
-            cxlkv_ndp_cpl& c) {
+            const float* queries, const cxlkv_hls_block* blocks, uint32_t words, float* att_out,
+            cxlkv_ndp_partial* att_ms, cxlkv_ndp_cpl& c) {
     const uint32_t dim = cmd.dim, g = cmd.group;
     float q[GMAX][DMAX];
 #pragma HLS ARRAY_PARTITION variable = q complete dim = 1
@@ -155,27 +160,28 @@ OUT_A:
     for (uint32_t qi = 0; qi < g; ++qi) {
         for (uint32_t d = 0; d < dim; ++d) {
 #pragma HLS PIPELINE II = 1
-            partials[qi * dim + d] = acc.out[qi][d];
+            att_out[qi * dim + d] = acc.out[qi][d];
         }
-        partials[g * dim + qi] = acc.max[qi];
-        partials[g * dim + g + qi] = acc.sum[qi];
+        att_ms[qi].max = acc.max[qi];
+        att_ms[qi].sum = acc.sum[qi];
     }
     c.result_bytes = uint64_t(g) * (dim + 2) * 4;
 }
 
 }  // namespace
 
-extern "C" void cxlkv_ndp_top(cxlkv_ndp_cmd cmd, cxlkv_hls_select sel, float scale,
+extern "C" void cxlkv_ndp_top(cxlkv_ndp_cmd cmd, cxlkv_ndp_select sel, cxlkv_ndp_attend att,
                               const uint16_t* keys, const uint16_t* values, const float* queries,
                               const float* bounds, const cxlkv_hls_block* blocks,
                               const uint32_t* tokens, cxlkv_ndp_hit* hits, uint16_t* rows_out,
-                              float* partials, cxlkv_hls_sel_result* sel_out,
+                              float* att_out, cxlkv_ndp_partial* att_ms, cxlkv_ndp_list_info* info,
                               cxlkv_ndp_cpl* cpl) {
 #pragma HLS INTERFACE mode = s_axilite port = cmd bundle = control
 #pragma HLS AGGREGATE variable = cmd
 #pragma HLS INTERFACE mode = s_axilite port = sel bundle = control
 #pragma HLS AGGREGATE variable = sel
-#pragma HLS INTERFACE mode = s_axilite port = scale bundle = control
+#pragma HLS INTERFACE mode = s_axilite port = att bundle = control
+#pragma HLS AGGREGATE variable = att
 #pragma HLS INTERFACE mode = m_axi port = keys offset = slave bundle = gmem0 max_read_burst_length = 64 num_read_outstanding = 16
 #pragma HLS INTERFACE mode = m_axi port = values offset = slave bundle = gmem1
 #pragma HLS INTERFACE mode = m_axi port = queries offset = slave bundle = gmem2
@@ -184,8 +190,9 @@ extern "C" void cxlkv_ndp_top(cxlkv_ndp_cmd cmd, cxlkv_hls_select sel, float sca
 #pragma HLS INTERFACE mode = m_axi port = tokens offset = slave bundle = gmem2
 #pragma HLS INTERFACE mode = m_axi port = hits offset = slave bundle = gmem3
 #pragma HLS INTERFACE mode = m_axi port = rows_out offset = slave bundle = gmem3
-#pragma HLS INTERFACE mode = m_axi port = partials offset = slave bundle = gmem3
-#pragma HLS INTERFACE mode = m_axi port = sel_out offset = slave bundle = gmem3
+#pragma HLS INTERFACE mode = m_axi port = att_out offset = slave bundle = gmem3
+#pragma HLS INTERFACE mode = m_axi port = att_ms offset = slave bundle = gmem3
+#pragma HLS INTERFACE mode = m_axi port = info offset = slave bundle = gmem3
 #pragma HLS INTERFACE mode = m_axi port = cpl offset = slave bundle = gmem3
 #pragma HLS INTERFACE mode = s_axilite port = return bundle = control
 
@@ -221,12 +228,17 @@ extern "C" void cxlkv_ndp_top(cxlkv_ndp_cmd cmd, cxlkv_hls_select sel, float sca
         return;
     }
     if (cmd.opcode == CXLKV_NDP_OP_ATTEND) {
-        // ATTEND reads K and V of every block: no flags, no pruning.
-        if (!shape_ok || cmd.flags != 0 || cmd.group == 0 || cmd.group > uint32_t(GMAX) ||
-            !(scale == scale)) {
+        // ATTEND reads K and V of every block: k and flags 0, no pruning.
+        if (!shape_ok || cmd.flags != 0 || k != 0 || g == 0 || g > uint32_t(GMAX)) {
             c.status = CXLKV_NDP_ERR_ARGS;
+        } else if (att.reserved0 != 0 || att.reserved1 != 0) {
+            c.status = CXLKV_NDP_ERR_ARGS;
+            c.detail = CXLKV_NDP_DETAIL_BAD_OPTIONS;
+        } else if (!std::isfinite(att.scale)) {
+            c.status = CXLKV_NDP_ERR_ARGS;
+            c.detail = CXLKV_NDP_DETAIL_BAD_SCALE;
         } else {
-            attend(cmd, scale, keys, values, queries, blocks, words, partials, c);
+            attend(cmd, att.scale, keys, values, queries, blocks, words, att_out, att_ms, c);
         }
         *cpl = c;
         return;
@@ -245,11 +257,11 @@ extern "C" void cxlkv_ndp_top(cxlkv_ndp_cmd cmd, cxlkv_hls_select sel, float sca
     }
     const bool group_max = (flags & CXLKV_NDP_FLAG_GROUP_MAX) != 0;
     const bool prune = (flags & CXLKV_NDP_FLAG_PRUNE) != 0;
-    const bool selecting = select_active(sel);
-    // The control path checked the selection against the sequence (p in (0, 1], ranges in order,
-    // the window inside the stored tokens); the mass needs every score, so no pruning.
+    const bool selecting = (flags & CXLKV_NDP_FLAG_SELECT) != 0;
+    // A selection's mass needs every score: no pruning with it.
     if (selecting && prune) {
         c.status = CXLKV_NDP_ERR_ARGS;
+        c.detail = CXLKV_NDP_DETAIL_BAD_OPTIONS;
         *cpl = c;
         return;
     }
@@ -273,7 +285,8 @@ LOAD_Q:
     for (uint32_t b = 0; b < n; ++b) total_tokens += blocks[b].tokens;
 
     if (selecting) {
-        select_scan(cmd, sel, scale, keys, values, blocks, q, words, hits, rows_out, sel_out, c);
+        const uint32_t per_list = uint32_t(total_tokens < k ? total_tokens : k);
+        select_scan(cmd, sel, keys, values, blocks, q, words, hits, rows_out, per_list, info, c);
         *cpl = c;
         return;
     }

@@ -43,11 +43,6 @@ extern "C" {
 #define CXLKV_HLS_TMAX 256
 #endif
 
-// Until the ABI header names ATTEND (the ndp helper's change).
-#ifndef CXLKV_NDP_OP_ATTEND
-#define CXLKV_NDP_OP_ATTEND 5
-#endif
-
 // Element type codes (cmd.dtype), as docs/FORMAT.md.
 #define CXLKV_HLS_DTYPE_F16 1
 #define CXLKV_HLS_DTYPE_BF16 2
@@ -62,37 +57,6 @@ struct cxlkv_hls_block {
     uint64_t bounds_elem; // first f32 of min[dim] then max[dim] in `bounds`
     uint32_t tokens;      // rows in the block
     uint32_t base;        // token index of row 0 (the block entry's token_offset)
-};
-
-// Selection of a SCORE_TOPK command (the reference: runtime/src/ndp/select.rs), decoded by the
-// control path from the command's selection section. Ranges are [start, end), present when their
-// flag is set; top_p is used when CXLKV_HLS_SEL_TOP_P is set (k is then k_max). The mass uses
-// `scale` (the top function's scale argument).
-#define CXLKV_HLS_SEL_WINDOW 1u
-#define CXLKV_HLS_SEL_EXCLUDE 2u
-#define CXLKV_HLS_SEL_TOP_P 4u
-// Error details of a bad selection (CXLKV_NDP_ERR_ARGS), as the reference's SEL_* constants.
-#define CXLKV_HLS_SEL_BAD_P 1u
-#define CXLKV_HLS_SEL_BAD_WINDOW 2u
-#define CXLKV_HLS_SEL_BAD_EXCLUDE 3u
-#define CXLKV_HLS_SEL_TOO_MANY_FORCED 4u
-struct cxlkv_hls_select {
-    uint64_t sinks; // tokens 0..sinks are forced (0: none)
-    uint64_t window_start;
-    uint64_t window_end;
-    uint64_t exclude_start;
-    uint64_t exclude_end;
-    uint32_t flags; // CXLKV_HLS_SEL_*
-    float top_p;
-    float scale;    // set by the kernel from its scale argument
-    uint32_t reserved;
-};
-
-// Per list of a selecting SCORE_TOPK: the hits it returns (at most k, at hits[list * k]) and the
-// softmax mass it leaves out.
-struct cxlkv_hls_sel_result {
-    uint32_t count;
-    float left_out;
 };
 
 namespace cxlkv_hls {
@@ -366,8 +330,9 @@ inline bool can_skip(const float* ub, uint32_t g, uint32_t k, bool group_max,
 // The HLS top function (hardware configuration). Ports:
 //   cmd      s_axilite: the command descriptor (struct cxlkv_ndp_cmd of the ABI header); opcode,
 //            flags, k, dtype, group, dim and nblocks are used.
-//   sel      s_axilite: SCORE_TOPK's selection (all zero: plain top-k).
-//   scale    s_axilite: applied to q.k before exp (ATTEND's partials, the selection's mass).
+//   sel      s_axilite: SCORE_TOPK's selection (struct cxlkv_ndp_select, the arguments' tail with
+//            FLAG_SELECT; unused without).
+//   att      s_axilite: ATTEND's argument tail (struct cxlkv_ndp_attend: the scale).
 //   keys     m_axi gmem0: card memory as 16-bit words (key rows).
 //   values   m_axi gmem1: card memory as 16-bit words (value rows, GATHER and FLAG_GATHER_V).
 //   queries  m_axi gmem2: f32 queries[group][dim] (the command's arguments).
@@ -375,16 +340,18 @@ inline bool can_skip(const float* ub, uint32_t g, uint32_t k, bool group_max,
 //   blocks   m_axi gmem2: the resolved block list (struct cxlkv_hls_block[nblocks]).
 //   tokens   m_axi gmem2: GATHER's token list (u32[k]).
 //   hits     m_axi gmem3: result hits [lists][per_list] (struct cxlkv_ndp_hit), best first.
-//   rows_out m_axi gmem3: gathered value rows [lists][per_list][dim] (with a selection, per_list
-//            is k and list l holds sel_out[l].count rows).
-//   partials m_axi gmem3: ATTEND's result, f32 out[group][dim], then max[group], then sum[group].
-//   sel_out  m_axi gmem3: a selecting SCORE_TOPK's per-list counts and left-out masses.
+//   rows_out m_axi gmem3: gathered value rows [lists][per_list][dim] (a selected list is padded
+//            to per_list with token 0xFFFFFFFF, score -inf and zero rows, as the ABI's result).
+//   att_out  m_axi gmem3: ATTEND's outputs, f32 [group][dim] (the result's values section).
+//   att_ms   m_axi gmem3: ATTEND's struct cxlkv_ndp_partial [group] (max, sum).
+//   info     m_axi gmem3: a selected SCORE_TOPK's struct cxlkv_ndp_list_info [lists].
 //   cpl      m_axi gmem3: the completion (status, detail, bytes_scanned, blocks_scanned/pruned,
 //            and result_bytes = hits written; the control path adds header and mass).
-extern "C" void cxlkv_ndp_top(cxlkv_ndp_cmd cmd, cxlkv_hls_select sel, float scale,
+extern "C" void cxlkv_ndp_top(cxlkv_ndp_cmd cmd, cxlkv_ndp_select sel, cxlkv_ndp_attend att,
                               const uint16_t* keys, const uint16_t* values, const float* queries,
                               const float* bounds, const cxlkv_hls_block* blocks,
                               const uint32_t* tokens, cxlkv_ndp_hit* hits, uint16_t* rows_out,
-                              float* partials, cxlkv_hls_sel_result* sel_out, cxlkv_ndp_cpl* cpl);
+                              float* att_out, cxlkv_ndp_partial* att_ms,
+                              cxlkv_ndp_list_info* info, cxlkv_ndp_cpl* cpl);
 
 #endif

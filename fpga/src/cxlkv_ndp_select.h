@@ -23,28 +23,31 @@
 
 namespace cxlkv_hls {
 
-inline bool sel_excluded(const cxlkv_hls_select& p, uint64_t t) {
-    return (p.flags & CXLKV_HLS_SEL_EXCLUDE) != 0 && t >= p.exclude_start && t < p.exclude_end;
+inline bool sel_excluded(const cxlkv_ndp_select& p, uint64_t t) {
+    return (p.options & CXLKV_NDP_SEL_EXCLUDE) != 0 && t >= p.exclude_start && t < p.exclude_end;
 }
 
-inline bool sel_forced(const cxlkv_hls_select& p, uint64_t t) {
+inline bool sel_forced(const cxlkv_ndp_select& p, uint64_t t) {
     bool in_window =
-        (p.flags & CXLKV_HLS_SEL_WINDOW) != 0 && t >= p.window_start && t < p.window_end;
+        (p.options & CXLKV_NDP_SEL_WINDOW) != 0 && t >= p.window_start && t < p.window_end;
     return !sel_excluded(p, t) && (t < p.sinks || in_window);
 }
 
-// The checks of the reference's Selection::new that do not need the scan: 0 if the selection is
-// well formed for blocks whose last stored token is end - 1, else the error detail (1 bad p,
-// 2 window reversed or past the stored tokens, 3 exclusion reversed). More forced tokens than k
-// (detail 4) shows at the end of the scan.
-inline uint32_t sel_check(const cxlkv_hls_select& p, uint64_t end) {
-    if ((p.flags & CXLKV_HLS_SEL_TOP_P) != 0 && !(p.top_p > 0.0f && p.top_p <= 1.0f))
-        return CXLKV_HLS_SEL_BAD_P;
-    const bool window = (p.flags & CXLKV_HLS_SEL_WINDOW) != 0;
-    if (window && p.window_start > p.window_end) return CXLKV_HLS_SEL_BAD_WINDOW;
-    if ((p.flags & CXLKV_HLS_SEL_EXCLUDE) != 0 && p.exclude_start > p.exclude_end)
-        return CXLKV_HLS_SEL_BAD_EXCLUDE;
-    if (window && p.window_end > end) return CXLKV_HLS_SEL_BAD_WINDOW;
+// The checks of the reference (Select::from_abi, then Selection::new) that do not need the scan,
+// in its order: 0 if the selection is well formed for blocks whose last stored token is end - 1,
+// else the CXLKV_NDP_DETAIL_* of the error. More forced tokens than k (DETAIL_TOO_MANY_FORCED)
+// shows at the end of the scan.
+inline uint32_t sel_check(const cxlkv_ndp_select& p, uint64_t end) {
+    if ((p.options & ~CXLKV_NDP_SEL_ALL) != 0 || p.reserved0 != 0 || p.reserved1 != 0)
+        return CXLKV_NDP_DETAIL_BAD_OPTIONS;
+    if (!std::isfinite(p.scale)) return CXLKV_NDP_DETAIL_BAD_SCALE;
+    if ((p.options & CXLKV_NDP_SEL_TOP_P) != 0 && !(p.top_p > 0.0f && p.top_p <= 1.0f))
+        return CXLKV_NDP_DETAIL_BAD_P;
+    const bool window = (p.options & CXLKV_NDP_SEL_WINDOW) != 0;
+    if (window && p.window_start > p.window_end) return CXLKV_NDP_DETAIL_BAD_WINDOW;
+    if ((p.options & CXLKV_NDP_SEL_EXCLUDE) != 0 && p.exclude_start > p.exclude_end)
+        return CXLKV_NDP_DETAIL_BAD_EXCLUDE;
+    if (window && p.window_end > end) return CXLKV_NDP_DETAIL_BAD_WINDOW;
     return 0;
 }
 
@@ -71,7 +74,7 @@ inline void sel_clear(SelList<KMAX>& l) {
 
 // Offers token t with (unscaled) score s to a list of at most k hits.
 template <int KMAX>
-inline void sel_offer(SelList<KMAX>& l, const cxlkv_hls_select& p, uint32_t k, uint32_t t,
+inline void sel_offer(SelList<KMAX>& l, const cxlkv_ndp_select& p, uint32_t k, uint32_t t,
                       float s) {
 #pragma HLS INLINE
     if (sel_excluded(p, t)) return;
@@ -98,7 +101,7 @@ inline void sel_offer(SelList<KMAX>& l, const cxlkv_hls_select& p, uint32_t k, u
 // Stage 4 of a selecting scan (in place of topk_unit): every token into every list.
 template <int GMAX, int KMAX>
 inline void select_unit(uint32_t rows, uint32_t base, uint32_t g, uint32_t k, bool group_max,
-                        const cxlkv_hls_select& p, hls::stream<LaneVals<GMAX> >& in,
+                        const cxlkv_ndp_select& p, hls::stream<LaneVals<GMAX> >& in,
                         SelList<KMAX> lists[GMAX]) {
 SELECT:
     for (uint32_t i = 0; i < rows; ++i) {
@@ -124,7 +127,7 @@ SELECT:
 template <int GMAX, int DMAX, int KMAX>
 inline void select_block(const uint16_t* keys, uint32_t rows, uint32_t base, uint32_t dim,
                          uint8_t dtype, const float q[GMAX][DMAX], uint32_t g, uint32_t k,
-                         bool group_max, const cxlkv_hls_select& p, SelList<KMAX> lists[GMAX]) {
+                         bool group_max, const cxlkv_ndp_select& p, SelList<KMAX> lists[GMAX]) {
 #pragma HLS DATAFLOW
     hls::stream<float> s_keys("s_keys");
     hls::stream<LaneVals<GMAX> > s_lanes("s_lanes");
@@ -141,7 +144,7 @@ inline void select_block(const uint16_t* keys, uint32_t rows, uint32_t base, uin
 // The finished list: the chosen hits best first into out (returns how many), the mass left out
 // into *left. Returns -1 if more tokens were forced than k (the command fails).
 template <int KMAX>
-inline int sel_finish(const SelList<KMAX>& l, const cxlkv_hls_select& p, uint32_t k, Hit out[KMAX],
+inline int sel_finish(const SelList<KMAX>& l, const cxlkv_ndp_select& p, uint32_t k, Hit out[KMAX],
                       float* left) {
     if (l.overflow) return -1;
     const uint32_t rest = k - l.nforced;
@@ -156,7 +159,7 @@ FORCED:
         taken += exp_f64(scale * double(h.score) - l.max) / l.sum;
         list_insert<KMAX>(out, n, k, h.index, h.score);
     }
-    if ((p.flags & CXLKV_HLS_SEL_TOP_P) == 0) {
+    if ((p.options & CXLKV_NDP_SEL_TOP_P) == 0) {
         // Plain top-k: the candidates' mass is summed on its own, then added.
         double cand = 0.0;
     TAKE_ALL:

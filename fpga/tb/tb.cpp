@@ -99,10 +99,13 @@ int run_file(const char* path, int& passed, int& failed) {
         std::vector<uint16_t> rows(size_t(lists) * per_list * dim * words + 1);
         cxlkv_ndp_cpl cpl;
         std::memset(&cpl, 0, sizeof cpl);
-        cxlkv_hls_select nosel;
+        cxlkv_ndp_select nosel;
         std::memset(&nosel, 0, sizeof nosel);
-        cxlkv_ndp_top(cmd, nosel, 1.0f, keys.data(), keys.data(), q.data(), bnd.data(),
-                      blocks.data(), nullptr, got.data(), rows.data(), nullptr, nullptr, &cpl);
+        cxlkv_ndp_attend noatt;
+        std::memset(&noatt, 0, sizeof noatt);
+        cxlkv_ndp_top(cmd, nosel, noatt, keys.data(), keys.data(), q.data(), bnd.data(),
+                      blocks.data(), nullptr, got.data(), rows.data(), nullptr, nullptr, nullptr,
+                      &cpl);
         std::string why;
         char msg[256];
         if (cpl.status != CXLKV_NDP_OK) {
@@ -142,9 +145,9 @@ int run_file(const char* path, int& passed, int& failed) {
             gc.k = per_list;
             std::vector<cxlkv_ndp_hit> gh(per_list + 1);
             std::vector<uint16_t> grows(size_t(per_list) * dim * words + 1);
-            cxlkv_ndp_top(gc, nosel, 1.0f, keys.data(), keys.data(), nullptr, nullptr,
+            cxlkv_ndp_top(gc, nosel, noatt, keys.data(), keys.data(), nullptr, nullptr,
                           blocks.data(), toks.data(), gh.data(), grows.data(), nullptr, nullptr,
-                          &cpl);
+                          nullptr, &cpl);
             if (cpl.status != CXLKV_NDP_OK) why = "GATHER failed";
             for (uint32_t i = 0; why.empty() && i < per_list; ++i) {
                 const uint16_t* src = &keys[size_t(toks[i]) * dim * words];

@@ -7,7 +7,8 @@
 // ATTEND_TOL = 1e-5 is the tolerance fpga/README.md states for the kernel's exp (hls::exp in the
 // synthesized kernel, a few ulp) and for tiles shorter than the reference's blocks (other
 // summation and merge points). The largest errors seen are printed per set. A command with flags
-// must fail with CXLKV_NDP_ERR_ARGS.
+// must fail with CXLKV_NDP_ERR_ARGS, so must a non-finite scale (DETAIL_BAD_SCALE) and nonzero
+// reserved fields (DETAIL_BAD_OPTIONS).
 #include <cmath>
 
 #include "tb_common.h"
@@ -40,7 +41,7 @@ int run_attend(Reader& r, const std::string& name, int& passed, int& failed) {
         blocks[b].tokens = end - start;
         blocks[b].base = start;
     }
-    cxlkv_hls_select nosel;
+    cxlkv_ndp_select nosel;
     std::memset(&nosel, 0, sizeof nosel);
     int file_pass = 0, file_fail = 0;
     double worst_out = 0.0, worst_sum = 0.0;
@@ -63,11 +64,19 @@ int run_attend(Reader& r, const std::string& name, int& passed, int& failed) {
         cmd.group = uint8_t(g);
         cmd.dim = dim;
         cmd.nblocks = nblocks;
-        std::vector<float> got(size_t(g) * (dim + 2) + 1, NAN);
+        std::vector<float> got(size_t(g) * dim + 1, NAN);
+        std::vector<cxlkv_ndp_partial> ms(g + 1);
+        cxlkv_ndp_attend att;
+        std::memset(&att, 0, sizeof att);
+        att.scale = scale;
         cxlkv_ndp_cpl cpl;
         std::memset(&cpl, 0, sizeof cpl);
-        cxlkv_ndp_top(cmd, nosel, scale, keys.data(), values.data(), q.data(), nullptr,
-                      blocks.data(), nullptr, nullptr, nullptr, got.data(), nullptr, &cpl);
+        auto run = [&](const cxlkv_ndp_cmd& cm, const cxlkv_ndp_attend& a) {
+            cxlkv_ndp_top(cm, nosel, a, keys.data(), values.data(), q.data(), nullptr,
+                          blocks.data(), nullptr, nullptr, nullptr, got.data(), ms.data(), nullptr,
+                          &cpl);
+        };
+        run(cmd, att);
         std::string why;
         char msg[256];
         if (cpl.status != CXLKV_NDP_OK) {
@@ -85,8 +94,8 @@ int run_attend(Reader& r, const std::string& name, int& passed, int& failed) {
                 den += b * b;
             }
             const double e_out = rel(num, den);
-            const float gm = got[g * dim + qi], wm = want[g * dim + qi];
-            const double gs = got[g * dim + g + qi], ws = want[g * dim + g + qi];
+            const float gm = ms[qi].max, wm = want[g * dim + qi];
+            const double gs = ms[qi].sum, ws = want[g * dim + g + qi];
             const double e_sum = std::fabs(gs - ws) / std::fabs(ws);
             worst_out = e_out > worst_out ? e_out : worst_out;
             worst_sum = e_sum > worst_sum ? e_sum : worst_sum;
@@ -100,13 +109,22 @@ int run_attend(Reader& r, const std::string& name, int& passed, int& failed) {
                 why = msg;
             }
         }
-        // The same command with a flag set is refused.
+        // The same command with a flag set, a non-finite scale or a reserved field is refused.
         if (why.empty()) {
             cxlkv_ndp_cmd bad = cmd;
             bad.flags = CXLKV_NDP_FLAG_PRUNE;
-            cxlkv_ndp_top(bad, nosel, scale, keys.data(), values.data(), q.data(), nullptr,
-                          blocks.data(), nullptr, nullptr, nullptr, got.data(), nullptr, &cpl);
+            run(bad, att);
             if (cpl.status != CXLKV_NDP_ERR_ARGS) why = "ATTEND with flags not refused";
+            cxlkv_ndp_attend a = att;
+            a.scale = INFINITY;
+            run(cmd, a);
+            if (cpl.status != CXLKV_NDP_ERR_ARGS || cpl.detail != CXLKV_NDP_DETAIL_BAD_SCALE)
+                why = "ATTEND with an infinite scale not refused";
+            a = att;
+            a.reserved1 = 1;
+            run(cmd, a);
+            if (cpl.status != CXLKV_NDP_ERR_ARGS || cpl.detail != CXLKV_NDP_DETAIL_BAD_OPTIONS)
+                why = "ATTEND with a reserved field set not refused";
         }
         if (why.empty()) {
             ++file_pass;

@@ -38,16 +38,16 @@ int run_select(Reader& r, const std::string& name, int& passed, int& failed) {
     double worst_mass = 0.0;
     for (uint32_t ci = 0; ci < ncases; ++ci) {
         const uint32_t g = r.u32(), k = r.u32(), group_max = r.u32();
-        cxlkv_hls_select sel;
+        cxlkv_ndp_select sel;
         std::memset(&sel, 0, sizeof sel);
         sel.sinks = r.u64();
         sel.window_start = r.u64();
         sel.window_end = r.u64();
         sel.exclude_start = r.u64();
         sel.exclude_end = r.u64();
-        sel.flags = r.u32();
+        sel.options = r.u32();
         sel.top_p = r.f32();
-        const float scale = r.f32();
+        sel.scale = r.f32();
         std::vector<float> q;
         r.raw(q, size_t(g) * dim);
         const uint32_t want_status = r.u32(), want_detail = r.u32();
@@ -73,20 +73,50 @@ int run_select(Reader& r, const std::string& name, int& passed, int& failed) {
         std::memset(&cmd, 0, sizeof cmd);
         cmd.tag = ci + 1;
         cmd.opcode = CXLKV_NDP_OP_SCORE_TOPK;
-        cmd.flags = uint16_t(CXLKV_NDP_FLAG_GATHER_V | (group_max ? CXLKV_NDP_FLAG_GROUP_MAX : 0));
+        cmd.flags = uint16_t(CXLKV_NDP_FLAG_SELECT | CXLKV_NDP_FLAG_GATHER_V |
+                             (group_max ? CXLKV_NDP_FLAG_GROUP_MAX : 0));
         cmd.k = k;
         cmd.dtype = uint8_t(dtype);
         cmd.group = uint8_t(g);
         cmd.dim = dim;
         cmd.nblocks = nblocks;
-        const uint32_t nl = group_max ? 1 : g;
-        std::vector<cxlkv_ndp_hit> got(size_t(nl) * k);
-        std::vector<uint16_t> rows(size_t(nl) * k * dim * words);
-        std::vector<cxlkv_hls_sel_result> res(nl);
+        const uint32_t nl = group_max ? 1 : g, per = k < tokens ? k : tokens;
+        std::vector<cxlkv_ndp_hit> got(size_t(nl) * per);
+        std::vector<uint16_t> rows(size_t(nl) * per * dim * words);
+        std::vector<cxlkv_ndp_list_info> res(nl);
+        cxlkv_ndp_attend noatt;
+        std::memset(&noatt, 0, sizeof noatt);
         cxlkv_ndp_cpl cpl;
         std::memset(&cpl, 0, sizeof cpl);
-        cxlkv_ndp_top(cmd, sel, scale, keys.data(), keys.data(), q.data(), nullptr, blocks.data(),
-                      nullptr, got.data(), rows.data(), nullptr, res.data(), &cpl);
+        auto run = [&](const cxlkv_ndp_cmd& cm, const cxlkv_ndp_select& s) {
+            cxlkv_ndp_top(cm, s, noatt, keys.data(), keys.data(), q.data(), nullptr,
+                          blocks.data(), nullptr, got.data(), rows.data(), nullptr, nullptr,
+                          res.data(), &cpl);
+        };
+        // Refused whatever the selection: FLAG_PRUNE with it, unknown options, reserved fields.
+        if (ci == 0) {
+            cxlkv_ndp_cmd pc = cmd;
+            pc.flags |= CXLKV_NDP_FLAG_PRUNE;
+            run(pc, sel);
+            bool ok = cpl.status == CXLKV_NDP_ERR_ARGS && cpl.detail == CXLKV_NDP_DETAIL_BAD_OPTIONS;
+            cxlkv_ndp_select bs = sel;
+            bs.options |= 8;
+            run(cmd, bs);
+            ok = ok && cpl.status == CXLKV_NDP_ERR_ARGS && cpl.detail == CXLKV_NDP_DETAIL_BAD_OPTIONS;
+            bs = sel;
+            bs.reserved0 = 1;
+            run(cmd, bs);
+            ok = ok && cpl.status == CXLKV_NDP_ERR_ARGS && cpl.detail == CXLKV_NDP_DETAIL_BAD_OPTIONS;
+            bs = sel;
+            bs.scale = NAN;
+            run(cmd, bs);
+            ok = ok && cpl.status == CXLKV_NDP_ERR_ARGS && cpl.detail == CXLKV_NDP_DETAIL_BAD_SCALE;
+            if (!ok) {
+                std::printf("FAIL %s: a malformed selection was not refused\n", name.c_str());
+                ++file_fail;
+            }
+        }
+        run(cmd, sel);
         std::string why;
         char msg[256];
         if (cpl.status != want_status || (want_status != CXLKV_NDP_OK && cpl.detail != want_detail)) {
@@ -102,24 +132,28 @@ int run_select(Reader& r, const std::string& name, int& passed, int& failed) {
                 why = msg;
                 break;
             }
+            for (uint32_t i = want_count[l]; why.empty() && i < per; ++i) {
+                const cxlkv_ndp_hit h = got[size_t(l) * per + i];
+                if (h.token != 0xFFFFFFFFu || !(h.score == -INFINITY)) why = "padding hit wrong";
+            }
             for (uint32_t i = 0; why.empty() && i < want_count[l]; ++i) {
-                const cxlkv_ndp_hit h = got[size_t(l) * k + i], w = want[l][i];
+                const cxlkv_ndp_hit h = got[size_t(l) * per + i], w = want[l][i];
                 if (h.token != w.token || !same_score(h.score, w.score)) {
                     std::snprintf(msg, sizeof msg, "list %u hit %u: got (%u, %.9g) want (%u, %.9g)",
                                   l, i, h.token, double(h.score), w.token, double(w.score));
                     why = msg;
-                } else if (std::memcmp(&rows[(size_t(l) * k + i) * dim * words],
+                } else if (std::memcmp(&rows[(size_t(l) * per + i) * dim * words],
                                        &keys[size_t(w.token) * dim * words],
                                        dim * words * 2) != 0) {
                     std::snprintf(msg, sizeof msg, "list %u: gathered row %u differs", l, i);
                     why = msg;
                 }
             }
-            const double e = std::fabs(double(res[l].left_out) - double(want_left[l]));
+            const double e = std::fabs(double(res[l].left_out_mass) - double(want_left[l]));
             worst_mass = e > worst_mass ? e : worst_mass;
             if (why.empty() && !(e <= SELECT_MASS_TOL)) {
                 std::snprintf(msg, sizeof msg, "list %u: left-out mass %.9g, the reference %.9g",
-                              l, double(res[l].left_out), double(want_left[l]));
+                              l, double(res[l].left_out_mass), double(want_left[l]));
                 why = msg;
             }
         }

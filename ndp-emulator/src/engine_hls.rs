@@ -14,7 +14,9 @@
 //! All foreign calls are confined to this module.
 
 use cxlkv_kernels::{BlockScorer, GroupMode, Hit, KeyRows, Partial, QueryGroup, TopK};
-use cxlkv_runtime::ndp::abi::{cxlkv_ndp_hit, CXLKV_NDP_ERR_ARGS, CXLKV_NDP_ERR_INTERNAL};
+use cxlkv_runtime::ndp::abi::{
+    cxlkv_ndp_hit, cxlkv_ndp_list_info, CXLKV_NDP_ERR_ARGS, CXLKV_NDP_ERR_INTERNAL,
+};
 use cxlkv_runtime::ndp::select::{Select, Selected, Selection, SEL_TOO_MANY_FORCED};
 use cxlkv_runtime::ndp::DeviceStatus;
 use std::ptr::NonNull;
@@ -60,7 +62,7 @@ impl std::str::FromStr for Engine {
 }
 
 mod ffi {
-    use cxlkv_runtime::ndp::abi::cxlkv_ndp_hit;
+    use cxlkv_runtime::ndp::abi::{cxlkv_ndp_hit, cxlkv_ndp_list_info, cxlkv_ndp_select};
 
     /// Opaque scan state of the C library.
     #[repr(C)]
@@ -110,29 +112,6 @@ mod ffi {
         );
     }
 
-    /// `struct cxlkv_hls_select` of fpga/src/cxlkv_ndp_kernel.h.
-    #[repr(C)]
-    #[derive(Clone, Copy, Debug, Default)]
-    pub struct Select {
-        pub sinks: u64,
-        pub window_start: u64,
-        pub window_end: u64,
-        pub exclude_start: u64,
-        pub exclude_end: u64,
-        pub flags: u32,
-        pub top_p: f32,
-        pub scale: f32,
-        pub reserved: u32,
-    }
-
-    /// `struct cxlkv_hls_sel_result`.
-    #[repr(C)]
-    #[derive(Clone, Copy, Debug, Default)]
-    pub struct SelResult {
-        pub count: u32,
-        pub left_out: f32,
-    }
-
     /// Opaque selection state of the C library.
     #[repr(C)]
     pub struct Sel {
@@ -146,8 +125,7 @@ mod ffi {
             group_max: u32,
             queries: *const f32,
             dim: u32,
-            sel: *const Select,
-            scale: f32,
+            sel: *const cxlkv_ndp_select,
         ) -> *mut Sel;
         pub fn cxlkv_hls_sel_free(s: *mut Sel);
         pub fn cxlkv_hls_sel_block(
@@ -160,7 +138,7 @@ mod ffi {
         pub fn cxlkv_hls_sel_finish(
             s: *mut Sel,
             hits: *mut cxlkv_ndp_hit,
-            res: *mut SelResult,
+            info: *mut cxlkv_ndp_list_info,
         ) -> i32;
     }
 
@@ -447,20 +425,7 @@ impl HlsSelect {
         if data.len() != g * dim {
             return Err(internal);
         }
-        let (w, x) = (sel.window.unwrap_or((0, 0)), sel.exclude.unwrap_or((0, 0)));
-        let c = ffi::Select {
-            sinks: sel.sinks,
-            window_start: w.0,
-            window_end: w.1,
-            exclude_start: x.0,
-            exclude_end: x.1,
-            flags: u32::from(sel.window.is_some())
-                | u32::from(sel.exclude.is_some()) << 1
-                | u32::from(sel.top_p.is_some()) << 2,
-            top_p: sel.top_p.unwrap_or(0.0),
-            scale,
-            reserved: 0,
-        };
+        let c = sel.to_abi(scale);
         let small = |x: usize| u32::try_from(x).map_err(|_| internal);
         // SAFETY: `data` holds g * dim f32 (checked) and `c` is a live struct of the C layout;
         // both outlive the call, which copies them. The library checks g, k and dim first.
@@ -472,7 +437,6 @@ impl HlsSelect {
                 data.as_ptr(),
                 small(dim)?,
                 &c,
-                scale,
             )
         };
         Ok(HlsSelect {
@@ -505,7 +469,7 @@ impl HlsSelect {
     /// The lists, best first, and the mass each leaves out.
     pub fn finish(self) -> Result<Selected, DeviceStatus> {
         let mut hits = vec![cxlkv_ndp_hit::default(); self.lists * self.k];
-        let mut res = vec![ffi::SelResult::default(); self.lists];
+        let mut res = vec![cxlkv_ndp_list_info::default(); self.lists];
         // SAFETY: `hits` holds lists * k hits and `res` lists results, what the library writes
         // for this state; `raw` is live.
         let rc = unsafe {
@@ -530,7 +494,7 @@ impl HlsSelect {
             .collect();
         Ok(Selected {
             lists,
-            left_out: res.iter().map(|r| r.left_out).collect(),
+            left_out: res.iter().map(|r| r.left_out_mass).collect(),
         })
     }
 }
