@@ -5,24 +5,51 @@
 // l = sum exp(scale * q.k - m) and the unnormalized output o = sum exp(scale * q.k - m) * v, so
 // that the host merges it exactly with its own (log-sum-exp rule).
 //
-// Structure (one tile = up to TMAX rows of one block, the engine library uses whole blocks):
+// The computation is the Rust reference's (kernels/src/attend.rs attend_block per block, the
+// blocks merged in list order with Partial::merge), operation by operation:
+//   per block, per tile of ATTEND_TILE = 64 rows (the reference's CHUNK), with the block's running
+//   partial (max, sum, out):
 //   phase A, DATAFLOW: key reader -> G-query dot unit -> lane reducer (the SCORE_TOPK stages of
-//            cxlkv_ndp_kernel.h, so scores are the canonical ones, bit for bit) -> score sink
-//            (scaled scores into a tile buffer, running tile maximum per query);
-//   phase B, DATAFLOW: weight unit (w = exp(s - m) per row and query, tile sums) and value reader
-//            -> value accumulator (o += w * v per element, G queries in parallel);
-//   merge:   the tile's partial into the command's, as Partial::merge.
-// Every key and every value row is read once. The arithmetic is the reference's, operation by
-// operation (kernels/src/partial.rs Partial::over_group per tile, then Partial::merge), so with the
-// C library's expf (C simulation, the emulator's engine) the partials are bit-identical to the
-// Rust reference's over the same tiles; with hls::exp they are within the tolerance that
-// fpga/README.md states.
+//            cxlkv_ndp_kernel.h: canonical scores, bit for bit) -> score sink (scaled scores into
+//            the tile buffer, the tile maximum per query);
+//   rescale: a larger tile maximum rescales the running sum and output by exp_neg(old - new);
+//   phase B, DATAFLOW: weight unit (w = exp_neg(s - max), sum += w in row order) and value reader
+//            -> value accumulator (out += w * v per element, G queries in parallel);
+//   per block end: the block's partial into the command's (Partial::merge, two exps per query).
+// exp_neg is the reference's polynomial exponential in plain IEEE operations, so everything inside
+// a block is bit-exact in hardware too. Only the merge of blocks uses a general exp (f32::exp in the
+// reference): the C library's expf in C simulation and in the emulator's engine (bit-identical
+// with Rust's on Linux), hls::exp in the synthesized kernel (fpga/README.md, Tolerance).
+// Every key and every value row is read once.
 #ifndef CXLKV_NDP_ATTEND_H
 #define CXLKV_NDP_ATTEND_H
 
 #include "cxlkv_ndp_kernel.h"
 
 namespace cxlkv_hls {
+
+// Rows per tile: the reference's CHUNK (kernels/src/attend.rs); bit-exactness needs them equal.
+constexpr uint32_t ATTEND_TILE = 64;
+
+// kernels/src/attend.rs exp_neg: exp(x) for x <= 0 within 2 ulp (Cephes' expf reduction and
+// polynomial), no fused operations (build with -ffp-contract=off), bit-identical to the reference.
+inline float exp_neg(float x) {
+    const float LOG2E = 1.44269504088896340736f;
+    const float C1 = 0.6933594f;
+    const float C2 = -2.1219444e-4f;
+    const float MAGIC = 12582912.0f; // 1.5 * 2^23: rounds to the nearest integer
+    x = x > -87.0f ? x : -87.0f;
+    float n = (x * LOG2E + MAGIC) - MAGIC;
+    float r = (x - n * C1) - n * C2;
+    float p = 1.9875691e-4f;
+    p = p * r + 1.3981999e-3f;
+    p = p * r + 8.333452e-3f;
+    p = p * r + 4.1665796e-2f;
+    p = p * r + 0.16666665f;
+    p = p * r + 0.5f;
+    float y = p * r * r + r + 1.0f;
+    return y * f32_from_bits(uint32_t(int32_t(n) + 127) << 23);
+}
 
 // The partials of G queries: out[g][dim], max[g], sum[g].
 template <int GMAX, int DMAX>
@@ -82,20 +109,19 @@ inline void tile_scores(const uint16_t* keys, uint32_t rows, uint32_t dim, uint8
     score_sink<GMAX>(rows, scale, s_scores, s, m);
 }
 
-// Phase B, weights: w = exp(s - m) of every row and query, in row order, and the tile sums
-// (sum += w in row order, as Partial::over_group). One row per dim >= 16 cycles reaches this
-// unit, so its loop-carried sum (one f32 add) does not limit the pipeline even at II = 8.
+// Phase B, weights: w = exp_neg(s - m) of every row and query, in row order, added to the running
+// sums (as the reference). One row per dim >= 16 cycles reaches this unit, so its loop-carried sum
+// (one f32 add) does not limit the pipeline even at II = 8.
 template <int GMAX>
 inline void weight_unit(uint32_t rows, uint32_t g, const float s[][GMAX], const float m[GMAX],
                         hls::stream<LaneVals<GMAX> >& out, float sum[GMAX]) {
-    for (int q = 0; q < GMAX; ++q) sum[q] = 0.0f;
 WEIGHT:
     for (uint32_t i = 0; i < rows; ++i) {
 #pragma HLS PIPELINE II = 1
         LaneVals<GMAX> w;
         for (int q = 0; q < GMAX; ++q) {
 #pragma HLS UNROLL
-            w.v[q] = uint32_t(q) < g ? exp_f32(s[i][q] - m[q]) : 0.0f;
+            w.v[q] = uint32_t(q) < g ? exp_neg(s[i][q] - m[q]) : 0.0f;
             sum[q] += w.v[q];
         }
         out.write(w);
@@ -126,7 +152,7 @@ ACC:
     }
 }
 
-// Phase B: the tile's partial (out and sum; the max is phase A's).
+// Phase B: the tile's weights and values into the running partial (out and sum).
 template <int GMAX, int DMAX>
 inline void tile_values(const uint16_t* values, uint32_t rows, uint32_t dim, uint8_t dtype,
                         uint32_t g, const float s[][GMAX], const float m[GMAX],
@@ -172,17 +198,54 @@ MERGE:
     }
 }
 
-// One tile (rows <= the buffer's rows) of keys and values into acc; tile and sbuf are scratch.
+// A larger tile maximum m rescales the running partial p (the reference's online fold).
+template <int GMAX, int DMAX>
+inline void partials_rescale(Partials<GMAX, DMAX>& p, const float m[GMAX], uint32_t g,
+                             uint32_t dim) {
+RESCALE:
+    for (uint32_t q = 0; q < g; ++q) {
+        if (!(m[q] > p.max[q])) continue;
+        if (p.sum[q] > 0.0f) {
+            const float f = exp_neg(p.max[q] - m[q]);
+            p.sum[q] = p.sum[q] * f;
+            for (uint32_t d = 0; d < dim; ++d) {
+#pragma HLS PIPELINE II = 1
+                p.out[q][d] = p.out[q][d] * f;
+            }
+        }
+        p.max[q] = m[q];
+    }
+}
+
+// One tile (rows <= ATTEND_TILE) of a block's keys and values into the block's running partial
+// blk; sbuf and tmax are scratch.
 template <int GMAX, int DMAX>
 inline void attend_tile(const uint16_t* keys, const uint16_t* values, uint32_t rows, uint32_t dim,
                         uint8_t dtype, const float q[GMAX][DMAX], uint32_t g, float scale,
-                        float sbuf[][GMAX], Partials<GMAX, DMAX>& tile,
-                        Partials<GMAX, DMAX>& acc) {
+                        float sbuf[][GMAX], float tmax[GMAX], Partials<GMAX, DMAX>& blk) {
     if (rows == 0) return;
-    partials_clear<GMAX, DMAX>(tile);
-    tile_scores<GMAX, DMAX>(keys, rows, dim, dtype, q, scale, sbuf, tile.max);
-    tile_values<GMAX, DMAX>(values, rows, dim, dtype, g, sbuf, tile.max, tile.out, tile.sum);
-    partials_merge<GMAX, DMAX>(acc, tile, g, dim);
+    tile_scores<GMAX, DMAX>(keys, rows, dim, dtype, q, scale, sbuf, tmax);
+    partials_rescale<GMAX, DMAX>(blk, tmax, g, dim);
+    tile_values<GMAX, DMAX>(values, rows, dim, dtype, g, sbuf, blk.max, blk.out, blk.sum);
+}
+
+// One block (rows of keys and values) into acc: its partial, tile by tile, then the merge.
+template <int GMAX, int DMAX>
+inline void attend_block(const uint16_t* keys, const uint16_t* values, uint32_t rows,
+                         uint32_t dim, uint32_t words, uint8_t dtype, const float q[GMAX][DMAX],
+                         uint32_t g, float scale, float sbuf[][GMAX], Partials<GMAX, DMAX>& blk,
+                         Partials<GMAX, DMAX>& acc) {
+    float tmax[GMAX];
+#pragma HLS ARRAY_PARTITION variable = tmax complete
+    partials_clear<GMAX, DMAX>(blk);
+TILES:
+    for (uint32_t r = 0; r < rows; r += ATTEND_TILE) {
+        const uint32_t n = rows - r < ATTEND_TILE ? rows - r : ATTEND_TILE;
+        const uint64_t at = uint64_t(r) * dim * words;
+        attend_tile<GMAX, DMAX>(keys + at, values + at, n, dim, dtype, q, g, scale, sbuf, tmax,
+                                blk);
+    }
+    partials_merge<GMAX, DMAX>(acc, blk, g, dim);
 }
 
 }  // namespace cxlkv_hls

@@ -3,8 +3,6 @@
 
 #include <new>
 
-#include <vector>
-
 #include "cxlkv_ndp_attend.h"
 #include "cxlkv_ndp_kernel.h"
 #include "cxlkv_ndp_select.h"
@@ -82,8 +80,8 @@ struct cxlkv_hls_attend {
     uint32_t g, dim;
     float scale;
     float q[EGMAX][EDMAX];
-    Partials<EGMAX, EDMAX> acc, tile;
-    std::vector<float> sbuf; // [rows][EGMAX] scaled scores of the block being read
+    Partials<EGMAX, EDMAX> acc, blk;
+    float sbuf[ATTEND_TILE][EGMAX]; // a tile's scaled scores
 };
 
 namespace {
@@ -117,15 +115,9 @@ extern "C" void cxlkv_hls_attend_free(cxlkv_hls_attend* s) { delete s; }
 extern "C" int cxlkv_hls_attend_block(cxlkv_hls_attend* s, const uint16_t* keys,
                                       const uint16_t* values, uint32_t rows, uint8_t dtype) {
     if (dtype < CXLKV_HLS_DTYPE_F16 || dtype > CXLKV_HLS_DTYPE_F32) return -1;
-    try {
-        s->sbuf.resize(size_t(rows) * EGMAX);
-    } catch (...) {
-        return -1;
-    }
-    // The emulator hands whole blocks: one tile per block, the reference's unit of merging.
-    float(*sbuf)[EGMAX] = reinterpret_cast<float(*)[EGMAX]>(s->sbuf.data());
-    attend_tile<EGMAX, EDMAX>(keys, values, rows, s->dim, dtype, s->q, s->g, s->scale, sbuf,
-                              s->tile, s->acc);
+    const uint32_t words = dtype == CXLKV_HLS_DTYPE_F32 ? 2 : 1;
+    attend_block<EGMAX, EDMAX>(keys, values, rows, s->dim, words, dtype, s->q, s->g, s->scale,
+                               s->sbuf, s->blk, s->acc);
     return 0;
 }
 

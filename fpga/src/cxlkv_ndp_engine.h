@@ -39,8 +39,8 @@ struct cxlkv_hls_attend;
 struct cxlkv_hls_attend* cxlkv_hls_attend_new(uint32_t g, const float* queries, uint32_t dim,
                                               float scale);
 void cxlkv_hls_attend_free(struct cxlkv_hls_attend* s);
-/* One block (rows keys and rows values of dtype, as 16-bit words) as one tile: its partials,
- * merged into the command's. 0 on success, -1 on a bad dtype or allocation failure. */
+/* One block (rows keys and rows values of dtype, as 16-bit words): its partials (tiles of 64 rows,
+ * as the reference's attend_block), merged into the command's. 0 on success, -1 on a bad dtype. */
 int cxlkv_hls_attend_block(struct cxlkv_hls_attend* s, const uint16_t* keys,
                            const uint16_t* values, uint32_t rows, uint8_t dtype);
 /* The partials: out [g][dim], max [g], sum [g]. */

@@ -13,7 +13,6 @@ constexpr int KMAX = CXLKV_HLS_KMAX;
 constexpr int GMAX = CXLKV_HLS_GMAX;
 constexpr int DMAX = CXLKV_HLS_DMAX;
 constexpr int MAXB = CXLKV_HLS_MAX_BLOCKS;
-constexpr int TMAX = CXLKV_HLS_TMAX;
 
 // The block holding token t, or -1.
 int locate(const cxlkv_hls_block* blocks, uint32_t nblocks, uint32_t t, uint32_t& row) {
@@ -124,7 +123,7 @@ OUT_SEL:
         uint64_t(lists_n) * per_list * (8 + (gather ? dim * words * 2 : 0)) + uint64_t(lists_n) * 8;
 }
 
-// ATTEND: the G partials over the blocks, in list order, each block in tiles of TMAX rows.
+// ATTEND: the G partials over the blocks, in list order, each block in tiles of ATTEND_TILE rows.
 void attend(const cxlkv_ndp_cmd& cmd, float scale, const uint16_t* keys, const uint16_t* values,
             const float* queries, const cxlkv_hls_block* blocks, uint32_t words, float* att_out,
             cxlkv_ndp_partial* att_ms, cxlkv_ndp_cpl& c) {
@@ -137,24 +136,19 @@ LOAD_QA:
         uint32_t qi = i / DMAX, d = i % DMAX;
         q[qi][d] = (qi < g && d < dim) ? queries[qi * dim + d] : 0.0f;
     }
-    static float sbuf[TMAX][GMAX];
+    static float sbuf[ATTEND_TILE][GMAX];
 #pragma HLS ARRAY_PARTITION variable = sbuf complete dim = 2
-    static Partials<GMAX, DMAX> acc, tile;
+    static Partials<GMAX, DMAX> acc, blk;
 #pragma HLS ARRAY_PARTITION variable = acc.out complete dim = 1
-#pragma HLS ARRAY_PARTITION variable = tile.out complete dim = 1
+#pragma HLS ARRAY_PARTITION variable = blk.out complete dim = 1
     partials_clear<GMAX, DMAX>(acc);
 BLOCKS:
     for (uint32_t b = 0; b < cmd.nblocks; ++b) {
-        const cxlkv_hls_block blk = blocks[b];
-    TILES:
-        for (uint32_t r = 0; r < blk.tokens; r += TMAX) {
-            const uint32_t rows = blk.tokens - r < uint32_t(TMAX) ? blk.tokens - r : TMAX;
-            const uint64_t at = uint64_t(r) * dim * words;
-            attend_tile<GMAX, DMAX>(keys + blk.k_elem + at, values + blk.v_elem + at, rows, dim,
-                                    cmd.dtype, q, g, scale, sbuf, tile, acc);
-        }
+        const cxlkv_hls_block bl = blocks[b];
+        attend_block<GMAX, DMAX>(keys + bl.k_elem, values + bl.v_elem, bl.tokens, dim, words,
+                                 cmd.dtype, q, g, scale, sbuf, blk, acc);
         c.blocks_scanned += 1;
-        c.bytes_scanned += 2 * uint64_t(blk.tokens) * dim * words * 2;
+        c.bytes_scanned += 2 * uint64_t(bl.tokens) * dim * words * 2;
     }
 OUT_A:
     for (uint32_t qi = 0; qi < g; ++qi) {

@@ -37,11 +37,6 @@ extern "C" {
 #ifndef CXLKV_HLS_MAX_BLOCKS
 #define CXLKV_HLS_MAX_BLOCKS 1024
 #endif
-// ATTEND tile: rows of a block whose scaled scores are held on chip between the key and the value
-// pass (blocks of more rows are taken in tiles of this many).
-#ifndef CXLKV_HLS_TMAX
-#define CXLKV_HLS_TMAX 256
-#endif
 
 // Element type codes (cmd.dtype), as docs/FORMAT.md.
 #define CXLKV_HLS_DTYPE_F16 1

@@ -548,9 +548,9 @@ mod tests {
     use cxlkv_kernels::rng::SplitMix64;
     use cxlkv_kernels::{DType, ScoreKernel};
 
-    /// The HLS ATTEND unit returns the Rust reference's partials (per block `over_group` of the
-    /// canonical scores, merged in block order) for every dtype, G and block split. The library
-    /// calls the same expf as Rust's f32::exp, so they agree bit for bit.
+    /// The HLS ATTEND unit returns the Rust reference's partials (per block `attend_block`, merged
+    /// in block order) bit for bit, for every dtype, G and block split (blocks shorter and longer
+    /// than the 64-row chunk). The merge calls the same expf as Rust's f32::exp.
     #[test]
     fn attend_matches_the_reference() {
         let mut rng = SplitMix64::new(0xa77e);
@@ -576,9 +576,8 @@ mod tests {
                 for start in (0..n).step_by(block) {
                     let end = (start + block).min(n);
                     let (k, v) = (keys.slice(start, end), values.slice(start, end));
-                    let mut s = vec![0f32; (end - start) * g];
-                    ScoreKernel::scalar().score(&q, &k, &mut s);
-                    for (w, p) in want.iter_mut().zip(Partial::over_group(&v, &s, g, scale)) {
+                    let parts = cxlkv_kernels::attend_block(ScoreKernel::scalar(), &q, &k, &v, scale);
+                    for (w, p) in want.iter_mut().zip(parts) {
                         w.merge(&p);
                     }
                     hls.block(&k, &v);

@@ -6,10 +6,10 @@
 //! `f32 sum[g]`.
 //!
 //! The reference is the device's: per block (of `block_tokens` rows, the last one shorter), the
-//! partials of [`Partial::over_group`] over the block's canonical scores, merged in block order
-//! with [`Partial::merge`].
+//! partials of [`attend_block`] (the fused kernel: canonical scores, chunks of 64 rows folded
+//! online with the polynomial `exp_neg`), merged in block order with [`Partial::merge`].
 
-use cxlkv_kernels::{DType, KeyRows, Partial, QueryGroup, ScoreKernel};
+use cxlkv_kernels::{attend_block, DType, KeyRows, Partial, QueryGroup, ScoreKernel};
 use std::io::Write;
 use std::path::Path;
 
@@ -49,11 +49,9 @@ pub fn reference(
     while start < keys.len() {
         let end = (start + block_tokens).min(keys.len());
         let (k, v) = (keys.slice(start, end), values.slice(start, end));
-        let mut scores = vec![0f32; (end - start) * g];
-        ScoreKernel::scalar().score(queries, &k, &mut scores);
         for (a, p) in acc
             .iter_mut()
-            .zip(Partial::over_group(&v, &scores, g, scale))
+            .zip(attend_block(ScoreKernel::scalar(), queries, &k, &v, scale))
         {
             a.merge(&p);
         }
