@@ -1,10 +1,12 @@
 //! Compute engines of the device: the Rust kernels (`cxlkv-kernels`, the default) or the HLS
 //! kernel of `fpga/` compiled as a host library (`cxlkv-ndpd --engine hls`).
 //!
-//! The HLS sources (`fpga/src/cxlkv_ndp_kernel.h`, `cxlkv_ndp_engine.cpp`) are compiled by this
-//! crate's build script with the system C++ compiler and our HLS compatibility headers. The
-//! engine library runs the kernel's own dataflow functions (key reader, G-query dot-product unit,
-//! lane reducer, streaming top-k network) behind [`HlsScorer`], a [`BlockScorer`]; which blocks
+//! The HLS sources (`fpga/src/cxlkv_ndp_kernel.h`, `cxlkv_ndp_attend.h`, `cxlkv_ndp_select.h`,
+//! `cxlkv_ndp_engine.cpp`) are compiled by this crate's build script with the system C++ compiler
+//! and our HLS compatibility headers. The engine library runs the kernel's own dataflow functions
+//! (key reader, G-query dot-product unit, lane reducer, streaming top-k network) behind
+//! [`HlsScorer`], a [`BlockScorer`]; its selection unit behind [`HlsSelect`] (SCORE_TOPK with
+//! `FLAG_SELECT`) and its ATTEND unit behind [`HlsAttend`]; which blocks
 //! are read, in which order, and which are skipped is decided by the kernels' block-wise scan
 //! ([`cxlkv_kernels::PrunedScan`]) for both engines. The device keeps everything else (command
 //! checks, block resolution, pins, result encoding, block mass). Both engines compute scores in
@@ -576,7 +578,8 @@ mod tests {
                 for start in (0..n).step_by(block) {
                     let end = (start + block).min(n);
                     let (k, v) = (keys.slice(start, end), values.slice(start, end));
-                    let parts = cxlkv_kernels::attend_block(ScoreKernel::scalar(), &q, &k, &v, scale);
+                    let parts =
+                        cxlkv_kernels::attend_block(ScoreKernel::scalar(), &q, &k, &v, scale);
                     for (w, p) in want.iter_mut().zip(parts) {
                         w.merge(&p);
                     }

@@ -49,9 +49,9 @@ pub fn reference(
     while start < keys.len() {
         let end = (start + block_tokens).min(keys.len());
         let (k, v) = (keys.slice(start, end), values.slice(start, end));
-        for (a, p) in acc
-            .iter_mut()
-            .zip(attend_block(ScoreKernel::scalar(), queries, &k, &v, scale))
+        for (a, p) in
+            acc.iter_mut()
+                .zip(attend_block(ScoreKernel::scalar(), queries, &k, &v, scale))
         {
             a.merge(&p);
         }
