@@ -29,8 +29,9 @@ pub fn exp_neg(x: f32) -> f32 {
     const C2: f32 = -2.121_944_4e-4;
     // 1.5 × 2^23: adding and subtracting it rounds to the nearest integer (ties to even).
     const MAGIC: f32 = 12_582_912.0;
-    let x = x.max(-87.0);
-    let n = (x * LOG2E + MAGIC) - MAGIC;
+    let x = if x > -87.0 { x } else { -87.0 };
+    let t = x * LOG2E + MAGIC;
+    let n = t - MAGIC;
     let r = (x - n * C1) - n * C2;
     let mut p = 1.987_569_1e-4f32;
     p = p * r + 1.398_199_9e-3;
@@ -39,8 +40,10 @@ pub fn exp_neg(x: f32) -> f32 {
     p = p * r + 0.166_666_65;
     p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
-    // n is an integer in [-126, 0]: 2^n is a normal float.
-    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    // n is an integer in [-126, 0], held in the low bits of `t`: 2^n is a normal float, built
+    // with wrapping integer operations (which vectorize, unlike a float-to-int cast).
+    let biased = t.to_bits().wrapping_sub(MAGIC.to_bits()).wrapping_add(127);
+    y * f32::from_bits(biased << 23)
 }
 
 /// The partials of the `G` queries over `keys` / `values` (the same number of rows), each score
@@ -231,33 +234,70 @@ fn accumulate(out: &mut [f32], vals: &[f32], w: &[f32], g: usize, j: usize) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn accumulate_avx512(out: &mut [f32], vals: &[f32], w: &[f32], g: usize, j: usize) {
-    use std::arch::x86_64::*;
     let dim = out.len();
     let rows = vals.len() / dim;
     assert!(dim.is_multiple_of(16) && j < g && w.len() >= rows * g && vals.len() == rows * dim);
     let mut d0 = 0;
     while d0 < dim {
         let nk = ((dim - d0) / 16).min(8);
-        // SAFETY: every access is inside the asserted bounds: `out[d0 + 16k..][..16]` and
-        // `vals[i * dim + d0 + 16k..][..16]` with `d0 + 16 nk <= dim`, `i < rows`, and
-        // `w[i * g + j]` with `j < g`; loads and stores are unaligned.
+        // SAFETY: AVX-512F (the caller's contract); `d0 + 16 nk <= dim` and the asserts above
+        // are `accumulate_cols`' bounds.
         unsafe {
-            let mut acc = [_mm512_setzero_ps(); 8];
-            for (k, a) in acc.iter_mut().enumerate().take(nk) {
-                *a = _mm512_loadu_ps(out.as_ptr().add(d0 + 16 * k));
-            }
-            for i in 0..rows {
-                let wv = _mm512_set1_ps(*w.get_unchecked(i * g + j));
-                let v = vals.as_ptr().add(i * dim + d0);
-                for (k, a) in acc.iter_mut().enumerate().take(nk) {
-                    *a = _mm512_add_ps(*a, _mm512_mul_ps(wv, _mm512_loadu_ps(v.add(16 * k))));
-                }
-            }
-            for (k, a) in acc.iter().enumerate().take(nk) {
-                _mm512_storeu_ps(out.as_mut_ptr().add(d0 + 16 * k), *a);
+            match nk {
+                8 => accumulate_cols::<8>(out, vals, w, g, j, d0),
+                7 => accumulate_cols::<7>(out, vals, w, g, j, d0),
+                6 => accumulate_cols::<6>(out, vals, w, g, j, d0),
+                5 => accumulate_cols::<5>(out, vals, w, g, j, d0),
+                4 => accumulate_cols::<4>(out, vals, w, g, j, d0),
+                3 => accumulate_cols::<3>(out, vals, w, g, j, d0),
+                2 => accumulate_cols::<2>(out, vals, w, g, j, d0),
+                _ => accumulate_cols::<1>(out, vals, w, g, j, d0),
             }
         }
         d0 += 16 * nk;
+    }
+}
+
+/// Columns `d0..d0 + 16 NK` of [`accumulate_avx512`], the `NK` accumulators in registers.
+///
+/// # Safety
+/// AVX-512F present; `d0 + 16 NK <= out.len() = dim`, `vals.len() = rows × dim`,
+/// `w.len() >= rows × g`, `j < g`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn accumulate_cols<const NK: usize>(
+    out: &mut [f32],
+    vals: &[f32],
+    w: &[f32],
+    g: usize,
+    j: usize,
+    d0: usize,
+) {
+    use std::arch::x86_64::*;
+    let dim = out.len();
+    let rows = vals.len() / dim;
+    // SAFETY: every access is inside the caller's bounds: `out[d0 + 16k..][..16]` and
+    // `vals[i * dim + d0 + 16k..][..16]` with `k < NK`, `i < rows`, and `w[i * g + j]`; loads
+    // and stores are unaligned.
+    unsafe {
+        let mut acc = [_mm512_setzero_ps(); NK];
+        for (k, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_loadu_ps(out.as_ptr().add(d0 + 16 * k));
+        }
+        let mut v = vals.as_ptr().add(d0);
+        let mut wp = w.as_ptr().add(j);
+        for _ in 0..rows {
+            let wv = _mm512_set1_ps(*wp);
+            for (k, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(wv, _mm512_loadu_ps(v.add(16 * k))));
+            }
+            v = v.wrapping_add(dim);
+            wp = wp.wrapping_add(g);
+        }
+        for (k, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out.as_mut_ptr().add(d0 + 16 * k), *a);
+        }
     }
 }
 
