@@ -1,7 +1,7 @@
 //! Writes the selection golden sets of the HLS kernel's C-simulation test bench (fpga/tb) from the
 //! Rust reference, the selection every engine's device and the host fallback run
 //! (`cxlkv_runtime::ndp::select::Selection`):
-//! `cargo run --release -p cxlkv-ndp --example golden_select -- OUT_DIR`.
+//! `cargo run -p cxlkv-ndp --example golden_select -- OUT_DIR`.
 //!
 //! One file per set, `OUT_DIR/NAME.gsel`, little-endian: `b"CXLKVGS1"`,
 //! `u32 dtype, dim, tokens, block_tokens, nblocks, ncases`, the keys (`tokens * dim` raw
