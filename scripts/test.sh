@@ -50,6 +50,7 @@ step "QEMU test bed (guest with ivshmem and CXL type-3 memory, host-side cxlkv-n
 
 step "HLS kernel C simulation (fpga: golden vectors from the Rust reference, g++ test bench)"
 make -C fpga csim
+make -C fpga csim-ulp   # ATTEND and selection with an exp off by 4 ulp: within the stated tolerance
 
 echo
 echo "all tests passed"
