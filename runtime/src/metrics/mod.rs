@@ -111,7 +111,7 @@ impl Outcome {
 }
 
 /// The reasons of a host fallback, in label order.
-pub const FALLBACKS: [FallbackReason; 7] = [
+pub const FALLBACKS: [FallbackReason; 8] = [
     FallbackReason::Absent,
     FallbackReason::Dead,
     FallbackReason::Timeout,
@@ -119,6 +119,7 @@ pub const FALLBACKS: [FallbackReason; 7] = [
     FallbackReason::TooLarge,
     FallbackReason::DeviceRetry,
     FallbackReason::Forced,
+    FallbackReason::Unsupported,
 ];
 
 /// The `reason` label of a host fallback.
@@ -131,6 +132,7 @@ pub fn fallback_name(why: FallbackReason) -> &'static str {
         FallbackReason::TooLarge => "too_large",
         FallbackReason::DeviceRetry => "device_retry",
         FallbackReason::Forced => "forced",
+        FallbackReason::Unsupported => "unsupported",
     }
 }
 
