@@ -45,7 +45,7 @@ CXLKV_NDPD="$target_dir/debug/cxlkv-ndpd" "$venv/bin/python" -m pytest -q -rs py
 step "cxlkv topo"
 cargo run -q --features cxlkv-runtime/hwloc -- topo
 
-step "QEMU test bed (guest with ivshmem and CXL type-3 memory, host-side cxlkv-ndpd; fails if a dependency cannot be installed)"
+step "QEMU test bed (guest with ivshmem and CXL type-3 memory, two guests on one region, host-side cxlkv-ndpd; fails if a dependency cannot be installed)"
 ./ndp-emulator/qemu/testbed.sh test
 
 step "HLS kernel C simulation (fpga: golden vectors from the Rust reference, g++ test bench)"

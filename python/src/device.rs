@@ -177,6 +177,8 @@ impl PyDevice {
             },
             prune,
             gather_values,
+            scale: 1.0 / (dim.max(1) as f32).sqrt(),
+            select: Default::default(),
         };
         if dim == 0 || qs.is_empty() || !qs.len().is_multiple_of(dim) || k == 0 {
             return Err(Fail::bad(format!(
