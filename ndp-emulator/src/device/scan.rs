@@ -92,6 +92,9 @@ impl Device {
                 )?),
             };
             let (got, stats) = self.select_scan(selection, &queries, &blocks, dtype, group_max)?;
+            // Lists padded only to the longest one, not to `k`: a top-p list is usually far
+            // shorter than its cap, and every padding row would cross the link.
+            let per_list = got.lists.iter().map(Vec::len).max().unwrap_or(0).max(1);
             let values = if gather {
                 // Each list's rows padded to `per_list` (zero rows), as the result lays them out.
                 let row = dim * dtype.size();
