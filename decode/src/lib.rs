@@ -6,6 +6,7 @@
 //! (selections made by the device, value rows gathered), with layers kept exact on request.
 //! [`ModeSpec`] is how users name them.
 
+mod backend;
 mod daemon;
 mod env;
 mod error;
