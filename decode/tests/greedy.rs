@@ -60,7 +60,10 @@ fn greedy_tokens_are_identical_across_modes_and_devices() {
         .map(|p| model.tokenizer().encode(p))
         .collect();
     let longest = prompts.iter().map(Vec::len).max().unwrap();
-    assert!(prompts.iter().all(|p| p.len() > BLOCK), "prompts fill a block");
+    assert!(
+        prompts.iter().all(|p| p.len() > BLOCK),
+        "prompts fill a block"
+    );
     let dense: Vec<Vec<u32>> = prompts
         .iter()
         .map(|p| {
@@ -144,7 +147,10 @@ fn topk_value_rows_follow_the_budget() {
             (8 + forced).min(stored) + held - stored
         })
         .sum();
-    assert_eq!(decode_heads, ((NEW - 1) * shape.heads * shape.layers) as u64);
+    assert_eq!(
+        decode_heads,
+        ((NEW - 1) * shape.heads * shape.layers) as u64
+    );
     assert_eq!(
         decode_rows,
         (expected * shape.heads * shape.layers) as u64,

@@ -4,7 +4,7 @@
 
 use super::{human, Error, Result};
 use clap::Args;
-use cxlkv::decode::{find_ndpd, DeviceChoice, Env, EnvOptions, ModeSpec, MODES};
+use cxlkv::decode::{find_ndpd, DeviceChoice, Env, EnvOptions, ModeSpec, Phased, MODES};
 use cxlkv::model::{generate, Attention, AttentionStats, Model, WeightFormat};
 use std::io::Write;
 use std::path::PathBuf;
@@ -105,41 +105,6 @@ fn device_of(a: &GenerateArgs) -> Result<DeviceChoice> {
     }
 }
 
-/// Wraps a backend to snapshot its statistics when the first decode step starts (the second
-/// forward), so that the decode phase's traffic is reported apart from the prefill's.
-struct Phases<'a> {
-    inner: &'a mut dyn Attention,
-    forwards: usize,
-    at_decode: Option<AttentionStats>,
-}
-
-impl Attention for Phases<'_> {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn len(&self, layer: usize) -> usize {
-        self.inner.len(layer)
-    }
-    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> cxlkv::model::Result<()> {
-        if layer == 0 {
-            self.forwards += 1;
-            if self.forwards == 2 {
-                self.at_decode = Some(self.inner.stats());
-            }
-        }
-        self.inner.append(layer, k, v)
-    }
-    fn attend(&mut self, layer: usize, q: &[f32], out: &mut [f32]) -> cxlkv::model::Result<()> {
-        self.inner.attend(layer, q, out)
-    }
-    fn clear(&mut self) {
-        self.inner.clear()
-    }
-    fn stats(&self) -> AttentionStats {
-        self.inner.stats()
-    }
-}
-
 /// Runs `cxlkv generate`.
 pub fn run(a: &GenerateArgs) -> Result<ExitCode> {
     let spec = mode_of(a)?;
@@ -210,11 +175,7 @@ pub fn run(a: &GenerateArgs) -> Result<ExitCode> {
     );
     let mut stream = tk.stream();
     let mut out = std::io::stdout().lock();
-    let mut phases = Phases {
-        inner: attn.as_mut(),
-        forwards: 0,
-        at_decode: None,
-    };
+    let mut phases = Phased::new(attn.as_mut());
     let stats = generate(&model, &mut phases, &ids, a.n, |id| {
         let text = stream.push(id)?;
         // A closed stdout (`| head`) ends the run; it is not a model error.
@@ -238,9 +199,7 @@ pub fn run(a: &GenerateArgs) -> Result<ExitCode> {
             ""
         }
     );
-    let total = phases.stats();
-    let prefill = phases.at_decode.unwrap_or(total);
-    let decode = total.since(&prefill);
+    let (prefill, decode) = (phases.prefill(), phases.decode());
     eprintln!("{}", describe_traffic("prefill", &prefill, 1));
     // Each decode step runs one token: every generated token but the last.
     let steps = stats.generated.saturating_sub(1);
