@@ -98,6 +98,7 @@ pub struct Env {
     shape: AttentionShape,
     nonce: u64,
     kv_capacity: usize,
+    staging: usize,
     spec: String,
     private: bool,
 }
@@ -248,6 +249,7 @@ impl Env {
             shape,
             nonce,
             kv_capacity,
+            staging,
             spec: backend.to_string(),
             private,
         })
@@ -308,6 +310,11 @@ impl Env {
     /// KV blocks the participant's partition holds beside the staging blocks.
     pub(crate) fn kv_capacity(&self) -> usize {
         self.kv_capacity
+    }
+
+    /// Commands the client can have in flight (its staging blocks).
+    pub(crate) fn staging(&self) -> usize {
+        self.staging
     }
 
     /// A number unique to this run, mixed into block keys (several runs may share a pool).

@@ -3,9 +3,11 @@
 //! command per KV head, all in flight together) and the host merges it with its own partial over
 //! the open block by the log-sum-exp rule of split-K ("flash") decoding.
 //!
-//! A prefill (several queries at once, each seeing a different prefix) is computed on the host
-//! over the stored and open rows, as `pool` does: the rows of the prompt are still in host memory
-//! then, so only blocks stored before the prefill are read back.
+//! Several queries at once (a prefill, or a chunk of a long text), each seeing its own causal
+//! prefix: the device takes the stored blocks that every one of them sees whole (those stored
+//! before the call), packing the queries of several tokens into one command (up to 16 queries);
+//! the host takes the rows after them, up to each query's own position. Before any block is
+//! stored, everything is on the host.
 
 use crate::env::Env;
 use crate::host::{dense_attend, group_partials};
@@ -71,13 +73,17 @@ impl Attention for NdpExact<'_> {
         }
         let held = self.store.len(layer);
         let t = check_attend(&shape, &self.name, held, q, out)?;
-        let stored = self.store.stored_len(layer);
-        if t > 1 || stored == 0 {
+        // The device takes the stored blocks every query sees whole; the host the rows after.
+        let bt = self.store.block_tokens();
+        let n_dev = self.store.stored(layer).len().min((held - t + 1) / bt);
+        let dev_end = n_dev * bt;
+        let dtype = self.store.dtype();
+        if n_dev == 0 || dev_end < self.store.tail_start(layer) {
             let rows = self.store.all_rows(layer)?;
             dense_attend(
                 &shape,
                 &self.kernel,
-                self.store.dtype(),
+                dtype,
                 &rows.k,
                 &rows.v,
                 held,
@@ -89,51 +95,83 @@ impl Attention for NdpExact<'_> {
             return Ok(());
         }
         let (d, g) = (shape.head_dim, shape.group());
-        let mut ndp = self.env.ndp();
-        let mut tickets = Vec::with_capacity(shape.kv_heads);
-        for kv in 0..shape.kv_heads {
-            let req = AttendRequest {
-                queries: &q[kv * g * d..(kv + 1) * g * d],
-                dim: d,
-                blocks: self.store.stored(layer),
-                sequence: self.store.sequence(),
-                layer: layer as u32,
-                kv_head: kv as u32,
-                dtype: self.store.dtype(),
-                scale: shape.scale,
-            };
-            tickets.push(
-                ndp.submit_attend(&req)
-                    .map_err(|e| self.store.err(format!("ATTEND of layer {layer}: {e}")))?,
-            );
+        let row = shape.heads * d;
+        let group = |i: usize, kv: usize| &q[i * row + kv * g * d..i * row + (kv + 1) * g * d];
+        // One command per KV head and run of tokens whose queries fit a device group (<= 16).
+        let per_cmd = (16 / g).max(1);
+        let jobs: Vec<(usize, usize, usize)> = (0..shape.kv_heads)
+            .flat_map(|kv| {
+                (0..t)
+                    .step_by(per_cmd)
+                    .map(move |i| (kv, i, (i + per_cmd).min(t)))
+            })
+            .collect();
+        let mut parts = Vec::with_capacity(jobs.len());
+        {
+            let mut ndp = self.env.ndp();
+            let blocks = &self.store.stored(layer)[..n_dev];
+            // As many in flight as the client has staging blocks.
+            for wave in jobs.chunks(self.env.staging()) {
+                let mut tickets = Vec::with_capacity(wave.len());
+                for &(kv, i0, i1) in wave {
+                    let queries: Vec<f32> = (i0..i1)
+                        .flat_map(|i| group(i, kv).iter().copied())
+                        .collect();
+                    let req = AttendRequest {
+                        queries: &queries,
+                        dim: d,
+                        blocks,
+                        sequence: self.store.sequence(),
+                        layer: layer as u32,
+                        kv_head: kv as u32,
+                        dtype,
+                        scale: shape.scale,
+                    };
+                    tickets
+                        .push(ndp.submit_attend(&req).map_err(|e| {
+                            self.store.err(format!("ATTEND of layer {layer}: {e}"))
+                        })?);
+                }
+                for (ticket, &(_, i0, i1)) in tickets.into_iter().zip(wave) {
+                    let got = ndp
+                        .wait_attend(ticket)
+                        .map_err(|e| self.store.err(format!("ATTEND of layer {layer}: {e}")))?;
+                    count(&mut self.stats, &got.stats);
+                    if got.partials.len() != (i1 - i0) * g {
+                        return Err(self.store.err(format!(
+                            "ATTEND returned {} partials for {} queries",
+                            got.partials.len(),
+                            (i1 - i0) * g
+                        )));
+                    }
+                    parts.push(got.partials);
+                }
+            }
         }
-        for (kv, ticket) in tickets.into_iter().enumerate() {
-            let got = ndp
-                .wait_attend(ticket)
-                .map_err(|e| self.store.err(format!("ATTEND of layer {layer}: {e}")))?;
-            count(&mut self.stats, &got.stats);
-            if got.partials.len() != g {
-                return Err(self.store.err(format!(
-                    "ATTEND returned {} partials for a group of {g}",
-                    got.partials.len()
-                )));
+        let rb = d * dtype.size();
+        for (&(kv, i0, i1), dev) in jobs.iter().zip(parts) {
+            let mut dev = dev.into_iter();
+            for i in i0..i1 {
+                let visible = held - t + i + 1;
+                let n = (visible - dev_end) * rb;
+                let open = group_partials(
+                    &shape,
+                    &self.kernel,
+                    dtype,
+                    &self.store.host_rows(layer, kv, dev_end, false)[..n],
+                    &self.store.host_rows(layer, kv, dev_end, true)[..n],
+                    group(i, kv),
+                    &mut self.scores,
+                );
+                for (j, o) in open.iter().enumerate() {
+                    let mut p = dev.next().expect("partials counted above");
+                    p.merge(o);
+                    let at = i * row + (kv * g + j) * d;
+                    p.finish_into(&mut out[at..at + d]);
+                }
+                self.stats.query_heads += g as u64;
+                self.stats.value_rows += (g * visible) as u64;
             }
-            let open = group_partials(
-                &shape,
-                &self.kernel,
-                self.store.dtype(),
-                self.store.host_rows(layer, kv, stored, false),
-                self.store.host_rows(layer, kv, stored, true),
-                &q[kv * g * d..(kv + 1) * g * d],
-                &mut self.scores,
-            );
-            for (j, (mut p, o)) in got.partials.into_iter().zip(open).enumerate() {
-                p.merge(&o);
-                let at = (kv * g + j) * d;
-                p.finish_into(&mut out[at..at + d]);
-            }
-            self.stats.query_heads += g as u64;
-            self.stats.value_rows += (g * held) as u64;
         }
         Ok(())
     }

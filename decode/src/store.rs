@@ -92,6 +92,15 @@ impl<'e> Store<'e> {
         self.shape
     }
 
+    pub(crate) fn block_tokens(&self) -> usize {
+        self.block_tokens
+    }
+
+    /// First position of `layer` kept in host memory.
+    pub(crate) fn tail_start(&self, layer: usize) -> usize {
+        self.layers[layer].tail.start
+    }
+
     pub(crate) fn dtype(&self) -> DType {
         self.dtype
     }
