@@ -3,7 +3,8 @@
 //! `ndp-exact` (device in a thread and as a `cxlkv-ndpd` process), `topk` with a budget over
 //! every position and `topp:1.0`; and the statistics say what crossed the link. A short version
 //! (a few tokens, small blocks so that several are stored and the open block is not empty); the
-//! README gives the 3 x 128-token run.
+//! full run: `CXLKV_GREEDY_TOKENS=128 cargo test --release -p cxlkv-decode --test greedy`
+//! (`CXLKV_GREEDY_BLOCK` sets the block size, default 16).
 
 use cxlkv_decode::{find_ndpd, DeviceChoice, Env, EnvOptions, ModeSpec};
 use cxlkv_model::{generate, Attention, AttentionStats, Model, WeightFormat};
@@ -15,8 +16,22 @@ const PROMPTS: [&str; 3] = [
     "To bake a simple loaf of bread you need flour, water, salt and yeast. First, mix",
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n",
 ];
-const NEW: usize = 8;
-const BLOCK: usize = 16;
+/// Tokens generated per prompt and mode (`CXLKV_GREEDY_TOKENS`, default 8).
+fn new_tokens() -> usize {
+    env_or("CXLKV_GREEDY_TOKENS", 8)
+}
+
+/// Positions per stored block (`CXLKV_GREEDY_BLOCK`, default 16).
+fn block() -> usize {
+    env_or("CXLKV_GREEDY_BLOCK", 16)
+}
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
 
 fn model_path() -> Option<PathBuf> {
     let path = match std::env::var_os("CXLKV_MODEL") {
@@ -42,7 +57,7 @@ fn model_path() -> Option<PathBuf> {
 fn tokens(model: &Model, attn: &mut dyn Attention, prompt: &[u32]) -> (Vec<u32>, AttentionStats) {
     let mut out = Vec::new();
     let before = attn.stats();
-    generate(model, attn, prompt, NEW, |id| {
+    generate(model, attn, prompt, new_tokens(), |id| {
         out.push(id);
         Ok(())
     })
@@ -53,6 +68,7 @@ fn tokens(model: &Model, attn: &mut dyn Attention, prompt: &[u32]) -> (Vec<u32>,
 #[test]
 fn greedy_tokens_are_identical_across_modes_and_devices() {
     let Some(path) = model_path() else { return };
+    let (new, block) = (new_tokens(), block());
     let model = Model::load(&path, WeightFormat::F32).unwrap();
     let shape = model.attention_shape();
     let prompts: Vec<Vec<u32>> = PROMPTS
@@ -61,7 +77,7 @@ fn greedy_tokens_are_identical_across_modes_and_devices() {
         .collect();
     let longest = prompts.iter().map(Vec::len).max().unwrap();
     assert!(
-        prompts.iter().all(|p| p.len() > BLOCK),
+        prompts.iter().all(|p| p.len() > block),
         "prompts fill a block"
     );
     let dense: Vec<Vec<u32>> = prompts
@@ -78,10 +94,10 @@ fn greedy_tokens_are_identical_across_modes_and_devices() {
     for device in [DeviceChoice::Thread, DeviceChoice::Ndpd(ndpd)] {
         let opts = EnvOptions {
             device: device.clone(),
-            block_tokens: BLOCK,
+            block_tokens: block,
             ..EnvOptions::default()
         };
-        let env = Env::open(&opts, shape, longest + NEW).unwrap();
+        let env = Env::open(&opts, shape, longest + new).unwrap();
         eprintln!("{}", env.describe());
         // The device's own modes on both devices; `pool` and the selections once.
         let modes: &[&str] = match device {
@@ -97,6 +113,11 @@ fn greedy_tokens_are_identical_across_modes_and_devices() {
                 assert_eq!(
                     got, dense[i],
                     "{mode} on {device:?}, prompt {i}: greedy tokens differ from dense"
+                );
+                eprintln!(
+                    "{mode} on {device:?}, prompt {i} ({} tokens): {} tokens identical to dense",
+                    prompt.len(),
+                    got.len()
                 );
                 *link.entry(*mode).or_insert(0) += st.link_read_bytes;
                 if *mode != "pool" {
@@ -118,19 +139,20 @@ fn greedy_tokens_are_identical_across_modes_and_devices() {
 #[test]
 fn topk_value_rows_follow_the_budget() {
     let Some(path) = model_path() else { return };
+    let (new, block) = (new_tokens(), block());
     let model = Model::load(&path, WeightFormat::F32).unwrap();
     let shape = model.attention_shape();
     let prompt = model.tokenizer().encode(&PROMPTS.join(" "));
     let opts = EnvOptions {
-        block_tokens: BLOCK,
+        block_tokens: block,
         sinks: 2,
         window: 8,
         ..EnvOptions::default()
     };
-    let env = Env::open(&opts, shape, prompt.len() + NEW).unwrap();
+    let env = Env::open(&opts, shape, prompt.len() + new).unwrap();
     let mut b = env.backend(&ModeSpec::parse("topk:8").unwrap(), 1).unwrap();
     let (got, st) = tokens(&model, b.as_mut(), &prompt);
-    assert_eq!(got.len(), NEW);
+    assert_eq!(got.len(), new);
     // The decode steps only (the prefill is exact): per query head, the 8 best + the 2 sinks +
     // the stored part of the 8-position window (all capped at the stored positions), + the open
     // rows.
@@ -138,10 +160,10 @@ fn topk_value_rows_follow_the_budget() {
     model.forward(&prompt, &mut prefill).unwrap();
     let decode_rows = st.value_rows - prefill.stats().value_rows;
     let decode_heads = st.query_heads - prefill.stats().query_heads;
-    let expected: usize = (1..NEW)
+    let expected: usize = (1..new)
         .map(|s| {
             let held = prompt.len() + s;
-            let stored = held / BLOCK * BLOCK;
+            let stored = held / block * block;
             let window_start = held.saturating_sub(8).min(stored);
             let forced = 2 + stored - window_start.max(2);
             (8 + forced).min(stored) + held - stored
@@ -149,13 +171,13 @@ fn topk_value_rows_follow_the_budget() {
         .sum();
     assert_eq!(
         decode_heads,
-        ((NEW - 1) * shape.heads * shape.layers) as u64
+        ((new - 1) * shape.heads * shape.layers) as u64
     );
     assert_eq!(
         decode_rows,
         (expected * shape.heads * shape.layers) as u64,
         "value rows of {} decode steps over {} positions",
-        NEW - 1,
+        new - 1,
         prompt.len()
     );
 }
