@@ -8,18 +8,21 @@
 # the expected initiation intervals and the resource estimates.
 set do_cosim [expr {[llength $argv] > 0 && [lindex $argv 0] eq "cosim"}]
 set here [file dirname [file normalize [info script]]]
-set golden [lsort [glob -nocomplain $here/golden/*.gold]]
+set golden [lsort [glob -nocomplain $here/golden/*.gold $here/golden/*.gatt $here/golden/*.gsel]]
 if {[llength $golden] == 0} {
     puts "no golden vectors in $here/golden: run 'make golden' first"
     exit 1
 }
-# The synthesized top reads the golden sets that fit its limits (k <= 256, G <= 4, d <= 128): all.
+# The synthesized top reads the golden sets that fit its limits (k <= 256, G <= 4, d <= 128): all
+# (SCORE_TOPK .gold, ATTEND .gatt, selection .gsel).
 set cflags "-std=c++14 -ffp-contract=off -I$here/src"
 
 open_project -reset hls_prj
 set_top cxlkv_ndp_top
 add_files $here/src/cxlkv_ndp_kernel.cpp -cflags $cflags
-add_files -tb $here/tb/tb.cpp -cflags "$cflags -Wno-unknown-pragmas"
+foreach tb {tb.cpp tb_attend.cpp tb_select.cpp} {
+    add_files -tb $here/tb/$tb -cflags "$cflags -Wno-unknown-pragmas"
+}
 open_solution -reset sol_u280 -flow_target vitis
 set_part xcu280-fsvh2892-2L-e
 create_clock -period 3.33 -name default

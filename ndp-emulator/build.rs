@@ -11,6 +11,8 @@ fn main() {
         "src/cxlkv_ndp_engine.cpp",
         "src/cxlkv_ndp_engine.h",
         "src/cxlkv_ndp_kernel.h",
+        "src/cxlkv_ndp_attend.h",
+        "src/cxlkv_ndp_select.h",
         "src/cxlkv_hls_types.h",
         "include/hls_compat/hls_stream.h",
     ] {

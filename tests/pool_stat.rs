@@ -69,3 +69,86 @@ fn pool_stat_watches_before_it_judges() {
     drop(pool);
     Region::unlink(&backend).unwrap();
 }
+
+/// The samples of a Prometheus text exposition by `name{labels}`, after checking its shape: every
+/// sample's family has a `# TYPE` line before it, and the text ends with `# EOF`.
+fn parse_exposition(text: &str) -> std::collections::HashMap<String, f64> {
+    let mut types = std::collections::HashMap::new();
+    let mut samples = std::collections::HashMap::new();
+    assert_eq!(text.lines().last(), Some("# EOF"), "{text}");
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            assert!(["counter", "gauge", "histogram"].contains(&kind), "{line}");
+            types.insert(name.to_string(), kind.to_string());
+        } else if !line.starts_with('#') {
+            let (series, value) = line.rsplit_once(' ').unwrap();
+            let name = series.split('{').next().unwrap();
+            let family = name.strip_suffix("_total").unwrap_or(name);
+            let kind = types
+                .get(family)
+                .unwrap_or_else(|| panic!("no # TYPE before {line}"));
+            assert_eq!(kind == "counter", name.ends_with("_total"), "{line}");
+            samples.insert(series.to_string(), value.parse::<f64>().unwrap());
+        }
+    }
+    samples
+}
+
+fn prometheus(spec: &str) -> std::collections::HashMap<String, f64> {
+    let out = Command::new(env!("CARGO_BIN_EXE_cxlkv"))
+        .args(["pool", "stat", spec, "--watch-ms", "0", "--prometheus"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}");
+    parse_exposition(&text)
+}
+
+#[test]
+fn pool_stat_prometheus_counts_known_operations() {
+    let name = format!("cxlkv-stat-prom-{}", std::process::id());
+    let spec = format!("shm:{name}");
+    let backend: Backend = spec.parse().unwrap();
+    let cfg = PoolConfig {
+        block_size: 4096,
+        participants: 2,
+        ..Default::default()
+    };
+    let pool = Pool::create_on(&backend, 16 << 20, &cfg, &RegionOptions::default()).unwrap();
+    let me = pool.attach().unwrap();
+    let (id, pid, part) = (me.id(), std::process::id(), me.partition().unwrap());
+    let who = format!("{{participant=\"{id}\",pid=\"{pid}\"}}");
+    let series = |m: &str| format!("cxlkv_pool_participant_{m}{who}");
+    let partition = |m: &str| format!("cxlkv_pool_partition_{m}{{partition=\"{part}\"}}");
+
+    let before = prometheus(&spec);
+    for m in ["puts_total", "hits_total", "misses_total", "pins_total"] {
+        assert_eq!(before[&series(m)], 0.0, "{m}");
+    }
+    assert_eq!(before[&partition("blocks")], 0.0);
+    let capacity = before[&partition("capacity_blocks")];
+    assert!(capacity > 0.0);
+
+    let key = |i: u64| cxlkv::runtime::Key::from_parts(i, 7);
+    for i in 0..3 {
+        me.put(key(i), &[i as u8; 100]).unwrap();
+    }
+    assert!(me.get(key(0)).unwrap().is_some());
+    assert!(me.get(key(1)).unwrap().is_some());
+    assert!(me.get(key(9)).unwrap().is_none());
+    drop(me.pin(key(2)).unwrap());
+
+    let after = prometheus(&spec);
+    assert_eq!(after[&series("puts_total")], 3.0);
+    assert_eq!(after[&series("hits_total")], 2.0);
+    assert_eq!(after[&series("misses_total")], 1.0);
+    assert_eq!(after[&series("pins_total")], 1.0);
+    assert_eq!(after[&partition("blocks")], 3.0);
+    assert_eq!(after[&partition("occupancy_ratio")], 3.0 / capacity);
+    assert_eq!(after[&series("occupancy_ratio")], 3.0 / capacity);
+
+    drop(me);
+    drop(pool);
+    Region::unlink(&backend).unwrap();
+}

@@ -276,6 +276,18 @@ int main(int argc, char **argv) {
     cxlkv_stats st;
     CHECK(cxlkv_participant_stats(a, &st));
     printf("engine A counters: %llu puts\n", (unsigned long long)st.puts);
+    /* This process's metrics: calls, bytes and latency per operation, device fallbacks. */
+    cxlkv_metrics m;
+    memset(&m, 0, sizeof m);
+    m.size = sizeof m;
+    CHECK(cxlkv_metrics_read(&m));
+    uint64_t puts = m.put.ok + m.put.error;
+    printf("engine A metrics: %llu puts (%llu bytes, mean %.1f us), %llu device top-k, "
+           "%llu host fallbacks\n",
+           (unsigned long long)puts, (unsigned long long)m.put.bytes_in,
+           puts ? m.put.latency_ns / 1e3 / (double)puts : 0.0,
+           (unsigned long long)(m.score_topk.ok + m.score_topk.error),
+           (unsigned long long)m.device_fallbacks);
     CHECK(cxlkv_participant_detach(a));
     CHECK(cxlkv_pool_close(pool));
     CHECK(cxlkv_pool_unlink(spec));

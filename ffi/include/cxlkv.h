@@ -235,6 +235,48 @@ typedef struct cxlkv_ndp_stats {
   uint64_t elapsed_ns;
 } cxlkv_ndp_stats;
 
+// One operation's figures in `cxlkv_metrics`.
+typedef struct cxlkv_op_metrics {
+  // Calls that succeeded.
+  uint64_t ok;
+  // Calls that found no block under their key (gets, pins, deletes).
+  uint64_t miss;
+  // Calls that failed.
+  uint64_t error;
+  // Bytes the caller handed in (put payloads, device query vectors).
+  uint64_t bytes_in;
+  // Bytes handed back (get payloads, device hits and value rows).
+  uint64_t bytes_out;
+  // Sum of the calls' latencies, nanoseconds (divide by ok + miss + error for the mean).
+  uint64_t latency_ns;
+} cxlkv_op_metrics;
+
+// This process's metrics (`cxlkv_metrics_read`). Set `size` to `sizeof(cxlkv_metrics)` before
+// the call: a library built with more fields writes only the first `size` bytes, and one with
+// fewer writes what it has and stores that size back.
+typedef struct cxlkv_metrics {
+  // Bytes of this struct the caller provides; on return, the bytes written.
+  uint64_t size;
+  // `cxlkv_participant_put`.
+  struct cxlkv_op_metrics put;
+  // `cxlkv_participant_get`.
+  struct cxlkv_op_metrics get;
+  // `cxlkv_participant_pin`.
+  struct cxlkv_op_metrics pin;
+  // `cxlkv_participant_delete`.
+  struct cxlkv_op_metrics del;
+  // `cxlkv_device_score_topk`.
+  struct cxlkv_op_metrics score_topk;
+  // `cxlkv_device_gather`.
+  struct cxlkv_op_metrics gather;
+  // Device commands computed on the host (device absent, dead, late, busy, or asked for).
+  uint64_t device_fallbacks;
+  // Bytes that crossed the link for device commands that the device computed.
+  uint64_t device_link_bytes;
+  // Bytes that crossed the link for device commands computed on the host.
+  uint64_t host_link_bytes;
+} cxlkv_metrics;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -440,6 +482,17 @@ cxlkv_result cxlkv_device_gather(const struct cxlkv_device *d,
                                  uint8_t *values,
                                  size_t values_cap,
                                  struct cxlkv_ndp_stats *stats);
+
+// Stores this process's metrics in `*out`, whose `size` field the caller sets to
+// `sizeof(cxlkv_metrics)` (at least 8: `CXLKV_ERR_INVALID_ARG` otherwise); writes at most that
+// many bytes and stores the number written in `size`. Thread-safe.
+cxlkv_result cxlkv_metrics_read(struct cxlkv_metrics *out);
+
+// Writes this process's metrics as Prometheus text (NUL-terminated) into `buf` (capacity `cap`)
+// and stores the text's length without the NUL in `*len`. `CXLKV_ERR_BUFFER_TOO_SMALL` when `cap`
+// is not above that length (the length is stored: retry with `*len + 1`); `buf` may be NULL when
+// `cap` is 0. Thread-safe.
+cxlkv_result cxlkv_metrics_text(char *buf, size_t cap, size_t *len);
 
 #ifdef __cplusplus
 }  // extern "C"

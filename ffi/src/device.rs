@@ -11,11 +11,13 @@ use crate::errors::{fail, guard, map_ndp};
 use crate::handles::{borrow, register, unregister, Kind};
 use crate::keys::cxlkv_key;
 use crate::kv::dtype_arg;
+use crate::metrics::record;
 use crate::participant::cxlkv_participant;
+use cxlkv_runtime::metrics::{global, Op, Outcome};
 use cxlkv_runtime::ndp::{BlockSpec, NdpDevice, NdpOptions, NdpPath, NdpStats, ScoreRequest};
 use cxlkv_runtime::Participant;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// `cxlkv_score_request::flags`: one list for the group's maximum score instead of one per query.
 pub const CXLKV_SCORE_GROUP_MAX: u32 = 1;
@@ -238,19 +240,30 @@ pub extern "C" fn cxlkv_device_score_topk(
             scale: 1.0 / (r.dim as f32).sqrt(),
             select: Default::default(),
         };
+        let t0 = Instant::now();
         let top = if r.flags & CXLKV_SCORE_HOST != 0 {
             cxlkv_runtime::ndp::host_score_topk(
                 dev.participant.pool(),
                 &request,
                 NdpOptions::default().kernel,
             )
-            .map_err(map_ndp)?
         } else {
             dev.dev
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .score_topk(&request)
-                .map_err(map_ndp)?
+        };
+        let top = match top {
+            Ok(top) => {
+                let hits: usize = top.indices.iter().map(Vec::len).sum();
+                let out = hits * 8 + top.values.len();
+                global().record_device(Op::ScoreTopk, &top.stats, 4 * nq as u64, out as u64);
+                top
+            }
+            Err(e) => {
+                record(Op::ScoreTopk, Outcome::Error, 0, 0, t0);
+                return Err(map_ndp(e));
+            }
         };
         let n = top.indices.first().map_or(0, Vec::len);
         let lists = top.indices.len();
@@ -330,12 +343,27 @@ pub extern "C" fn cxlkv_device_gather(
                 format!("{need_bytes} value bytes, capacity {values_cap}"),
             ));
         }
-        let (rows, st) = dev
-            .dev
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .gather(&blocks, sequence, layer, kv_head, dtype, dim as usize, toks)
-            .map_err(map_ndp)?;
+        let t0 = Instant::now();
+        let got = dev.dev.lock().unwrap_or_else(|e| e.into_inner()).gather(
+            &blocks,
+            sequence,
+            layer,
+            kv_head,
+            dtype,
+            dim as usize,
+            toks,
+        );
+        let (rows, st) = match got {
+            Ok((rows, st)) => {
+                let tokens_in = 4 * toks.len() as u64;
+                global().record_device(Op::Gather, &st, tokens_in, rows.len() as u64);
+                (rows, st)
+            }
+            Err(e) => {
+                record(Op::Gather, Outcome::Error, 0, 0, t0);
+                return Err(map_ndp(e));
+            }
+        };
         if rows.len() != need_bytes {
             return Err(fail(
                 CXLKV_ERR_UNAVAILABLE,

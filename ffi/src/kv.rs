@@ -7,7 +7,10 @@ use crate::errors::cxlkv_result::{self, CXLKV_ERR_INVALID_ARG, CXLKV_ERR_NULL};
 use crate::errors::{fail, guard, map_err};
 use crate::handles::{borrow, Kind};
 use crate::keys::{cxlkv_key, key_arg};
+use crate::metrics::record;
 use crate::participant::cxlkv_participant;
+use cxlkv_runtime::metrics::{Op, Outcome};
+use std::time::Instant;
 
 /// Element types (`cxlkv_kv_shape::dtype`, `cxlkv_score_request::dtype`).
 pub const CXLKV_DTYPE_F16: u32 = 1;
@@ -80,7 +83,15 @@ pub extern "C" fn cxlkv_participant_put_kv(
             token_offset: s.token_offset,
         };
         let (k, v) = (bytes_in(k, k_len, "k")?, bytes_in(v, v_len, "v")?);
-        me.inner.put_kv(key, &shape, k, v).map_err(map_err)?;
+        let t0 = Instant::now();
+        let r = me.inner.put_kv(key, &shape, k, v);
+        let outcome = if r.is_ok() {
+            Outcome::Ok
+        } else {
+            Outcome::Error
+        };
+        record(Op::Put, outcome, (k.len() + v.len()) as u64, 0, t0);
+        r.map_err(map_err)?;
         Ok(())
     })
 }

@@ -13,9 +13,12 @@ use crate::errors::cxlkv_result::{
 use crate::errors::{fail, guard, map_err};
 use crate::handles::{borrow, register, unregister, Kind};
 use crate::keys::{cxlkv_key, key_arg};
+use crate::metrics::record;
 use crate::pool::cxlkv_pool;
+use cxlkv_runtime::metrics::{Op, Outcome};
 use cxlkv_runtime::{Participant, PoolError, RawPin, RawReservation};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// A participant's counters (`cxlkv_participant_stats`).
 #[repr(C)]
@@ -125,7 +128,15 @@ pub extern "C" fn cxlkv_participant_put(
         let me = borrow(p, Kind::Participant)?;
         let key = key_arg(key)?;
         let bytes = bytes_in(data, len, "data")?;
-        me.inner.put(key, bytes).map_err(map_err)?;
+        let t0 = Instant::now();
+        let r = me.inner.put(key, bytes);
+        let outcome = if r.is_ok() {
+            Outcome::Ok
+        } else {
+            Outcome::Error
+        };
+        record(Op::Put, outcome, bytes.len() as u64, 0, t0);
+        r.map_err(map_err)?;
         Ok(())
     })
 }
@@ -161,7 +172,14 @@ pub extern "C" fn cxlkv_participant_get(
             // no one else accesses during the call.
             unsafe { std::slice::from_raw_parts_mut(buf, cap) }
         };
-        match me.inner.get_into(key, dst) {
+        let t0 = Instant::now();
+        let r = me.inner.get_into(key, dst);
+        match &r {
+            Ok(Some(info)) => record(Op::Get, Outcome::Ok, 0, info.len, t0),
+            Ok(None) => record(Op::Get, Outcome::Miss, 0, 0, t0),
+            Err(_) => record(Op::Get, Outcome::Error, 0, 0, t0),
+        }
+        match r {
             Ok(Some(info)) => {
                 put_out(len, info.len as usize);
                 Ok(())
@@ -189,7 +207,15 @@ pub extern "C" fn cxlkv_participant_delete(
     guard(|| {
         let me = borrow(p, Kind::Participant)?;
         let key = key_arg(key)?;
-        match me.inner.delete(key).map_err(map_err)? {
+        let t0 = Instant::now();
+        let r = me.inner.delete(key);
+        let outcome = match r {
+            Ok(true) => Outcome::Ok,
+            Ok(false) => Outcome::Miss,
+            Err(_) => Outcome::Error,
+        };
+        record(Op::Delete, outcome, 0, 0, t0);
+        match r.map_err(map_err)? {
             true => Ok(()),
             false => Err(fail(CXLKV_ERR_NOT_FOUND, format!("key {key} not found"))),
         }
@@ -240,7 +266,14 @@ pub extern "C" fn cxlkv_participant_pin(
         need(out, "out")?;
         need(data, "data")?;
         need(len, "len")?;
-        let Some(pinned) = me.inner.pin(key).map_err(map_err)? else {
+        let t0 = Instant::now();
+        let r = me.inner.pin(key);
+        match &r {
+            Ok(Some(p)) => record(Op::Pin, Outcome::Ok, 0, p.info().len, t0),
+            Ok(None) => record(Op::Pin, Outcome::Miss, 0, 0, t0),
+            Err(_) => record(Op::Pin, Outcome::Error, 0, 0, t0),
+        }
+        let Some(pinned) = r.map_err(map_err)? else {
             return Err(fail(CXLKV_ERR_NOT_FOUND, format!("key {key} not found")));
         };
         let raw = pinned.into_raw();
@@ -338,7 +371,15 @@ pub extern "C" fn cxlkv_reservation_commit(r: *mut cxlkv_reservation) -> cxlkv_r
     guard(|| {
         let mut b = unregister(r, Kind::Reservation)?;
         let res = b.res.take().ok_or(CXLKV_ERR_INVALID_HANDLE)?;
-        b.participant.commit_raw(res).map_err(map_err)?;
+        let (t0, len) = (Instant::now(), res.len());
+        let r = b.participant.commit_raw(res);
+        let outcome = if r.is_ok() {
+            Outcome::Ok
+        } else {
+            Outcome::Error
+        };
+        record(Op::Put, outcome, len, 0, t0);
+        r.map_err(map_err)?;
         Ok(())
     })
 }

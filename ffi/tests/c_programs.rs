@@ -1,6 +1,6 @@
 //! Builds the C programs against libcxlkv with the system C compiler and runs them: the engine
-//! example (two processes sharing a prefix), the misuse suite, both again under valgrind (zero
-//! errors, zero leaks), and checks that the library exports only `cxlkv_*` symbols.
+//! example (two processes sharing a prefix), the misuse suite and the metrics check, each again
+//! under valgrind (zero errors, zero leaks), and checks that the library exports only `cxlkv_*` symbols.
 //!
 //! Needs `libcxlkv.so` built first (`cargo build -p cxlkv-ffi`; scripts/test.sh does it), since
 //! cargo does not build a cdylib for integration tests.
@@ -139,6 +139,15 @@ fn misuse_returns_documented_codes() {
     let text = run(&mut Command::new(&bin), "misuse");
     assert!(text.contains(" passed, 0 failed"), "{text}");
     valgrind(&bin, "misuse");
+    let _ = std::fs::remove_file(bin);
+}
+
+#[test]
+fn metrics_follow_known_operations() {
+    let bin = compile("tests/metrics.c", "metrics");
+    let text = run(&mut Command::new(&bin), "metrics");
+    assert!(text.contains(" passed, 0 failed"), "{text}");
+    valgrind(&bin, "metrics");
     let _ = std::fs::remove_file(bin);
 }
 

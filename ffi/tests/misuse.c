@@ -280,6 +280,20 @@ int main(void) {
     EXPECT(cxlkv_pool_unlink(NULL), CXLKV_ERR_NULL);
     EXPECT(cxlkv_pool_unlink(spec), CXLKV_OK);
 
+    /* Metrics: NULL pointers, a size field too small to hold itself, a NULL buffer with room. */
+    cxlkv_metrics metrics;
+    memset(&metrics, 0, sizeof metrics);
+    EXPECT(cxlkv_metrics_read(NULL), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_metrics_read(&metrics), CXLKV_ERR_INVALID_ARG); /* size 0 */
+    metrics.size = sizeof metrics;
+    EXPECT(cxlkv_metrics_read(&metrics), CXLKV_OK);
+    size_t tlen = 0;
+    EXPECT(cxlkv_metrics_text(NULL, 0, NULL), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_metrics_text(NULL, 16, &tlen), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_metrics_text(NULL, 0, &tlen), CXLKV_ERR_BUFFER_TOO_SMALL);
+    checks++;
+    if (tlen < 6) { failures++; fprintf(stderr, "FAIL: metrics text length %zu\n", tlen); }
+
     printf("%d passed, %d failed\n", checks - failures, failures);
     return failures != 0;
 }

@@ -3,7 +3,9 @@
 
 #include <new>
 
+#include "cxlkv_ndp_attend.h"
 #include "cxlkv_ndp_kernel.h"
+#include "cxlkv_ndp_select.h"
 
 using namespace cxlkv_hls;
 
@@ -72,4 +74,112 @@ extern "C" uint32_t cxlkv_hls_scan_finish(const cxlkv_hls_scan* s, uint32_t per_
 
 extern "C" void cxlkv_hls_copy_row(const uint16_t* src, uint32_t words, uint16_t* dst) {
     for (uint32_t w = 0; w < words; ++w) dst[w] = src[w];
+}
+
+struct cxlkv_hls_attend {
+    uint32_t g, dim;
+    float scale;
+    float q[EGMAX][EDMAX];
+    Partials<EGMAX, EDMAX> acc, blk;
+    float sbuf[ATTEND_TILE][EGMAX]; // a tile's scaled scores
+};
+
+namespace {
+bool shape_ok(uint32_t g, uint32_t dim, const float* queries) {
+    return g != 0 && g <= uint32_t(EGMAX) && dim >= 16 && dim <= uint32_t(EDMAX) &&
+           dim % LANES == 0 && queries != nullptr;
+}
+
+void load_queries(float q[EGMAX][EDMAX], uint32_t g, uint32_t dim, const float* queries) {
+    for (uint32_t qi = 0; qi < uint32_t(EGMAX); ++qi)
+        for (uint32_t d = 0; d < uint32_t(EDMAX); ++d)
+            q[qi][d] = (qi < g && d < dim) ? queries[qi * dim + d] : 0.0f;
+}
+}  // namespace
+
+extern "C" cxlkv_hls_attend* cxlkv_hls_attend_new(uint32_t g, const float* queries, uint32_t dim,
+                                                  float scale) {
+    if (!shape_ok(g, dim, queries)) return nullptr;
+    cxlkv_hls_attend* s = new (std::nothrow) cxlkv_hls_attend;
+    if (s == nullptr) return nullptr;
+    s->g = g;
+    s->dim = dim;
+    s->scale = scale;
+    load_queries(s->q, g, dim, queries);
+    partials_clear<EGMAX, EDMAX>(s->acc);
+    return s;
+}
+
+extern "C" void cxlkv_hls_attend_free(cxlkv_hls_attend* s) { delete s; }
+
+extern "C" int cxlkv_hls_attend_block(cxlkv_hls_attend* s, const uint16_t* keys,
+                                      const uint16_t* values, uint32_t rows, uint8_t dtype) {
+    if (dtype < CXLKV_HLS_DTYPE_F16 || dtype > CXLKV_HLS_DTYPE_F32) return -1;
+    const uint32_t words = dtype == CXLKV_HLS_DTYPE_F32 ? 2 : 1;
+    attend_block<EGMAX, EDMAX>(keys, values, rows, s->dim, words, dtype, s->q, s->g, s->scale,
+                               s->sbuf, s->blk, s->acc);
+    return 0;
+}
+
+extern "C" void cxlkv_hls_attend_finish(const cxlkv_hls_attend* s, float* out, float* max,
+                                        float* sum) {
+    for (uint32_t qi = 0; qi < s->g; ++qi) {
+        for (uint32_t d = 0; d < s->dim; ++d) out[qi * s->dim + d] = s->acc.out[qi][d];
+        max[qi] = s->acc.max[qi];
+        sum[qi] = s->acc.sum[qi];
+    }
+}
+
+struct cxlkv_hls_sel {
+    uint32_t g, k, dim;
+    bool group_max;
+    cxlkv_ndp_select p;
+    float q[EGMAX][EDMAX];
+    SelList<EKMAX> lists[EGMAX];
+    Hit chosen[EKMAX];
+};
+
+extern "C" cxlkv_hls_sel* cxlkv_hls_sel_new(uint32_t g, uint32_t k, uint32_t group_max,
+                                            const float* queries, uint32_t dim,
+                                            const cxlkv_ndp_select* sel) {
+    if (!shape_ok(g, dim, queries) || k == 0 || k > uint32_t(EKMAX) || sel == nullptr)
+        return nullptr;
+    cxlkv_hls_sel* s = new (std::nothrow) cxlkv_hls_sel;
+    if (s == nullptr) return nullptr;
+    s->g = g;
+    s->k = k;
+    s->dim = dim;
+    s->group_max = group_max != 0;
+    s->p = *sel;
+    load_queries(s->q, g, dim, queries);
+    for (int l = 0; l < EGMAX; ++l) sel_clear<EKMAX>(s->lists[l]);
+    return s;
+}
+
+extern "C" void cxlkv_hls_sel_free(cxlkv_hls_sel* s) { delete s; }
+
+extern "C" int cxlkv_hls_sel_block(cxlkv_hls_sel* s, const uint16_t* keys, uint32_t rows,
+                                   uint32_t base, uint8_t dtype) {
+    if (dtype < CXLKV_HLS_DTYPE_F16 || dtype > CXLKV_HLS_DTYPE_F32) return -1;
+    select_block<EGMAX, EDMAX, EKMAX>(keys, rows, base, s->dim, dtype, s->q, s->g, s->k,
+                                      s->group_max, s->p, s->lists);
+    return 0;
+}
+
+extern "C" int cxlkv_hls_sel_finish(cxlkv_hls_sel* s, cxlkv_ndp_hit* hits,
+                                    cxlkv_ndp_list_info* info) {
+    const uint32_t lists = s->group_max ? 1 : s->g;
+    Hit* chosen = s->chosen; // the finish pass's sorting network
+    for (uint32_t l = 0; l < lists; ++l) {
+        float left = 0.0f;
+        int n = sel_finish<EKMAX>(s->lists[l], s->p, s->k, chosen, &left);
+        if (n < 0) return -int(CXLKV_NDP_DETAIL_TOO_MANY_FORCED);
+        info[l].count = uint32_t(n);
+        info[l].left_out_mass = left;
+        for (int i = 0; i < n; ++i) {
+            hits[size_t(l) * s->k + i].token = chosen[i].index;
+            hits[size_t(l) * s->k + i].score = chosen[i].score;
+        }
+    }
+    return int(lists);
 }

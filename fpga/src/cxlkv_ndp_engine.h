@@ -33,6 +33,41 @@ uint32_t cxlkv_hls_scan_finish(const struct cxlkv_hls_scan* s, uint32_t per_list
 /* GATHER's row copy: words 16-bit words from src to dst. */
 void cxlkv_hls_copy_row(const uint16_t* src, uint32_t words, uint16_t* dst);
 
+/* ATTEND: the partials of g queries ([g][dim] f32, copied), scores scaled by `scale` before exp.
+ * NULL if g or dim is out of range or allocation fails. */
+struct cxlkv_hls_attend;
+struct cxlkv_hls_attend* cxlkv_hls_attend_new(uint32_t g, const float* queries, uint32_t dim,
+                                              float scale);
+void cxlkv_hls_attend_free(struct cxlkv_hls_attend* s);
+/* One block (rows keys and rows values of dtype, as 16-bit words): its partials (tiles of 64 rows,
+ * as the reference's attend_block), merged into the command's. 0 on success, -1 on a bad dtype. */
+int cxlkv_hls_attend_block(struct cxlkv_hls_attend* s, const uint16_t* keys,
+                           const uint16_t* values, uint32_t rows, uint8_t dtype);
+/* The partials: out [g][dim], max [g], sum [g]. */
+void cxlkv_hls_attend_finish(const struct cxlkv_hls_attend* s, float* out, float* max,
+                             float* sum);
+
+/* Selected SCORE_TOPK (the ABI's struct cxlkv_ndp_select, copied): g queries, lists of at most k
+ * hits (one list if group_max). The control path has checked the selection (options, scale, p,
+ * ranges, the window inside the stored tokens). NULL if g, k or dim is out of range or allocation
+ * fails. */
+struct cxlkv_ndp_select;
+struct cxlkv_ndp_list_info;
+struct cxlkv_hls_sel;
+struct cxlkv_hls_sel* cxlkv_hls_sel_new(uint32_t g, uint32_t k, uint32_t group_max,
+                                        const float* queries, uint32_t dim,
+                                        const struct cxlkv_ndp_select* sel);
+void cxlkv_hls_sel_free(struct cxlkv_hls_sel* s);
+/* Scores rows keys as tokens base.. and offers them to the lists (blocks in command order).
+ * 0 on success, -1 on a bad dtype. */
+int cxlkv_hls_sel_block(struct cxlkv_hls_sel* s, const uint16_t* keys, uint32_t rows,
+                        uint32_t base, uint8_t dtype);
+/* Writes each list's hits to hits[list * k ..] (best first) and its count and left-out mass to
+ * info[list]; returns the list count, or -CXLKV_NDP_DETAIL_TOO_MANY_FORCED (-4) if more tokens
+ * were forced than k. */
+int cxlkv_hls_sel_finish(struct cxlkv_hls_sel* s, struct cxlkv_ndp_hit* hits,
+                         struct cxlkv_ndp_list_info* info);
+
 #ifdef __cplusplus
 }
 #endif

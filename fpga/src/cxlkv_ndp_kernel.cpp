@@ -1,7 +1,9 @@
-// The HLS top function: SCORE_TOPK (full and bound-pruned, per query or group max, optional value
-// gather) and GATHER over resolved blocks in card memory. See cxlkv_ndp_kernel.h for the ports
-// and fpga/README.md for the pragmas' reasoning.
+// The HLS top function: SCORE_TOPK (full and bound-pruned, per query or group max, optional
+// selection and value gather), GATHER and ATTEND over resolved blocks in card memory. See
+// cxlkv_ndp_kernel.h for the ports and fpga/README.md for the pragmas' reasoning.
+#include "cxlkv_ndp_attend.h"
 #include "cxlkv_ndp_kernel.h"
+#include "cxlkv_ndp_select.h"
 
 using namespace cxlkv_hls;
 
@@ -48,14 +50,132 @@ bool elem_words(uint8_t dtype, uint32_t& words) {
     return false;
 }
 
+// A selecting SCORE_TOPK: every block in list order through reader -> dot -> reduce -> selection,
+// then each list's finish pass, its hits (and value rows) and its left-out mass.
+void select_scan(const cxlkv_ndp_cmd& cmd, const cxlkv_ndp_select& p, const uint16_t* keys,
+                 const uint16_t* values, const cxlkv_hls_block* blocks, const float q[GMAX][DMAX],
+                 uint32_t words, cxlkv_ndp_hit* hits, uint16_t* rows_out,
+                 uint32_t per_list, cxlkv_ndp_list_info* info, cxlkv_ndp_cpl& c) {
+    const uint32_t g = cmd.group, k = cmd.k, dim = cmd.dim, n = cmd.nblocks;
+    const bool group_max = (cmd.flags & CXLKV_NDP_FLAG_GROUP_MAX) != 0;
+    const bool gather = (cmd.flags & CXLKV_NDP_FLAG_GATHER_V) != 0;
+    uint64_t end = 0;
+    for (uint32_t b = 0; b < n; ++b) {
+        uint64_t e = uint64_t(blocks[b].base) + blocks[b].tokens;
+        end = e > end ? e : end;
+    }
+    uint32_t bad = sel_check(p, end);
+    if (bad != 0) {
+        c.status = CXLKV_NDP_ERR_ARGS;
+        c.detail = bad;
+        return;
+    }
+    static SelList<KMAX> lists[GMAX];
+    for (int l = 0; l < GMAX; ++l) sel_clear<KMAX>(lists[l]);
+SCAN_SEL:
+    for (uint32_t b = 0; b < n; ++b) {
+        const cxlkv_hls_block blk = blocks[b];
+        select_block<GMAX, DMAX, KMAX>(keys + blk.k_elem, blk.tokens, blk.base, dim, cmd.dtype, q,
+                                       g, k, group_max, p, lists);
+        c.blocks_scanned += 1;
+        c.bytes_scanned += uint64_t(blk.tokens) * dim * words * 2;
+    }
+    const uint32_t lists_n = group_max ? 1 : g;
+    static Hit chosen[KMAX];
+OUT_SEL:
+    for (uint32_t l = 0; l < lists_n; ++l) {
+        float left = 0.0f;
+        int m = sel_finish<KMAX>(lists[l], p, k, chosen, &left);
+        if (m < 0) {
+            c.status = CXLKV_NDP_ERR_ARGS;
+            c.detail = CXLKV_NDP_DETAIL_TOO_MANY_FORCED;
+            return;
+        }
+        info[l].count = uint32_t(m);
+        info[l].left_out_mass = left;
+    SEL_HITS:
+        for (uint32_t i = 0; i < per_list; ++i) {
+            const uint32_t at = l * per_list + i;
+            if (i >= uint32_t(m)) {
+                // Padding, as the ABI's result: token 0xFFFFFFFF, score -inf, a zero row.
+                hits[at].token = 0xFFFFFFFFu;
+                hits[at].score = -INFINITY;
+                if (gather) {
+                    for (uint32_t w = 0; w < dim * words; ++w) rows_out[uint64_t(at) * dim * words + w] = 0;
+                }
+                continue;
+            }
+            hits[at].token = chosen[i].index;
+            hits[at].score = chosen[i].score;
+            if (gather) {
+                uint32_t row = 0;
+                int b = locate(blocks, n, chosen[i].index, row);
+                if (b < 0) {
+                    c.status = CXLKV_NDP_ERR_TOKEN;
+                    c.detail = at;
+                    return;
+                }
+                copy_row(values, blocks[b], row, dim * words, rows_out + uint64_t(at) * dim * words);
+            }
+        }
+    }
+    c.result_bytes =
+        uint64_t(lists_n) * per_list * (8 + (gather ? dim * words * 2 : 0)) + uint64_t(lists_n) * 8;
+}
+
+// ATTEND: the G partials over the blocks, in list order, each block in tiles of ATTEND_TILE rows.
+void attend(const cxlkv_ndp_cmd& cmd, float scale, const uint16_t* keys, const uint16_t* values,
+            const float* queries, const cxlkv_hls_block* blocks, uint32_t words, float* att_out,
+            cxlkv_ndp_partial* att_ms, cxlkv_ndp_cpl& c) {
+    const uint32_t dim = cmd.dim, g = cmd.group;
+    float q[GMAX][DMAX];
+#pragma HLS ARRAY_PARTITION variable = q complete dim = 1
+LOAD_QA:
+    for (uint32_t i = 0; i < uint32_t(GMAX) * DMAX; ++i) {
+#pragma HLS PIPELINE II = 1
+        uint32_t qi = i / DMAX, d = i % DMAX;
+        q[qi][d] = (qi < g && d < dim) ? queries[qi * dim + d] : 0.0f;
+    }
+    static float sbuf[ATTEND_TILE][GMAX];
+#pragma HLS ARRAY_PARTITION variable = sbuf complete dim = 2
+    static Partials<GMAX, DMAX> acc, blk;
+#pragma HLS ARRAY_PARTITION variable = acc.out complete dim = 1
+#pragma HLS ARRAY_PARTITION variable = blk.out complete dim = 1
+    partials_clear<GMAX, DMAX>(acc);
+BLOCKS:
+    for (uint32_t b = 0; b < cmd.nblocks; ++b) {
+        const cxlkv_hls_block bl = blocks[b];
+        attend_block<GMAX, DMAX>(keys + bl.k_elem, values + bl.v_elem, bl.tokens, dim, words,
+                                 cmd.dtype, q, g, scale, sbuf, blk, acc);
+        c.blocks_scanned += 1;
+        c.bytes_scanned += 2 * uint64_t(bl.tokens) * dim * words * 2;
+    }
+OUT_A:
+    for (uint32_t qi = 0; qi < g; ++qi) {
+        for (uint32_t d = 0; d < dim; ++d) {
+#pragma HLS PIPELINE II = 1
+            att_out[qi * dim + d] = acc.out[qi][d];
+        }
+        att_ms[qi].max = acc.max[qi];
+        att_ms[qi].sum = acc.sum[qi];
+    }
+    c.result_bytes = uint64_t(g) * (dim + 2) * 4;
+}
+
 }  // namespace
 
-extern "C" void cxlkv_ndp_top(cxlkv_ndp_cmd cmd, const uint16_t* keys, const uint16_t* values,
-                              const float* queries, const float* bounds,
-                              const cxlkv_hls_block* blocks, const uint32_t* tokens,
-                              cxlkv_ndp_hit* hits, uint16_t* rows_out, cxlkv_ndp_cpl* cpl) {
+extern "C" void cxlkv_ndp_top(cxlkv_ndp_cmd cmd, cxlkv_ndp_select sel, cxlkv_ndp_attend att,
+                              const uint16_t* keys, const uint16_t* values, const float* queries,
+                              const float* bounds, const cxlkv_hls_block* blocks,
+                              const uint32_t* tokens, cxlkv_ndp_hit* hits, uint16_t* rows_out,
+                              float* att_out, cxlkv_ndp_partial* att_ms, cxlkv_ndp_list_info* info,
+                              cxlkv_ndp_cpl* cpl) {
 #pragma HLS INTERFACE mode = s_axilite port = cmd bundle = control
 #pragma HLS AGGREGATE variable = cmd
+#pragma HLS INTERFACE mode = s_axilite port = sel bundle = control
+#pragma HLS AGGREGATE variable = sel
+#pragma HLS INTERFACE mode = s_axilite port = att bundle = control
+#pragma HLS AGGREGATE variable = att
 #pragma HLS INTERFACE mode = m_axi port = keys offset = slave bundle = gmem0 max_read_burst_length = 64 num_read_outstanding = 16
 #pragma HLS INTERFACE mode = m_axi port = values offset = slave bundle = gmem1
 #pragma HLS INTERFACE mode = m_axi port = queries offset = slave bundle = gmem2
@@ -64,6 +184,9 @@ extern "C" void cxlkv_ndp_top(cxlkv_ndp_cmd cmd, const uint16_t* keys, const uin
 #pragma HLS INTERFACE mode = m_axi port = tokens offset = slave bundle = gmem2
 #pragma HLS INTERFACE mode = m_axi port = hits offset = slave bundle = gmem3
 #pragma HLS INTERFACE mode = m_axi port = rows_out offset = slave bundle = gmem3
+#pragma HLS INTERFACE mode = m_axi port = att_out offset = slave bundle = gmem3
+#pragma HLS INTERFACE mode = m_axi port = att_ms offset = slave bundle = gmem3
+#pragma HLS INTERFACE mode = m_axi port = info offset = slave bundle = gmem3
 #pragma HLS INTERFACE mode = m_axi port = cpl offset = slave bundle = gmem3
 #pragma HLS INTERFACE mode = s_axilite port = return bundle = control
 
@@ -98,6 +221,22 @@ extern "C" void cxlkv_ndp_top(cxlkv_ndp_cmd cmd, const uint16_t* keys, const uin
         *cpl = c;
         return;
     }
+    if (cmd.opcode == CXLKV_NDP_OP_ATTEND) {
+        // ATTEND reads K and V of every block: k and flags 0, no pruning.
+        if (!shape_ok || cmd.flags != 0 || k != 0 || g == 0 || g > uint32_t(GMAX)) {
+            c.status = CXLKV_NDP_ERR_ARGS;
+        } else if (att.reserved0 != 0 || att.reserved1 != 0) {
+            c.status = CXLKV_NDP_ERR_ARGS;
+            c.detail = CXLKV_NDP_DETAIL_BAD_OPTIONS;
+        } else if (!std::isfinite(att.scale)) {
+            c.status = CXLKV_NDP_ERR_ARGS;
+            c.detail = CXLKV_NDP_DETAIL_BAD_SCALE;
+        } else {
+            attend(cmd, att.scale, keys, values, queries, blocks, words, att_out, att_ms, c);
+        }
+        *cpl = c;
+        return;
+    }
     if (cmd.opcode != CXLKV_NDP_OP_SCORE_TOPK) {
         c.status = CXLKV_NDP_ERR_OPCODE;
         *cpl = c;
@@ -112,6 +251,14 @@ extern "C" void cxlkv_ndp_top(cxlkv_ndp_cmd cmd, const uint16_t* keys, const uin
     }
     const bool group_max = (flags & CXLKV_NDP_FLAG_GROUP_MAX) != 0;
     const bool prune = (flags & CXLKV_NDP_FLAG_PRUNE) != 0;
+    const bool selecting = (flags & CXLKV_NDP_FLAG_SELECT) != 0;
+    // A selection's mass needs every score: no pruning with it.
+    if (selecting && prune) {
+        c.status = CXLKV_NDP_ERR_ARGS;
+        c.detail = CXLKV_NDP_DETAIL_BAD_OPTIONS;
+        *cpl = c;
+        return;
+    }
 
     // Queries in on-chip memory: one bank per query, so the dot unit reads G values per cycle.
     float q[GMAX][DMAX];
@@ -130,6 +277,13 @@ LOAD_Q:
 
     uint64_t total_tokens = 0;
     for (uint32_t b = 0; b < n; ++b) total_tokens += blocks[b].tokens;
+
+    if (selecting) {
+        const uint32_t per_list = uint32_t(total_tokens < k ? total_tokens : k);
+        select_scan(cmd, sel, keys, values, blocks, q, words, hits, rows_out, per_list, info, c);
+        *cpl = c;
+        return;
+    }
 
     // Bound-pruned mode: per-query bounds of every block, visited by the highest group bound.
     float ub[MAXB][GMAX];

@@ -325,6 +325,9 @@ inline bool can_skip(const float* ub, uint32_t g, uint32_t k, bool group_max,
 // The HLS top function (hardware configuration). Ports:
 //   cmd      s_axilite: the command descriptor (struct cxlkv_ndp_cmd of the ABI header); opcode,
 //            flags, k, dtype, group, dim and nblocks are used.
+//   sel      s_axilite: SCORE_TOPK's selection (struct cxlkv_ndp_select, the arguments' tail with
+//            FLAG_SELECT; unused without).
+//   att      s_axilite: ATTEND's argument tail (struct cxlkv_ndp_attend: the scale).
 //   keys     m_axi gmem0: card memory as 16-bit words (key rows).
 //   values   m_axi gmem1: card memory as 16-bit words (value rows, GATHER and FLAG_GATHER_V).
 //   queries  m_axi gmem2: f32 queries[group][dim] (the command's arguments).
@@ -332,12 +335,18 @@ inline bool can_skip(const float* ub, uint32_t g, uint32_t k, bool group_max,
 //   blocks   m_axi gmem2: the resolved block list (struct cxlkv_hls_block[nblocks]).
 //   tokens   m_axi gmem2: GATHER's token list (u32[k]).
 //   hits     m_axi gmem3: result hits [lists][per_list] (struct cxlkv_ndp_hit), best first.
-//   rows_out m_axi gmem3: gathered value rows [lists][per_list][dim].
+//   rows_out m_axi gmem3: gathered value rows [lists][per_list][dim] (a selected list is padded
+//            to per_list with token 0xFFFFFFFF, score -inf and zero rows, as the ABI's result).
+//   att_out  m_axi gmem3: ATTEND's outputs, f32 [group][dim] (the result's values section).
+//   att_ms   m_axi gmem3: ATTEND's struct cxlkv_ndp_partial [group] (max, sum).
+//   info     m_axi gmem3: a selected SCORE_TOPK's struct cxlkv_ndp_list_info [lists].
 //   cpl      m_axi gmem3: the completion (status, detail, bytes_scanned, blocks_scanned/pruned,
 //            and result_bytes = hits written; the control path adds header and mass).
-extern "C" void cxlkv_ndp_top(cxlkv_ndp_cmd cmd, const uint16_t* keys, const uint16_t* values,
-                              const float* queries, const float* bounds,
-                              const cxlkv_hls_block* blocks, const uint32_t* tokens,
-                              cxlkv_ndp_hit* hits, uint16_t* rows_out, cxlkv_ndp_cpl* cpl);
+extern "C" void cxlkv_ndp_top(cxlkv_ndp_cmd cmd, cxlkv_ndp_select sel, cxlkv_ndp_attend att,
+                              const uint16_t* keys, const uint16_t* values, const float* queries,
+                              const float* bounds, const cxlkv_hls_block* blocks,
+                              const uint32_t* tokens, cxlkv_ndp_hit* hits, uint16_t* rows_out,
+                              float* att_out, cxlkv_ndp_partial* att_ms,
+                              cxlkv_ndp_list_info* info, cxlkv_ndp_cpl* cpl);
 
 #endif

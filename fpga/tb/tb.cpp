@@ -12,48 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "../src/cxlkv_ndp_kernel.h"
+#include "tb_common.h"
 
 namespace {
-
-struct Reader {
-    std::vector<unsigned char> buf;
-    size_t at = 0;
-    bool ok = true;
-    uint32_t u32() {
-        uint32_t x = 0;
-        if (at + 4 > buf.size()) {
-            ok = false;
-            return 0;
-        }
-        std::memcpy(&x, &buf[at], 4);
-        at += 4;
-        return x;
-    }
-    float f32() {
-        uint32_t b = u32();
-        float f;
-        std::memcpy(&f, &b, 4);
-        return f;
-    }
-    template <typename T>
-    void raw(std::vector<T>& v, size_t n) {
-        if (at + n * sizeof(T) > buf.size()) {
-            ok = false;
-            return;
-        }
-        v.resize(n);
-        std::memcpy(v.data(), &buf[at], n * sizeof(T));
-        at += n * sizeof(T);
-    }
-};
-
-bool same_score(float a, float b) {
-    uint32_t x, y;
-    std::memcpy(&x, &a, 4);
-    std::memcpy(&y, &b, 4);
-    return x == y || (a == 0.0f && b == 0.0f);
-}
 
 int run_file(const char* path, int& passed, int& failed) {
     Reader r;
@@ -66,6 +27,16 @@ int run_file(const char* path, int& passed, int& failed) {
     size_t n;
     while ((n = std::fread(tmp, 1, sizeof tmp, f)) > 0) r.buf.insert(r.buf.end(), tmp, tmp + n);
     std::fclose(f);
+    std::string name(path);
+    name = name.substr(name.find_last_of('/') + 1);
+    if (r.buf.size() >= 8 && std::memcmp(r.buf.data(), "CXLKVGA1", 8) == 0) {
+        r.at = 8;
+        return run_attend(r, name, passed, failed);
+    }
+    if (r.buf.size() >= 8 && std::memcmp(r.buf.data(), "CXLKVGS1", 8) == 0) {
+        r.at = 8;
+        return run_select(r, name, passed, failed);
+    }
     if (r.buf.size() < 8 || std::memcmp(r.buf.data(), "CXLKVGL1", 8) != 0) {
         std::printf("FAIL %s: bad magic\n", path);
         return -1;
@@ -82,8 +53,6 @@ int run_file(const char* path, int& passed, int& failed) {
         std::printf("FAIL %s: truncated header\n", path);
         return -1;
     }
-    std::string name(path);
-    name = name.substr(name.find_last_of('/') + 1);
     int file_pass = 0, file_fail = 0;
     for (uint32_t ci = 0; ci < ncases; ++ci) {
         const uint32_t g = r.u32(), k = r.u32(), flags = r.u32(), want_pruned = r.u32();
@@ -130,8 +99,13 @@ int run_file(const char* path, int& passed, int& failed) {
         std::vector<uint16_t> rows(size_t(lists) * per_list * dim * words + 1);
         cxlkv_ndp_cpl cpl;
         std::memset(&cpl, 0, sizeof cpl);
-        cxlkv_ndp_top(cmd, keys.data(), keys.data(), q.data(), bnd.data(), blocks.data(), nullptr,
-                      got.data(), rows.data(), &cpl);
+        cxlkv_ndp_select nosel;
+        std::memset(&nosel, 0, sizeof nosel);
+        cxlkv_ndp_attend noatt;
+        std::memset(&noatt, 0, sizeof noatt);
+        cxlkv_ndp_top(cmd, nosel, noatt, keys.data(), keys.data(), q.data(), bnd.data(),
+                      blocks.data(), nullptr, got.data(), rows.data(), nullptr, nullptr, nullptr,
+                      &cpl);
         std::string why;
         char msg[256];
         if (cpl.status != CXLKV_NDP_OK) {
@@ -171,8 +145,9 @@ int run_file(const char* path, int& passed, int& failed) {
             gc.k = per_list;
             std::vector<cxlkv_ndp_hit> gh(per_list + 1);
             std::vector<uint16_t> grows(size_t(per_list) * dim * words + 1);
-            cxlkv_ndp_top(gc, keys.data(), keys.data(), nullptr, nullptr, blocks.data(),
-                          toks.data(), gh.data(), grows.data(), &cpl);
+            cxlkv_ndp_top(gc, nosel, noatt, keys.data(), keys.data(), nullptr, nullptr,
+                          blocks.data(), toks.data(), gh.data(), grows.data(), nullptr, nullptr,
+                          nullptr, &cpl);
             if (cpl.status != CXLKV_NDP_OK) why = "GATHER failed";
             for (uint32_t i = 0; why.empty() && i < per_list; ++i) {
                 const uint16_t* src = &keys[size_t(toks[i]) * dim * words];

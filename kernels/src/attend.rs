@@ -29,8 +29,9 @@ pub fn exp_neg(x: f32) -> f32 {
     const C2: f32 = -2.121_944_4e-4;
     // 1.5 × 2^23: adding and subtracting it rounds to the nearest integer (ties to even).
     const MAGIC: f32 = 12_582_912.0;
-    let x = x.max(-87.0);
-    let n = (x * LOG2E + MAGIC) - MAGIC;
+    let x = if x > -87.0 { x } else { -87.0 };
+    let t = x * LOG2E + MAGIC;
+    let n = t - MAGIC;
     let r = (x - n * C1) - n * C2;
     let mut p = 1.987_569_1e-4f32;
     p = p * r + 1.398_199_9e-3;
@@ -39,8 +40,10 @@ pub fn exp_neg(x: f32) -> f32 {
     p = p * r + 0.166_666_65;
     p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
-    // n is an integer in [-126, 0]: 2^n is a normal float.
-    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    // n is an integer in [-126, 0], held in the low bits of `t`: 2^n is a normal float, built
+    // with wrapping integer operations (which vectorize, unlike a float-to-int cast).
+    let biased = t.to_bits().wrapping_sub(MAGIC.to_bits()).wrapping_add(127);
+    y * f32::from_bits(biased << 23)
 }
 
 /// The partials of the `G` queries over `keys` / `values` (the same number of rows), each score
@@ -66,14 +69,12 @@ pub fn attend_block(
         raw: vec![0u8; CHUNK * values.row_bytes()],
         vals: vec![0f32; CHUNK * dim],
     };
-    let rb = values.row_bytes();
     let mut r0 = 0;
     while r0 < n {
         let r1 = (r0 + CHUNK).min(n);
         let c = r1 - r0;
         kernel.score(queries, &keys.slice(r0, r1), &mut st.scores[..c * g]);
-        values.slice(r0, r1).copy_to(&mut st.raw[..c * rb]);
-        st.fold(kernel.isa(), values.dtype(), c, g, dim, scale);
+        st.fold(kernel.isa(), &values.slice(r0, r1), g, dim, scale);
         r0 = r1;
     }
     (0..g)
@@ -99,17 +100,17 @@ struct State {
 }
 
 impl State {
-    /// Folds the chunk of `c` rows whose scores are in `scores` and raw values in `raw`.
-    fn fold(&mut self, isa: Isa, dtype: DType, c: usize, g: usize, dim: usize, scale: f32) {
+    /// Folds the chunk of rows whose scores are in `scores` and values are `vrows`.
+    fn fold(&mut self, isa: Isa, vrows: &KeyRows<'_>, g: usize, dim: usize, scale: f32) {
         match isa {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: a ScoreKernel holds Isa::Avx512 only if the CPU reported AVX-512F, AVX2,
             // F16C and FMA (`Isa::is_available`).
-            Isa::Avx512 => unsafe { self.fold_avx512(dtype, c, g, dim, scale) },
+            Isa::Avx512 => unsafe { self.fold_avx512(vrows, g, dim, scale) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: a ScoreKernel holds Isa::Avx2 only if the CPU reported AVX2, F16C and FMA.
-            Isa::Avx2 => unsafe { self.fold_avx2(dtype, c, g, dim, scale) },
-            _ => self.fold_generic(dtype, c, g, dim, scale, widen_scalar),
+            Isa::Avx2 => unsafe { self.fold_avx2(vrows, g, dim, scale) },
+            _ => self.fold_generic(vrows, g, dim, scale, widen_copy),
         }
     }
 
@@ -117,10 +118,10 @@ impl State {
     /// The CPU must support AVX-512F, AVX2, F16C and FMA.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx2,f16c,fma")]
-    unsafe fn fold_avx512(&mut self, dtype: DType, c: usize, g: usize, dim: usize, scale: f32) {
-        self.fold_generic(dtype, c, g, dim, scale, |raw, dt, out| {
+    unsafe fn fold_avx512(&mut self, vrows: &KeyRows<'_>, g: usize, dim: usize, scale: f32) {
+        self.fold_generic(vrows, g, dim, scale, |rows, raw, out| {
             // SAFETY: this function runs only with the features `widen_f16c` needs.
-            unsafe { widen_f16c(raw, dt, out) }
+            unsafe { widen_f16c(rows, raw, out) }
         })
     }
 
@@ -128,10 +129,10 @@ impl State {
     /// The CPU must support AVX2, F16C and FMA.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,f16c,fma")]
-    unsafe fn fold_avx2(&mut self, dtype: DType, c: usize, g: usize, dim: usize, scale: f32) {
-        self.fold_generic(dtype, c, g, dim, scale, |raw, dt, out| {
+    unsafe fn fold_avx2(&mut self, vrows: &KeyRows<'_>, g: usize, dim: usize, scale: f32) {
+        self.fold_generic(vrows, g, dim, scale, |rows, raw, out| {
             // SAFETY: this function runs only with the features `widen_f16c` needs.
-            unsafe { widen_f16c(raw, dt, out) }
+            unsafe { widen_f16c(rows, raw, out) }
         })
     }
 
@@ -140,16 +141,16 @@ impl State {
     #[inline(always)]
     fn fold_generic(
         &mut self,
-        dtype: DType,
-        c: usize,
+        vrows: &KeyRows<'_>,
         g: usize,
         dim: usize,
         scale: f32,
-        widen: impl Fn(&[u8], DType, &mut [f32]),
+        widen: impl Fn(&KeyRows<'_>, &mut [u8], &mut [f32]),
     ) {
+        let c = vrows.len();
         let scores = &self.scores[..c * g];
         let vals = &mut self.vals[..c * dim];
-        widen(&self.raw[..c * dim * dtype.size()], dtype, vals);
+        widen(vrows, &mut self.raw, vals);
         // New running maxima; a larger one rescales what was accumulated.
         let mut cmax = [f32::NEG_INFINITY; crate::rows::MAX_DIM];
         let cmax = &mut cmax[..g];
@@ -231,37 +232,75 @@ fn accumulate(out: &mut [f32], vals: &[f32], w: &[f32], g: usize, j: usize) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn accumulate_avx512(out: &mut [f32], vals: &[f32], w: &[f32], g: usize, j: usize) {
-    use std::arch::x86_64::*;
     let dim = out.len();
     let rows = vals.len() / dim;
     assert!(dim.is_multiple_of(16) && j < g && w.len() >= rows * g && vals.len() == rows * dim);
     let mut d0 = 0;
     while d0 < dim {
         let nk = ((dim - d0) / 16).min(8);
-        // SAFETY: every access is inside the asserted bounds: `out[d0 + 16k..][..16]` and
-        // `vals[i * dim + d0 + 16k..][..16]` with `d0 + 16 nk <= dim`, `i < rows`, and
-        // `w[i * g + j]` with `j < g`; loads and stores are unaligned.
+        // SAFETY: AVX-512F (the caller's contract); `d0 + 16 nk <= dim` and the asserts above
+        // are `accumulate_cols`' bounds.
         unsafe {
-            let mut acc = [_mm512_setzero_ps(); 8];
-            for (k, a) in acc.iter_mut().enumerate().take(nk) {
-                *a = _mm512_loadu_ps(out.as_ptr().add(d0 + 16 * k));
-            }
-            for i in 0..rows {
-                let wv = _mm512_set1_ps(*w.get_unchecked(i * g + j));
-                let v = vals.as_ptr().add(i * dim + d0);
-                for (k, a) in acc.iter_mut().enumerate().take(nk) {
-                    *a = _mm512_add_ps(*a, _mm512_mul_ps(wv, _mm512_loadu_ps(v.add(16 * k))));
-                }
-            }
-            for (k, a) in acc.iter().enumerate().take(nk) {
-                _mm512_storeu_ps(out.as_mut_ptr().add(d0 + 16 * k), *a);
+            match nk {
+                8 => accumulate_cols::<8>(out, vals, w, g, j, d0),
+                7 => accumulate_cols::<7>(out, vals, w, g, j, d0),
+                6 => accumulate_cols::<6>(out, vals, w, g, j, d0),
+                5 => accumulate_cols::<5>(out, vals, w, g, j, d0),
+                4 => accumulate_cols::<4>(out, vals, w, g, j, d0),
+                3 => accumulate_cols::<3>(out, vals, w, g, j, d0),
+                2 => accumulate_cols::<2>(out, vals, w, g, j, d0),
+                _ => accumulate_cols::<1>(out, vals, w, g, j, d0),
             }
         }
         d0 += 16 * nk;
     }
 }
 
+/// Columns `d0..d0 + 16 NK` of [`accumulate_avx512`], the `NK` accumulators in registers.
+///
+/// # Safety
+/// AVX-512F present; `d0 + 16 NK <= out.len() = dim`, `vals.len() = rows × dim`,
+/// `w.len() >= rows × g`, `j < g`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn accumulate_cols<const NK: usize>(
+    out: &mut [f32],
+    vals: &[f32],
+    w: &[f32],
+    g: usize,
+    j: usize,
+    d0: usize,
+) {
+    use std::arch::x86_64::*;
+    let dim = out.len();
+    let rows = vals.len() / dim;
+    // SAFETY: every access is inside the caller's bounds: `out[d0 + 16k..][..16]` and
+    // `vals[i * dim + d0 + 16k..][..16]` with `k < NK`, `i < rows`, and `w[i * g + j]`; loads
+    // and stores are unaligned.
+    unsafe {
+        let mut acc = [_mm512_setzero_ps(); NK];
+        for (k, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_loadu_ps(out.as_ptr().add(d0 + 16 * k));
+        }
+        let mut v = vals.as_ptr().add(d0);
+        let mut wp = w.as_ptr().add(j);
+        for _ in 0..rows {
+            let wv = _mm512_set1_ps(*wp);
+            for (k, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(wv, _mm512_loadu_ps(v.add(16 * k))));
+            }
+            v = v.wrapping_add(dim);
+            wp = wp.wrapping_add(g);
+        }
+        for (k, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out.as_mut_ptr().add(d0 + 16 * k), *a);
+        }
+    }
+}
+
 /// Raw little-endian elements of `dtype` to f32 (exact), portable code.
+#[inline(always)]
 fn widen_scalar(raw: &[u8], dtype: DType, out: &mut [f32]) {
     match dtype {
         DType::F32 => {
@@ -282,33 +321,42 @@ fn widen_scalar(raw: &[u8], dtype: DType, out: &mut [f32]) {
     }
 }
 
-/// [`widen_scalar`] with F16C conversion of f16, eight elements per instruction.
+/// The rows of `rows` as f32 into `out`, through a private copy in `raw` (portable).
+#[inline(always)]
+fn widen_copy(rows: &KeyRows<'_>, raw: &mut [u8], out: &mut [f32]) {
+    let raw = &mut raw[..rows.byte_len()];
+    rows.copy_to(raw);
+    widen_scalar(raw, rows.dtype(), out);
+}
+
+/// [`widen_copy`], f16 converted straight from the view with F16C, eight elements per
+/// instruction.
 ///
 /// # Safety
 /// The CPU must support AVX2 and F16C.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2,f16c,fma")]
-unsafe fn widen_f16c(raw: &[u8], dtype: DType, out: &mut [f32]) {
+unsafe fn widen_f16c(rows: &KeyRows<'_>, raw: &mut [u8], out: &mut [f32]) {
     use std::arch::x86_64::*;
-    if dtype != DType::F16 {
-        return widen_scalar(raw, dtype, out);
+    if rows.dtype() != DType::F16 {
+        return widen_copy(rows, raw, out);
     }
-    let n = out.len().min(raw.len() / 2);
-    let full = n - n % 8;
+    // `dim` is a multiple of 16: the elements come in whole groups of eight.
+    let n = rows.byte_len() / 2;
+    assert!(out.len() >= n && n.is_multiple_of(8));
+    let src = rows.as_ptr();
     let mut i = 0;
-    while i < full {
-        // SAFETY: `i + 8 <= n`: 16 bytes at `raw[2i..]` and 8 floats at `out[i..]` are in bounds
-        // (n is at most both lengths); unaligned loads and stores; the CPU has F16C and AVX
-        // (the caller's contract).
+    while i < n {
+        // SAFETY: `i + 8 <= n`: the 16 bytes at `src + 2i` are inside the view, whose
+        // `byte_len()` bytes are readable (its invariant, read only through the pointer), and the
+        // 8 floats at `out[i..]` are in bounds (asserted); unaligned loads and stores; the CPU has
+        // F16C and AVX (the caller's contract).
         unsafe {
-            let h = _mm_loadu_si128(raw.as_ptr().add(2 * i) as *const __m128i);
+            let h = _mm_loadu_si128(src.add(2 * i) as *const __m128i);
             _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
         }
         i += 8;
-    }
-    for (j, o) in out.iter_mut().enumerate().take(n).skip(full) {
-        *o = dtype.load(raw, j);
     }
 }
 

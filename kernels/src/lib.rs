@@ -25,7 +25,10 @@
 //!   Quest-style upper bounds and an *exact* pruned top-k that skips blocks. The block-wise scan
 //!   behind it ([`PrunedScan`]: visiting order, skip rule, [`BlockScorer`] engines) is the one the
 //!   NDP device and its host fallback run over a pool's blocks.
-//! - [`attention`]: softmax attention over selected rows and the dense reference.
+//! - [`attention`]: softmax attention over selected rows and the dense reference; [`partial`]:
+//!   unnormalized partial attention ([`Partial`]) and its exact merge; [`attend`]: the fused
+//!   kernel ([`attend_block`]: scores, online maximum, exponentials and weighted value sum in one
+//!   pass, bit-identical across ISAs) that the NDP `ATTEND` command and its host fallback run.
 //! - [`bitplane`]: lossless f16 bit-plane layout and an approximate scorer that reads the high
 //!   planes only.
 //! - [`parallel`]: the same scans split across threads; [`bench`](mod@bench): the `cxlkv bench

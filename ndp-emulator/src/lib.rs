@@ -18,6 +18,8 @@
 //!   or [`Engine::Hls`] (the HLS kernel of `fpga/` compiled as a host library; `cxlkv-ndpd
 //!   --engine hls`), with identical results: both score the blocks that the kernels' visiting
 //!   order and skip rule choose.
+//! - [`metrics_http`]: the `GET /metrics` endpoint of `cxlkv-ndpd --metrics ADDR`, serving
+//!   the device's Prometheus metrics ([`Device::encode_metrics`]).
 //! - [`demo`]: [`demo::run_demo`], the `cxlkv demo` experiment: bytes over the link and time per
 //!   decode step, host scan versus NDP, on real SmolLM2 tensors and a long synthetic sequence.
 //!
@@ -28,6 +30,7 @@
 pub mod demo;
 pub mod device;
 pub mod engine_hls;
+pub mod metrics_http;
 
 pub use device::config::{DeviceConfig, DeviceError};
 pub use device::model::{Device, DeviceHandle};

@@ -10,8 +10,7 @@ use cxlkv_ndp::{Device, DeviceConfig, Engine};
 use cxlkv_runtime::format;
 use cxlkv_runtime::ndp::abi::*;
 use cxlkv_runtime::ndp::{
-    host_attend, host_score_topk, AttendRequest, FallbackReason, NdpDevice, NdpOptions, NdpPath,
-    Select,
+    host_attend, host_score_topk, AttendRequest, NdpDevice, NdpOptions, NdpPath, Select,
 };
 use cxlkv_runtime::Pool;
 use std::sync::Arc;
@@ -389,35 +388,8 @@ fn device_selection_equals_the_host() {
     assert_eq!(hits_of(&got), reference(&s, 0, &q, 10, GroupMode::PerQuery));
 }
 
-#[test]
-fn the_hls_engine_leaves_attend_and_selection_to_the_host() {
-    let (_c, pool) = setup("hls-attend");
-    let p = Arc::new(pool.attach().unwrap());
-    let _dev = start_device(&pool, Engine::Hls);
-    let mut ndp = NdpDevice::open(p.clone(), NdpOptions::default()).unwrap();
-    let (k, v) = random_kv(2, 1, 300, 32, DType::F16);
-    let s = store(&p, &k, &v, 1, 300, 32, DType::F16, 100, 5, 0);
-    let q = SplitMix64::new(3).normal_vec(2 * 32);
-    let got = ndp.attend(&attend_request(&s, 0, &q, 0.2)).unwrap();
-    assert_eq!(
-        got.stats.path,
-        Some(NdpPath::Host(FallbackReason::Unsupported))
-    );
-    assert_eq!(
-        got.partials,
-        host_attend(&pool, &attend_request(&s, 0, &q, 0.2))
-            .unwrap()
-            .partials
-    );
-    let mut req = request(&s, 0, &q, 10, GroupMode::PerQuery, false, false);
-    req.select.sinks = 2;
-    let got = ndp.score_topk(&req).unwrap();
-    assert_eq!(
-        got.stats.path,
-        Some(NdpPath::Host(FallbackReason::Unsupported))
-    );
-    assert!(got.indices[0].contains(&0) && got.indices[0].contains(&1));
-}
+// The HLS engine serves ATTEND and selection too: tests/hls_attend.rs runs the same commands on
+// both engines and compares.
 
 /// Raw ATTEND and selected SCORE_TOPK commands with bad arguments complete with `ERR_ARGS` (and
 /// the detail that names the argument), and the device keeps serving.

@@ -6,8 +6,8 @@
 //! such as an index slot left mid-update by a crashed owner, which the next owner repairs.
 
 use crate::format::{
-    counters, decode_entry, partition, pin, read_plain, slot, BlockHeader, Codec, IndexSlot,
-    ENTRY_EMPTY, ENTRY_TOMBSTONE, PINS_PER_PARTICIPANT, PIN_SIZE,
+    claim, counters, decode_entry, partition, pin, read_plain, slot, slot_version, BlockHeader,
+    Codec, IndexSlot, ENTRY_EMPTY, ENTRY_TOMBSTONE, PINS_PER_PARTICIPANT, PIN_SIZE,
 };
 use crate::key::Key;
 use crate::participant::liveness::participant_liveness;
@@ -42,6 +42,12 @@ pub struct CheckReport {
     pub blocks_checked: u64,
     /// Payload bytes checksummed.
     pub bytes_checked: u64,
+    /// Index slots quarantined at a takeover (a former owner was rewriting them): passed by
+    /// probes like tombstones, never reused. Not damage (docs/COHERENCE.md, Fencing).
+    pub quarantined_slots: u64,
+    /// Blocks quarantined: claimed for writing by another generation than the partition's
+    /// current owner and never committed, so never reused. Not damage.
+    pub quarantined_blocks: u64,
 }
 
 impl CheckReport {
@@ -64,6 +70,13 @@ impl std::fmt::Display for CheckReport {
             self.dead_participants,
             unknown
         )?;
+        if self.quarantined_slots + self.quarantined_blocks > 0 {
+            writeln!(
+                f,
+                "quarantined after takeovers of a writer held up mid-write: {} index slots, {} blocks",
+                self.quarantined_slots, self.quarantined_blocks
+            )?;
+        }
         for n in &self.notes {
             writeln!(f, "note: {}: {}", n.place, n.what)?;
         }
@@ -168,6 +181,10 @@ pub fn check(pool: &Pool) -> Result<CheckReport> {
             let off = pool.index_slot_off(p, s);
             let slotv: IndexSlot = read_plain(mem, off)?;
             let place = format!("partition {p} slot {s}");
+            if slot_version::quarantined(slotv.version) {
+                r.quarantined_slots += 1;
+                continue;
+            }
             if slotv.version & 1 == 1 {
                 r.notes.push(Finding { place: place.clone(), what: "left mid-update (a writer is active or crashed); readers skip it, the next owner repairs it".into() });
                 continue;
@@ -210,8 +227,9 @@ pub fn check(pool: &Pool) -> Result<CheckReport> {
             let home = pool.home_slot(key);
             let mut i = home;
             while i != s {
+                let v = mem.load_u64(pool.index_slot_off(p, i), Ordering::Relaxed)?;
                 let e = mem.load_u64(pool.index_slot_off(p, i) + 24, Ordering::Relaxed)?;
-                if e == ENTRY_EMPTY {
+                if e == ENTRY_EMPTY && !slot_version::quarantined(v) {
                     err(
                         &mut r,
                         place.clone(),
@@ -241,6 +259,19 @@ pub fn check(pool: &Pool) -> Result<CheckReport> {
                 );
                 continue;
             }
+            if h.claim != claim::word(h.owner_generation, claim::COMMITTED) || h.reserved != 0 {
+                // Every commit leaves the claim word saying committed by the generation that wrote
+                // the header; a block that reads as mid-write is dropped by the next takeover.
+                err(
+                    &mut r,
+                    hplace,
+                    format!(
+                        "claim word {:#x} (reserved {:#x}) is not committed by generation {}",
+                        h.claim, h.reserved, h.owner_generation
+                    ),
+                );
+                continue;
+            }
             if h.len > sb.block_size || Codec::from_code(h.codec).is_none() {
                 err(
                     &mut r,
@@ -259,6 +290,16 @@ pub fn check(pool: &Pool) -> Result<CheckReport> {
                 if let Err(e) = crate::kv::KvBlock::parse(&buf) {
                     err(&mut r, hplace, format!("typed KV payload invalid: {e}"));
                 }
+            }
+        }
+        let generation = owner >> 32;
+        for (b, by) in referenced.iter().enumerate() {
+            if *by != u32::MAX {
+                continue;
+            }
+            let off = pool.header_off(p, b as u32) + BlockHeader::CLAIM_OFF as u64;
+            if claim::quarantined(mem.load_u64(off, Ordering::Relaxed)?, generation) {
+                r.quarantined_blocks += 1;
             }
         }
     }

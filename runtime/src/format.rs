@@ -1,4 +1,4 @@
-//! Pool format v2: the on-memory structures (docs/FORMAT.md is their prose twin).
+//! Pool format v3: the on-memory structures (docs/FORMAT.md is their prose twin).
 //!
 //! Every struct here is `#[repr(C)]`, little-endian, free of padding, and valid for every bit
 //! pattern, which the [`Plain`] marker states and the layout tests check. Structures are moved in
@@ -21,7 +21,9 @@ use cxlkv_shm::mem::{self, SharedMemory};
 pub const MAGIC: [u8; 8] = *b"CXLKVPL\0";
 /// Major version: a reader refuses any other major. 2: the slot's heartbeat is a counter
 /// (format 1 held the writer's wall-clock time there, which a format 1 reader would misjudge).
-pub const VERSION_MAJOR: u16 = 2;
+/// 3: writes are fenced in memory (block claim words, generation-tagged index slot versions,
+/// quarantined slots; docs/FORMAT.md §8).
+pub const VERSION_MAJOR: u16 = 3;
 /// Minor version: additions that readers of the same major may ignore.
 pub const VERSION_MINOR: u16 = 0;
 /// Cache line size the format is laid out for.
@@ -354,9 +356,12 @@ pub struct BlockHeader {
     pub payload_crc: u32,
     /// Generation of the partition owner that wrote the block.
     pub owner_generation: u64,
+    /// The claim word ([`claim`]): which owner generation took the block for writing, and whether
+    /// its write committed. Changed only by compare-and-swap; not covered by `header_crc`.
+    pub claim: u64,
     /// Zero.
-    pub reserved: [u32; 3],
-    /// CRC-32C of the 60 bytes before this field.
+    pub reserved: u32,
+    /// CRC-32C of the first 48 bytes (key to `owner_generation`).
     pub header_crc: u32,
 }
 // SAFETY: repr(C), fields without padding (layout test), integers only.
@@ -366,9 +371,90 @@ impl BlockHeader {
     /// Offset of `header_crc`.
     pub const CRC_OFF: usize = std::mem::offset_of!(BlockHeader, header_crc);
 
-    /// The header CRC this header should carry.
+    /// Offset of the claim word.
+    pub const CLAIM_OFF: usize = std::mem::offset_of!(BlockHeader, claim);
+
+    /// The header CRC this header should carry (of the bytes before the claim word).
     pub fn compute_crc(&self) -> u32 {
-        crc32c(&as_bytes(self)[..Self::CRC_OFF])
+        crc32c(&as_bytes(self)[..Self::CLAIM_OFF])
+    }
+}
+
+/// A block's claim word (`BlockHeader::claim`): `generation << 32 | state`, the partition
+/// generation of the owner that last changed it. An owner takes a block for writing with a
+/// compare-and-swap from a word it read, so a successor that changed the word makes the late
+/// writer's swap fail; a block left `WRITING` by another generation than the partition's current
+/// one is quarantined: the writer of that generation may still store into it, so it is never
+/// reused (docs/COHERENCE.md, Fencing).
+pub mod claim {
+    /// Never claimed, or its write was abandoned: free.
+    pub const IDLE: u64 = 0;
+    /// Taken for writing (payload, header): in flight until committed.
+    pub const WRITING: u64 = 1;
+    /// Its write committed (header written before the index entry was published).
+    pub const COMMITTED: u64 = 2;
+
+    /// The word of `state` by generation `generation`.
+    pub fn word(generation: u64, state: u64) -> u64 {
+        ((generation & 0xffff_ffff) << 32) | state
+    }
+
+    /// The generation part of a claim word.
+    pub fn generation(word: u64) -> u64 {
+        word >> 32
+    }
+
+    /// The state part of a claim word.
+    pub fn state(word: u64) -> u64 {
+        word & 0xffff_ffff
+    }
+
+    /// True when a block with this claim word is quarantined under an owner of `generation`:
+    /// another generation left it mid-write.
+    pub fn quarantined(word: u64, generation: u64) -> bool {
+        state(word) == WRITING && self::generation(word) != generation & 0xffff_ffff
+    }
+}
+
+/// An index slot's version word: `generation << 32 | flags and counter`. The low 31 bits are the
+/// seqlock counter (odd while the owner rewrites the slot), bit 31 marks a quarantined slot, and
+/// the high 32 bits are the partition generation of the owner that last wrote the word. Owners
+/// change it only by compare-and-swap from a word of their own generation, and a new owner retags
+/// every slot with its generation when it takes the partition, so a former owner's late swap fails.
+pub mod slot_version {
+    /// A quarantined slot: a former owner was rewriting it when the partition changed hands and
+    /// may still store into its fields. Readers and writers skip it like a tombstone; never reused.
+    pub const QUARANTINED: u64 = 1 << 31;
+    const COUNTER: u64 = QUARANTINED - 1;
+
+    /// The generation part.
+    pub fn generation(v: u64) -> u64 {
+        v >> 32
+    }
+
+    /// True for a quarantined slot.
+    pub fn quarantined(v: u64) -> bool {
+        v & QUARANTINED != 0
+    }
+
+    /// True while the slot is being rewritten (the counter is odd; quarantined slots never are).
+    pub fn odd(v: u64) -> bool {
+        v & 1 == 1 && !quarantined(v)
+    }
+
+    /// The odd version that starts a rewrite of a slot whose version is `v` (even).
+    pub fn begin(v: u64) -> u64 {
+        (v & !COUNTER) | (((v & COUNTER) | 1) & COUNTER)
+    }
+
+    /// The even version that ends the rewrite started with `odd`.
+    pub fn end(odd: u64) -> u64 {
+        (odd & !COUNTER) | ((odd & COUNTER).wrapping_add(1) & COUNTER)
+    }
+
+    /// `v` with its generation replaced by `generation` (counter and flag kept).
+    pub fn retag(v: u64, generation: u64) -> u64 {
+        ((generation & 0xffff_ffff) << 32) | (v & 0xffff_ffff)
     }
 }
 
@@ -464,7 +550,8 @@ mod tests {
         assert_eq!(offset_of!(BlockHeader, codec), 32);
         assert_eq!(offset_of!(BlockHeader, payload_crc), 36);
         assert_eq!(offset_of!(BlockHeader, owner_generation), 40);
-        assert_eq!(offset_of!(BlockHeader, reserved), 48);
+        assert_eq!(offset_of!(BlockHeader, claim), 48);
+        assert_eq!(offset_of!(BlockHeader, reserved), 56);
         assert_eq!(offset_of!(BlockHeader, header_crc), 60);
     }
 

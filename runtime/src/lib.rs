@@ -68,6 +68,7 @@ pub mod hotness;
 pub mod key;
 pub mod kv;
 pub mod locate;
+pub mod metrics;
 pub mod ndp;
 pub mod participant;
 pub mod policy;

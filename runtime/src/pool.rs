@@ -139,6 +139,11 @@ fn version_hint(major: u16) -> &'static str {
             " (format 1 pools hold wall-clock heartbeats, which format 2 replaced with counters; \
               detach every participant and create the pool again)"
         }
+        2 => {
+            " (format 2 pools lack the claim words and generation-tagged index slots that fence a \
+              writer held up mid-write, and their block headers carry the CRC over other bytes; \
+              detach every participant and create the pool again)"
+        }
         _ => "",
     }
 }
@@ -710,6 +715,10 @@ impl Pool {
             let Some((version, k, entry)) = self.read_slot(p, slot)? else {
                 return Ok(Probe::Busy);
             };
+            if format::slot_version::quarantined(version) {
+                // Left mid-update by a fenced former owner: passed like a tombstone, never trusted.
+                continue;
+            }
             match entry {
                 ENTRY_EMPTY => return Ok(Probe::Absent),
                 ENTRY_TOMBSTONE => continue,

@@ -127,29 +127,33 @@ fn other_major_versions_are_refused_minor_versions_read() {
 }
 
 #[test]
-fn a_format_1_pool_is_refused_with_a_clear_error() {
+fn format_1_and_2_pools_are_refused_with_a_clear_error() {
     // A pool of format 1.0 has this layout, but its heartbeat word held the writer's wall clock:
-    // read as a counter it would be misjudged, so it must not open.
+    // read as a counter it would be misjudged. A pool of format 2.0 has no claim words and
+    // untagged index slot versions, and its block header CRC covers other bytes. Neither opens.
     let img = &images()[0];
-    let bytes = with_superblock(
-        img,
-        |sb| {
-            sb.version_major = 1;
-            sb.version_minor = 0;
-        },
-        true,
-    );
-    match Pool::open(load(&bytes, POOL_BYTES)) {
-        Err(e @ PoolError::UnsupportedVersion { major: 1, minor: 0 }) => {
-            let msg = e.to_string();
-            assert!(
-                msg.contains("unsupported pool format 1.0")
-                    && msg.contains("this build reads 2.x")
-                    && msg.contains("create the pool again"),
-                "{msg}"
-            );
+    for (major, why) in [(1u16, "wall-clock heartbeats"), (2, "claim words")] {
+        let bytes = with_superblock(
+            img,
+            |sb| {
+                sb.version_major = major;
+                sb.version_minor = 0;
+            },
+            true,
+        );
+        match Pool::open(load(&bytes, POOL_BYTES)) {
+            Err(e @ PoolError::UnsupportedVersion { major: m, minor: 0 }) if m == major => {
+                let msg = e.to_string();
+                assert!(
+                    msg.contains(&format!("unsupported pool format {major}.0"))
+                        && msg.contains("this build reads 3.x")
+                        && msg.contains(why)
+                        && msg.contains("create the pool again"),
+                    "{msg}"
+                );
+            }
+            other => panic!("format {major}.0: expected UnsupportedVersion, got {other:?}"),
         }
-        other => panic!("format 1.0: expected UnsupportedVersion, got {other:?}"),
     }
 }
 

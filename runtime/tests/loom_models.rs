@@ -24,17 +24,23 @@ struct Slot {
     entry: AtomicU64,
 }
 
-/// `write_slot`: odd version, Release fence, fields, Release store of the even version.
+/// `write_slot`: odd version (compare-and-swap, AcqRel, as the pool's `compare_exchange_u64`),
+/// Release fence, fields, even version (compare-and-swap, AcqRel). The swaps fail only when a
+/// successor retagged the slot, which this model (one owner) does not include.
 fn write_slot(s: &Slot, key: u64, entry: u64) {
-    let v = s.version.load(Ordering::Relaxed);
+    let v = s.version.load(Ordering::Acquire);
     let odd = v | 1;
-    s.version.store(odd, Ordering::Relaxed);
+    s.version
+        .compare_exchange(v, odd, Ordering::AcqRel, Ordering::Acquire)
+        .unwrap();
     // Pairs with the reader's Acquire fence before its version re-check.
     fence(Ordering::Release);
     s.key.store(key, Ordering::Relaxed);
     s.entry.store(entry, Ordering::Relaxed);
     // Pairs with the reader's Acquire load of the version.
-    s.version.store(odd + 1, Ordering::Release);
+    s.version
+        .compare_exchange(odd, odd + 1, Ordering::AcqRel, Ordering::Acquire)
+        .unwrap();
 }
 
 /// `read_slot`: one attempt; `Some` only for a consistent snapshot.

@@ -2,6 +2,7 @@
 
 use super::{human, parse_size, Error, Result};
 use clap::Subcommand;
+use cxlkv::runtime::metrics::pool::encode_pool;
 use cxlkv::runtime::region::{Backend, HugePages, Region, RegionOptions};
 use cxlkv::runtime::watch::{beat_period_ns, Liveness};
 use cxlkv::runtime::{check, pool_stats, Pool, PoolConfig, PoolStats};
@@ -53,6 +54,9 @@ pub enum PoolCommand {
         /// full lease or more can declare a participant dead; 0 reads once and judges nobody).
         #[arg(long, value_name = "MS")]
         watch_ms: Option<u64>,
+        /// Print the Prometheus text exposition instead of tables (README, "Observability").
+        #[arg(long)]
+        prometheus: bool,
     },
     /// Validate every structure; exit status 1 when damage is found.
     Check {
@@ -185,12 +189,20 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        PoolCommand::Stat { pool, watch_ms } => {
+        PoolCommand::Stat {
+            pool,
+            watch_ms,
+            prometheus,
+        } => {
             let b = backend(&pool)?;
             let pool = Pool::open_on(&b, &RegionOptions::default())?;
             let lease_ms = pool.superblock().lease_ns / 1_000_000;
             let watch = Duration::from_millis(watch_ms.unwrap_or(lease_ms / 2));
             let st = watched_stats(&pool, watch)?;
+            if prometheus {
+                print!("{}", encode_pool(&st));
+                return Ok(ExitCode::SUCCESS);
+            }
             println!(
                 "heartbeats watched for {} ms (lease {lease_ms} ms). live: yes = the heartbeat \
                  counter moved; ? = it did not move in a watch shorter than the lease (dead, or \

@@ -39,6 +39,10 @@ struct Args {
     /// client in a VM guest cannot wake the host's futex, so the test bed spins longer.
     #[arg(long = "idle-spin-us")]
     idle_spin_us: Option<u64>,
+    /// Serve the device's Prometheus metrics over HTTP at `GET /metrics` on this address
+    /// (`127.0.0.1:PORT`; port 0 picks a free one). The bound address is printed on stdout.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
 }
 
 fn main() {
@@ -51,6 +55,12 @@ fn main() {
 
 fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let backend: Backend = args.pool.parse()?;
+    // Bind before anything starts, so that a taken address fails at once.
+    let metrics = args
+        .metrics
+        .as_deref()
+        .map(cxlkv_ndp::metrics_http::bind)
+        .transpose()?;
     let pool = if args.locate {
         let (pool, loc) = cxlkv_runtime::locate::open_located(
             &backend,
@@ -98,6 +108,11 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         args.workers,
         args.engine
     );
+    if let Some(listener) = metrics {
+        let device = handle.shared();
+        let addr = cxlkv_ndp::metrics_http::serve(listener, move || device.encode_metrics())?;
+        println!("cxlkv-ndpd: metrics on http://{addr}/metrics");
+    }
     let mut sig = 0;
     // SAFETY: `set` is an initialized signal set; `sig` is a valid out-pointer.
     unsafe { libc::sigwait(&set, &mut sig) };

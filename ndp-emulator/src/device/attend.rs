@@ -7,7 +7,7 @@
 
 use crate::device::commands::{err, Done, Outcome};
 use crate::device::model::Device;
-use crate::engine_hls::Engine;
+use crate::engine_hls::{Engine, HlsAttend, HlsSelect};
 use cxlkv_kernels::{attend_block, DType, KeyRows, Partial, QueryGroup};
 use cxlkv_runtime::coherence::{self, Site};
 use cxlkv_runtime::format;
@@ -18,12 +18,15 @@ use cxlkv_runtime::ndp::{
 };
 use std::time::Instant;
 
+/// The selection of a SCORE_TOPK with `FLAG_SELECT`, by engine: the shared [`Selection`] fed with
+/// the Rust kernels' scores, or the HLS kernel's selection datapath.
+pub(super) enum Selector {
+    Rust(Selection),
+    Hls(HlsSelect),
+}
+
 impl Device {
     pub(super) fn attend(&self, qp: u32, cmd: &cxlkv_ndp_cmd) -> Outcome {
-        if self.cfg.engine != Engine::Rust {
-            // The HLS engine has no ATTEND datapath yet (CAP_ATTEND is not advertised with it).
-            return Err(err(CXLKV_NDP_ERR_OPCODE));
-        }
         let (dtype, want) = Self::common(cmd)?;
         let (g, dim, n) = (
             usize::from(cmd.group),
@@ -57,17 +60,31 @@ impl Device {
         let (blocks, _) = self.resolve(&raw[qbytes..qbytes + n * 24], n, &want)?;
         let t0 = Instant::now();
         let mut parts: Vec<Partial> = (0..g).map(|_| Partial::empty(dim)).collect();
+        // The HLS engine's ATTEND unit folds the blocks itself (the same fused computation).
+        let mut hls = match self.cfg.engine {
+            Engine::Rust => None,
+            Engine::Hls => {
+                Some(HlsAttend::new(&queries, tail.scale).ok_or(err(CXLKV_NDP_ERR_INTERNAL))?)
+            }
+        };
         let mut scanned = 0u64;
         for b in &blocks {
-            let x = self.with_kv(b, dtype, dim, |keys, vals| {
-                attend_block(self.cfg.kernel, &queries, keys, vals, tail.scale)
-            })?;
-            for (p, x) in parts.iter_mut().zip(&x) {
-                p.merge(x);
+            if let Some(h) = hls.as_mut() {
+                self.with_kv(b, dtype, dim, |keys, vals| h.block(keys, vals))?;
+            } else {
+                let x = self.with_kv(b, dtype, dim, |keys, vals| {
+                    attend_block(self.cfg.kernel, &queries, keys, vals, tail.scale)
+                })?;
+                for (p, x) in parts.iter_mut().zip(&x) {
+                    p.merge(x);
+                }
             }
             self.touch(b);
             scanned += 2 * b.head_bytes;
             self.pace(t0, scanned);
+        }
+        if let Some(h) = hls {
+            parts = h.finish();
         }
         self.still_valid(&blocks)?;
         let stats = ScanStats {
@@ -86,7 +103,7 @@ impl Device {
     /// (pinned) in block-list order and fed to `sel`.
     pub(super) fn select_scan(
         &self,
-        mut sel: Selection,
+        sel: Selector,
         queries: &QueryGroup<'_>,
         blocks: &[ResolvedBlock],
         dtype: DType,
@@ -94,14 +111,25 @@ impl Device {
     ) -> Result<(Selected, ScanStats), DeviceStatus> {
         let t0 = Instant::now();
         let (g, dim) = (queries.count(), queries.dim());
+        // The HLS engine scores and selects with its own datapath (the same computation).
+        let (mut sel, mut hls) = match sel {
+            Selector::Rust(s) => (Some(s), None),
+            Selector::Hls(h) => (None, Some(h)),
+        };
         let mut scores = Vec::new();
         let mut scanned = 0u64;
         for b in blocks {
             self.with_rows(b, b.k_off, b.head_bytes, dtype, dim, |keys| {
-                scores.resize(keys.len() * g, 0.0);
-                self.cfg.kernel.score(queries, keys, &mut scores);
+                if let Some(h) = hls.as_mut() {
+                    h.block(keys, b.base);
+                } else {
+                    scores.resize(keys.len() * g, 0.0);
+                    self.cfg.kernel.score(queries, keys, &mut scores);
+                }
             })?;
-            sel.feed(b.base, &scores, g, group_max);
+            if let Some(s) = sel.as_mut() {
+                s.feed(b.base, &scores, g, group_max);
+            }
             self.touch(b);
             scanned += b.head_bytes;
             self.pace(t0, scanned);
@@ -111,7 +139,11 @@ impl Device {
             blocks_scanned: blocks.len() as u32,
             blocks_pruned: 0,
         };
-        Ok((sel.finish(), stats))
+        match (sel, hls) {
+            (Some(s), _) => Ok((s.finish(), stats)),
+            (None, Some(h)) => Ok((h.finish()?, stats)),
+            (None, None) => Err(err(CXLKV_NDP_ERR_INTERNAL)),
+        }
     }
 
     /// Calls `f` with block `b`'s keys and values of the command's head as rows of `dim` elements

@@ -25,11 +25,13 @@
 //! - [`attend`]: ATTEND (fused attention over pinned K and V) and SCORE_TOPK's selection scan
 //!   (Rust engine).
 //! - [`hotlist`]: per-block scan heat.
+//! - [`metrics`]: the device's Prometheus metrics (counters and per-opcode latency histograms).
 
 pub mod attend;
 pub mod commands;
 pub mod config;
 pub mod hotlist;
+pub mod metrics;
 pub mod model;
 pub mod scan;
 pub mod worker;

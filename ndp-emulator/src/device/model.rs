@@ -3,10 +3,10 @@
 
 use crate::device::config::{DeviceConfig, DeviceError};
 use crate::device::hotlist::HotTable;
-use crate::engine_hls::Engine;
 use cxlkv_runtime::coherence::{self, Site};
 use cxlkv_runtime::format;
 use cxlkv_runtime::mem::SharedMemory;
+use cxlkv_runtime::metrics::{latency_histogram, HistogramFamily};
 use cxlkv_runtime::ndp::abi::*;
 use cxlkv_runtime::ndp::{futex_wake, reg, DeviceLayout};
 use cxlkv_runtime::{AttachOptions, Participant, Pool};
@@ -23,6 +23,8 @@ pub struct Device {
     pub(super) cfg: DeviceConfig,
     pub(super) generation: u64,
     pub(super) counters: [AtomicU64; CXLKV_NDP_COUNTERS as usize],
+    /// Command latency per opcode (process-local; `metrics`).
+    pub(super) latency: HistogramFamily,
     /// Scan heat per block (the HOTLIST).
     pub(super) hot: HotTable,
     pub(super) stop: AtomicBool,
@@ -39,6 +41,11 @@ impl DeviceHandle {
     /// The device.
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// The device, shared (for a thread that outlives this borrow, such as a metrics endpoint).
+    pub fn shared(&self) -> Arc<Device> {
+        self.device.clone()
     }
 
     /// Stops the threads and clears the magic so clients fall back at once.
@@ -104,13 +111,8 @@ impl Device {
                     | CXLKV_NDP_CAP_PRUNE
                     | CXLKV_NDP_CAP_FUTEX_WAKE
                     | CXLKV_NDP_CAP_PACING
-                    // ATTEND and selection run on the Rust engine only, until the HLS kernel has
-                    // their datapaths.
-                    | if cfg.engine == Engine::Rust {
-                        CXLKV_NDP_CAP_ATTEND | CXLKV_NDP_CAP_SELECT
-                    } else {
-                        0
-                    },
+                    | CXLKV_NDP_CAP_ATTEND
+                    | CXLKV_NDP_CAP_SELECT,
             ),
             generation,
             pid: u64::from(std::process::id()),
@@ -145,6 +147,7 @@ impl Device {
             cfg: cfg.clone(),
             generation,
             counters: Default::default(),
+            latency: HistogramFamily::new_with_constructor(latency_histogram),
             hot: HotTable::default(),
             stop: AtomicBool::new(false),
             sleepers: Mutex::new(0),

@@ -2,9 +2,10 @@
 //! order, skip rule) over the command's blocks, each block pinned while its keys are scored in
 //! place by the configured engine; then the gathered value rows and the result.
 
+use crate::device::attend::Selector;
 use crate::device::commands::{err, Done, Outcome};
 use crate::device::model::Device;
-use crate::engine_hls::{self, Engine, HlsScorer};
+use crate::engine_hls::{self, Engine, HlsScorer, HlsSelect};
 use cxlkv_kernels::{
     BlockScorer, DType, GroupMode, Hit, KernelScorer, KeyRows, PruneStats, PrunedScan, QueryGroup,
     TopK, VisitOrder,
@@ -50,10 +51,6 @@ impl Device {
                 CXLKV_NDP_DETAIL_BAD_OPTIONS as usize,
             ));
         }
-        if select && self.cfg.engine != Engine::Rust {
-            // The HLS engine keeps lists, not every score (CAP_SELECT is not advertised with it).
-            return Err(err(CXLKV_NDP_ERR_OPCODE));
-        }
         let lists = if mode == GroupMode::PerQuery { g } else { 1 };
         let sel_bytes = if select { 64 } else { 0 };
         let need = (g * dim * 4 + n * 24 + sel_bytes) as u64;
@@ -87,8 +84,13 @@ impl Device {
                 .iter()
                 .map(|b| (u64::from(b.base), u64::from(b.base) + u64::from(b.tokens)))
                 .collect();
-            let selection = Selection::new(sel, k, scale, lists, &ranges)?;
             let group_max = mode == GroupMode::GroupMax;
+            let selection = match self.cfg.engine {
+                Engine::Rust => Selector::Rust(Selection::new(sel, k, scale, lists, &ranges)?),
+                Engine::Hls => Selector::Hls(HlsSelect::new(
+                    &queries, k, group_max, &sel, scale, &ranges,
+                )?),
+            };
             let (got, stats) = self.select_scan(selection, &queries, &blocks, dtype, group_max)?;
             let values = if gather {
                 // Each list's rows padded to `per_list` (zero rows), as the result lays them out.

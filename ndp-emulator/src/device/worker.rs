@@ -231,8 +231,10 @@ impl Device {
         };
         let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
             .unwrap_or(Err(err(CXLKV_NDP_ERR_INTERNAL)));
-        let ns = t0.elapsed().as_nanos() as u64;
+        let took = t0.elapsed();
+        let ns = took.as_nanos() as u64;
         self.count(CXLKV_NDP_CTR_BUSY_NS, ns);
+        self.observe_latency(u32::from(cmd.opcode), took);
         match out {
             Ok(d) => {
                 self.count(CXLKV_NDP_CTR_BYTES_SCANNED, d.stats.bytes_scanned);
@@ -281,12 +283,15 @@ impl Device {
         let r = self.layout.regs;
         let mut epoch_start = Instant::now();
         let mut epochs = 0u64;
+        // The heartbeat is an opaque value that must change at every beat (clients watch it stand
+        // still on their own clocks, docs/ABI.md): the wall clock for people reading the register,
+        // forced forward when the clock stood still or was stepped back.
+        let mut beat = mem
+            .load_u64(r + reg::HEARTBEAT, Ordering::Relaxed)
+            .unwrap_or(0);
         while !self.stop.load(Ordering::Relaxed) {
-            let _ = mem.store_u64(
-                r + reg::HEARTBEAT,
-                cxlkv_runtime::ndp::now_ns(),
-                Ordering::Release,
-            );
+            beat = cxlkv_runtime::ndp::now_ns().max(beat.wrapping_add(1));
+            let _ = mem.store_u64(r + reg::HEARTBEAT, beat, Ordering::Release);
             mem.publish(r + reg::HEARTBEAT, 8);
             if epoch_start.elapsed() >= self.cfg.hot_epoch {
                 epoch_start = Instant::now();

@@ -4,18 +4,43 @@
 use super::crash::crash_point;
 use super::state::{OwnerState, Participant};
 use crate::coherence::{self, Site};
-use crate::format::{decode_entry, ENTRY_EMPTY, ENTRY_TOMBSTONE, INDEX_SLOT_SIZE};
+use crate::format::{decode_entry, slot_version, ENTRY_EMPTY, ENTRY_TOMBSTONE, INDEX_SLOT_SIZE};
 use crate::key::Key;
-use crate::pool::{Pool, Result};
+use crate::pool::{Pool, PoolError, Result};
 use std::sync::atomic::{fence, Ordering};
 
-/// Seqlock write of one index slot (owner only).
-pub(super) fn write_slot(pool: &Pool, p: u32, s: u32, key: Key, entry: u64) -> Result<()> {
+/// Seqlock write of one index slot by the owner of partition `p`, whose generation is
+/// `generation`. Both version changes are compare-and-swaps from a word of that generation: once a
+/// successor retagged the slot (takeover), the swap fails and the writer gets
+/// [`PoolError::Fenced`] — also when it was held up between any check and the swap. A writer
+/// held up after its odd swap stores its fields into a slot the successor quarantined.
+pub(super) fn write_slot(
+    pool: &Pool,
+    p: u32,
+    s: u32,
+    key: Key,
+    entry: u64,
+    generation: u64,
+) -> Result<()> {
     let off = pool.index_slot_off(p, s);
     let mem = pool.mem();
-    let v = mem.load_u64(off, Ordering::Relaxed)?;
-    let odd = (v | 1).wrapping_add(if v & 1 == 1 { 2 } else { 0 });
-    mem.store_u64(off, odd, Ordering::Relaxed)?;
+    let fenced = |v: u64| PoolError::Fenced {
+        partition: p,
+        generation: slot_version::generation(v) as u32,
+    };
+    // Pairs with the IndexWrite publish of a successor's retag at takeover.
+    coherence::acquire(mem, Site::IndexRead, off, 8);
+    let v = mem.load_u64(off, Ordering::Acquire)?;
+    if slot_version::generation(v) != generation & 0xffff_ffff
+        || slot_version::quarantined(v)
+        || v & 1 == 1
+    {
+        return Err(fenced(v));
+    }
+    let odd = slot_version::begin(v);
+    if let Err(now) = mem.compare_exchange_u64(off, v, odd)? {
+        return Err(fenced(now));
+    }
     // The odd version reaches memory before any field does. Pairs with the IndexRead acquires in
     // `Pool::read_slot` / `Pool::slot_version`.
     coherence::publish(mem, Site::IndexWrite, off, 8);
@@ -27,9 +52,12 @@ pub(super) fn write_slot(pool: &Pool, p: u32, s: u32, key: Key, entry: u64) -> R
     mem.store_u64(off + 16, key.hi(), Ordering::Relaxed)?;
     mem.store_u64(off + 24, entry, Ordering::Relaxed)?;
     crash_point("slot:fields");
-    // Release: fields (and the block they point to) before the even version. Pairs with the
-    // Acquire load of the version in `Pool::read_slot`.
-    mem.store_u64(off, odd.wrapping_add(1), Ordering::Release)?;
+    // Fields (and the block they point to) before the even version (the swap is AcqRel, so
+    // Release). Pairs with the Acquire load of the version in `Pool::read_slot`. It fails
+    // when a successor quarantined the slot meanwhile: nothing becomes visible.
+    if let Err(now) = mem.compare_exchange_u64(off, odd, slot_version::end(odd))? {
+        return Err(fenced(now));
+    }
     coherence::publish(mem, Site::IndexWrite, off, INDEX_SLOT_SIZE);
     Ok(())
 }
@@ -58,8 +86,9 @@ impl Participant {
         // probe path, and it is written there before its old slot becomes the new hole. A reader
         // that raced a move may see a miss and retry; it never sees wrong data (the seqlock).
         let p = st.partition;
+        let g = self.owner_word >> 32;
         let mask = self.pool.superblock().index_slots - 1;
-        write_slot(&self.pool, p, slot, Key(0), ENTRY_TOMBSTONE)?;
+        write_slot(&self.pool, p, slot, Key(0), ENTRY_TOMBSTONE, g)?;
         st.indexed[block as usize] = None;
         st.policy.remove(block);
         let mut hole = slot;
@@ -69,7 +98,10 @@ impl Participant {
             if j == slot {
                 break; // wrapped around a table with no empty slot
             }
-            let (_, key, entry) = self.own_slot(p, j)?;
+            let (v, key, entry) = self.own_slot(p, j)?;
+            if slot_version::quarantined(v) {
+                continue; // probes pass it like a tombstone; nothing moves into or out of it
+            }
             if entry == ENTRY_EMPTY {
                 break;
             }
@@ -86,17 +118,17 @@ impl Participant {
             if home_after_hole {
                 continue;
             }
-            write_slot(&self.pool, p, hole, key, entry)?;
+            write_slot(&self.pool, p, hole, key, entry, g)?;
             if let Some(e) = st.indexed.get_mut(b as usize) {
                 *e = Some((hole, seq));
             }
-            write_slot(&self.pool, p, j, Key(0), ENTRY_TOMBSTONE)?;
+            write_slot(&self.pool, p, j, Key(0), ENTRY_TOMBSTONE, g)?;
             hole = j;
         }
         // Every entry between the hole and the empty slot that ended the scan has its home after
         // the hole, so no probe path needs the hole: it becomes empty.
         if j != slot {
-            write_slot(&self.pool, p, hole, Key(0), ENTRY_EMPTY)?;
+            write_slot(&self.pool, p, hole, Key(0), ENTRY_EMPTY, g)?;
         }
         Ok(())
     }

@@ -146,7 +146,8 @@ impl Participant {
             };
             if let Some(claim) = claim {
                 me.owner_word = claim.owner_word;
-                let (state, mut rec) = recover_partition(pool, claim.partition)?;
+                let (state, mut rec) =
+                    recover_partition(pool, claim.partition, claim.owner_word >> 32)?;
                 rec.took_over_from = claim.took_over_from;
                 me.recovery = rec;
                 me.owner = Some(Mutex::new(state));

@@ -58,6 +58,15 @@ impl Participant {
         Ok(st)
     }
 
+    /// The error of a write whose compare-and-swap found a successor's word: fenced for good.
+    pub(super) fn fenced_now(&self, p: u32) -> PoolError {
+        self.lease.fenced.store(true, Ordering::Relaxed);
+        match self.check_fence(p) {
+            Err(e) => e,
+            Ok(()) => self.fenced_error(),
+        }
+    }
+
     /// Fails with [`PoolError::Fenced`] (fencing this participant for good) once partition `p`'s
     /// owner word is no longer the one this participant wrote.
     pub(super) fn check_fence(&self, p: u32) -> Result<()> {

@@ -1,6 +1,7 @@
 //! Reservations: a block taken for an in-place (zero-copy) write, committed under its key once
 //! filled, and their raw form for language bindings.
 
+use super::crash::crash_point;
 use super::state::Participant;
 use crate::format::{self, Codec};
 use crate::key::Key;
@@ -16,6 +17,7 @@ impl Participant {
         }
         let mut st = self.owner()?;
         let block = self.allocate(&mut st)?;
+        crash_point("put:allocated");
         Ok(Reservation {
             participant: self,
             partition: st.partition,
@@ -130,10 +132,8 @@ impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         if !self.done {
             if let Some(m) = &self.participant.owner {
-                m.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .free
-                    .push(self.block);
+                let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
+                self.participant.release_block(&mut st, self.block);
             }
         }
     }

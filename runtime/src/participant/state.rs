@@ -106,6 +106,10 @@ pub struct Recovery {
     pub repaired_slots: u64,
     /// Index entries dropped because their block did not validate.
     pub dropped_entries: u64,
+    /// Index slots quarantined: left mid-update by a former owner (now or at an earlier takeover).
+    pub quarantined_slots: u64,
+    /// Blocks quarantined: claimed for writing by a former owner and never committed.
+    pub quarantined_blocks: u64,
 }
 
 impl Participant {

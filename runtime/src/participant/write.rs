@@ -10,8 +10,8 @@ use super::index::write_slot;
 use super::state::{OwnerState, Participant};
 use crate::coherence::{self, Site};
 use crate::format::{
-    self, counters, decode_entry, encode_entry, partition, BlockHeader, Codec, ENTRY_EMPTY,
-    ENTRY_TOMBSTONE,
+    self, claim, counters, decode_entry, encode_entry, partition, slot_version, BlockHeader, Codec,
+    ENTRY_EMPTY, ENTRY_TOMBSTONE,
 };
 use crate::key::Key;
 use crate::kv::{self, KvShape};
@@ -47,6 +47,7 @@ impl Participant {
         }
         let mut st = self.owner()?;
         let block = self.allocate(&mut st)?;
+        crash_point("put:allocated");
         let p = st.partition;
         let off = self.pool.payload_off(p, block);
         // Checksummed from the private source, so the copy below never has to be read back.
@@ -56,15 +57,78 @@ impl Participant {
         // stores, so no write-back pass follows. Pairs with the PayloadRead acquires of readers.
         if let Err(e) = coherence::write_published(self.pool.mem(), Site::BlockWrite, off, payload)
         {
-            st.free.push(block);
+            self.release_block(&mut st, block);
             return Err(e.into());
         }
         crash_point("put:payload");
         self.finish_commit(&mut st, key, block, codec, payload.len() as u64, crc, true)
     }
 
-    /// Takes a free block, reusing deferred ones whose pins are gone, else evicting.
+    /// Takes a block for writing and claims it (its claim word says `WRITING` by this owner's
+    /// generation, in memory, before any other store to the block). A block another generation
+    /// left mid-write is quarantined: dropped from the free list for good.
     pub(super) fn allocate(&self, st: &mut OwnerState) -> Result<u32> {
+        loop {
+            let block = self.take_block(st)?;
+            if self.claim_block(st.partition, block)? {
+                return Ok(block);
+            }
+        }
+    }
+
+    /// Claims `block` for writing with a compare-and-swap of its claim word: `Ok(false)` if another
+    /// generation has it mid-write (quarantined), [`PoolError::Fenced`] if a successor owns the
+    /// partition. Whoever swaps first owns the block: a former owner's late swap fails once the
+    /// successor claimed the block, and a block it claims late is one the successor has not
+    /// claimed, which the successor then finds quarantined here.
+    fn claim_block(&self, p: u32, block: u32) -> Result<bool> {
+        let mem = self.pool.mem();
+        let off = self.pool.header_off(p, block) + BlockHeader::CLAIM_OFF as u64;
+        let g = self.owner_word >> 32;
+        // Pairs with the BlockWrite publish of the claim by a former or later owner.
+        coherence::acquire(mem, Site::HeaderRead, off, 8);
+        let w = mem.load_u64(off, Ordering::Acquire)?;
+        if claim::quarantined(w, g) {
+            return Ok(false);
+        }
+        if claim::generation(w) != g {
+            // A predecessor's word, or a successor's: then we are fenced.
+            self.check_fence(p)?;
+        }
+        crash_point("claim:read");
+        match mem.compare_exchange_u64(off, w, claim::word(g, claim::WRITING))? {
+            Ok(_) => {
+                // The claim reaches memory before the payload does. Pairs with the acquire above
+                // and the RecoveryRead of a successor.
+                coherence::publish(mem, Site::BlockWrite, off, 8);
+                Ok(true)
+            }
+            Err(_) => {
+                self.check_fence(p)?;
+                // Still ours: a former owner claimed it late, and may still write it.
+                Ok(false)
+            }
+        }
+    }
+
+    /// Puts back a claimed block whose write was abandoned: its claim word goes back to idle (so a
+    /// successor does not quarantine it), then the free list.
+    pub(super) fn release_block(&self, st: &mut OwnerState, block: u32) {
+        let off = self.pool.header_off(st.partition, block) + BlockHeader::CLAIM_OFF as u64;
+        let g = self.owner_word >> 32;
+        let mem = self.pool.mem();
+        if let Ok(Ok(_)) = mem.compare_exchange_u64(
+            off,
+            claim::word(g, claim::WRITING),
+            claim::word(g, claim::IDLE),
+        ) {
+            coherence::publish(mem, Site::BlockWrite, off, 8);
+        }
+        st.free.push(block);
+    }
+
+    /// Takes a free block, reusing deferred ones whose pins are gone, else evicting.
+    fn take_block(&self, st: &mut OwnerState) -> Result<u32> {
         if let Some(b) = st.free.pop() {
             return Ok(b);
         }
@@ -128,13 +192,17 @@ impl Participant {
             st.free.push(block);
             return Err(e);
         }
+        let g = self.owner_word >> 32;
         let seq = st.next_seq;
+        // From the value this owner (or its recovery) wrote: a former owner's late swap fails, so
+        // it cannot move the word back below the sequence numbers its successor handed out.
+        if mem
+            .compare_exchange_u64(pool.partition_off(p) + partition::NEXT_SEQ, seq, seq + 1)?
+            .is_err()
+        {
+            return Err(self.fenced_now(p));
+        }
         st.next_seq += 1;
-        mem.store_u64(
-            pool.partition_off(p) + partition::NEXT_SEQ,
-            st.next_seq,
-            Ordering::Relaxed,
-        )?;
         let mut h = BlockHeader {
             key_lo: key.lo(),
             key_hi: key.hi(),
@@ -142,12 +210,28 @@ impl Participant {
             len,
             codec: codec as u32,
             payload_crc: crc,
-            owner_generation: self.owner_word >> 32,
+            owner_generation: g,
             ..Default::default()
         };
         h.header_crc = h.compute_crc();
         let hoff = pool.header_off(p, block);
-        format::write_plain(mem, hoff, &h)?;
+        // Everything but the claim word, which only compare-and-swap changes.
+        let bytes = format::as_bytes(&h);
+        let claim_off = BlockHeader::CLAIM_OFF;
+        mem.write(hoff, &bytes[..claim_off])?;
+        mem.write(hoff + claim_off as u64 + 8, &bytes[claim_off + 8..])?;
+        // The block is committed (no longer quarantined if the index step is interrupted); fails
+        // if a successor took it over.
+        if mem
+            .compare_exchange_u64(
+                hoff + claim_off as u64,
+                claim::word(g, claim::WRITING),
+                claim::word(g, claim::COMMITTED),
+            )?
+            .is_err()
+        {
+            return Err(self.fenced_now(p));
+        }
         // Payload and header reach memory before the index entry that points at them. Pairs with
         // the acquires in `Pool::checked_header` and the payload read.
         if !payload_published {
@@ -164,7 +248,10 @@ impl Participant {
         let mut old = None;
         for i in 0..n {
             let s = (home + i) & mask;
-            let (_, k, entry) = self.own_slot(p, s)?;
+            let (v, k, entry) = self.own_slot(p, s)?;
+            if slot_version::quarantined(v) {
+                continue;
+            }
             if entry == ENTRY_EMPTY {
                 target.get_or_insert(s);
                 break;
@@ -183,7 +270,7 @@ impl Participant {
             st.free.push(block);
             return Err(PoolError::PartitionFull(p));
         };
-        write_slot(pool, p, s, key, encode_entry(block, seq))?;
+        write_slot(pool, p, s, key, encode_entry(block, seq), g)?;
         crash_point("put:indexed");
         st.indexed[block as usize] = Some((s, seq));
         st.policy.insert(block);

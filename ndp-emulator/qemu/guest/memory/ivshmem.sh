@@ -9,4 +9,7 @@ echo "CXLKV-TB MEMORY ivshmem at $dev: $(sed -n 3p "$dev/resource")"
 echo "file:$dev/resource2" > /tmp/tb-pool
 cxlkv topo
 [ -n "$TB_PREPARE_ONLY" ] && exit 0
-cxlkv-testbed guest --pool "file:$dev/resource2" --scenarios "$TB_SCENARIOS" --iters "${CMDLINE_tb_iters:-200}"
+# Scenario 5 (two guests): tb_role=a|b, tb_coherence, tb_lease_ms, tb_step_clock_s.
+cxlkv-testbed guest --pool "file:$dev/resource2" --scenarios "$TB_SCENARIOS" --iters "${CMDLINE_tb_iters:-200}" \
+	${CMDLINE_tb_role:+--role "$CMDLINE_tb_role"} ${CMDLINE_tb_coherence:+--coherence "$CMDLINE_tb_coherence"} \
+	${CMDLINE_tb_lease_ms:+--lease-ms "$CMDLINE_tb_lease_ms"} ${CMDLINE_tb_step_clock_s:+--step-clock-s "$CMDLINE_tb_step_clock_s"}

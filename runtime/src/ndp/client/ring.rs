@@ -14,12 +14,12 @@ use crate::key::Key;
 use crate::ndp::abi::*;
 use crate::ndp::client::error::{FallbackReason, NdpError, Result};
 use crate::ndp::client::request::{NdpOptions, NdpStats, OwnedRequest};
-use crate::ndp::layout::{now_ns, qpi, reg, DeviceLayout, DEPTH};
+use crate::ndp::layout::{qpi, reg, DeviceLayout, DEPTH};
 use crate::participant::{Participant, RawReservation};
 use crate::pool::Pool;
 use std::collections::HashMap;
 use std::sync::atomic::{fence, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A command in flight, or one already settled on the host.
@@ -89,6 +89,19 @@ pub struct NdpDevice {
     pub(super) done: HashMap<u64, cxlkv_ndp_cpl>,
     pub(super) pending: HashMap<u64, Pending>,
     pub(super) next_ticket: u64,
+    /// This client's watch of the device's heartbeat (see [`NdpDevice::device_state`]).
+    pub(super) beat_watch: Mutex<Option<BeatSeen>>,
+}
+
+/// The device heartbeat this client last saw change, and when (its own monotonic clock).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct BeatSeen {
+    /// The device generation it belongs to.
+    generation: u64,
+    /// The opaque `heartbeat_ns` value.
+    heartbeat: u64,
+    /// `Pool::monotonic_ns` when this client first saw that value.
+    since_ns: u64,
 }
 
 impl NdpDevice {
@@ -156,6 +169,7 @@ impl NdpDevice {
             done: HashMap::new(),
             pending: HashMap::new(),
             next_ticket: 1,
+            beat_watch: Mutex::new(None),
         })
     }
 
@@ -181,6 +195,15 @@ impl NdpDevice {
     }
 
     /// Whether a live device of this ABI is attached, and if not, why.
+    ///
+    /// The device's `heartbeat_ns` is an opaque value that changes at every beat (every 10 ms); it
+    /// is never compared with this client's clock, so the device's and the client's clocks may
+    /// differ by any amount (a guest beside a host device, a stepped wall clock). This client
+    /// remembers the value it last saw change and when, on its own monotonic clock
+    /// ([`Pool::monotonic_ns`]); the device is dead once that value stood still for more than
+    /// `stale_after` while this client watched. A first look, or a new device generation, starts
+    /// the watch and finds the device alive: a device that died before this client looked costs
+    /// one `stale_after` (or the command's timeout, whichever is shorter) to find out.
     pub fn device_state(&self) -> Result<std::result::Result<u64, FallbackReason>> {
         // Acquire pairs with the device's Release store of the magic, written last at start.
         if self.reg(reg::MAGIC)? != CXLKV_NDP_MAGIC
@@ -188,11 +211,25 @@ impl NdpDevice {
         {
             return Ok(Err(FallbackReason::Absent));
         }
-        let hb = self.reg(reg::HEARTBEAT)?;
-        if now_ns().saturating_sub(hb) > self.opts.stale_after.as_nanos() as u64 {
-            return Ok(Err(FallbackReason::Dead));
+        let heartbeat = self.reg(reg::HEARTBEAT)?;
+        let generation = self.reg(reg::GENERATION)?;
+        let now = self.pool.monotonic_ns();
+        let mut seen = self.beat_watch.lock().unwrap_or_else(|e| e.into_inner());
+        match *seen {
+            Some(s) if s.generation == generation && s.heartbeat == heartbeat => {
+                if now.saturating_sub(s.since_ns) > self.opts.stale_after.as_nanos() as u64 {
+                    return Ok(Err(FallbackReason::Dead));
+                }
+            }
+            _ => {
+                *seen = Some(BeatSeen {
+                    generation,
+                    heartbeat,
+                    since_ns: now,
+                })
+            }
         }
-        Ok(Ok(self.reg(reg::GENERATION)?))
+        Ok(Ok(generation))
     }
 
     /// A device counter (`CXLKV_NDP_CTR_*`).

@@ -1,5 +1,6 @@
 //! Writes the golden vectors of the HLS kernel's C-simulation test bench (fpga/tb) from the Rust
 //! reference kernels: `cargo run --release -p cxlkv-kernels --example golden -- OUT_DIR`.
+//! SCORE_TOPK sets are `NAME.gold` (below), ATTEND sets `NAME.gatt` ([`attend`]).
 //!
 //! One file per set, `OUT_DIR/NAME.gold`, little-endian (format in fpga/README.md):
 //! `b"CXLKVGL1"`, `u32 dtype, dim, tokens, block_tokens, nblocks, ncases`, the keys
@@ -11,6 +12,10 @@
 //! the number of blocks [`pruned_topk`] skipped (the device's pruning visits blocks in the same
 //! order with the same rule, so the HLS kernel must skip exactly as many).
 
+mod attend;
+
+use attend::AttendSet;
+use cxlkv_kernels::attention::default_scale;
 use cxlkv_kernels::rng::{push_elem, SplitMix64};
 use cxlkv_kernels::{
     block_bounds, npy, pruned_topk, scan_topk, DType, KeyRows, QueryGroup, ScoreKernel, TopK,
@@ -216,7 +221,13 @@ fn main() {
             ks: vec![1, 32, 256],
         });
     }
+    let attend_sets = attend_sets(&mut rng, &data);
     let mut total = 0;
+    for s in &attend_sets {
+        let n = attend::write(&dir, s).expect("write an ATTEND set");
+        println!("golden: {} ({n} ATTEND cases)", s.name);
+        total += n;
+    }
     for s in &sets {
         let n = write_set(&dir, s).expect("write a golden set");
         println!("golden: {} ({n} cases)", s.name);
@@ -224,7 +235,63 @@ fn main() {
     }
     println!(
         "golden: {} sets, {total} cases in {}",
-        sets.len(),
+        sets.len() + attend_sets.len(),
         dir.display()
     );
+}
+
+/// ATTEND sets: f16, bf16 and f32 K/V; blocks shorter than, equal to and longer than the HLS
+/// kernel's tile (CXLKV_HLS_TMAX = 256 rows); the default scale and a 4x sharper one (so most
+/// weights underflow); and the real SmolLM2 K/V of layer 17 with its GQA group.
+fn attend_sets(rng: &mut SplitMix64, data: &Path) -> Vec<AttendSet> {
+    let mut sets = Vec::new();
+    for (dtype, dim, tokens, block_tokens) in [
+        (DType::F16, 64usize, 1000usize, 128usize),
+        (DType::Bf16, 128, 700, 300),
+        (DType::F32, 64, 500, 96),
+        (DType::F32, 128, 333, 256),
+    ] {
+        let keys = clustered(rng, tokens, dim, dtype);
+        let values = rng.key_bytes(tokens, dim, dtype);
+        let s = default_scale(dim);
+        let cases = vec![
+            (1, rng.normal_vec(dim), s),
+            (4, rng.normal_vec(4 * dim), s),
+            (3, rng.normal_vec(3 * dim), 4.0 * s),
+        ];
+        sets.push(AttendSet {
+            name: format!("attend_{}_d{dim}_b{block_tokens}", dtype.name()),
+            dtype,
+            dim,
+            keys,
+            values,
+            block_tokens,
+            cases,
+        });
+    }
+    let read = |n: &str| npy::read_npy(data.join(format!("layer17_{n}.npy")));
+    let (Ok(k), Ok(v), Ok(q)) = (read("k"), read("v"), read("q")) else {
+        eprintln!("golden: no SmolLM2 tensors at {}", data.display());
+        std::process::exit(1);
+    };
+    let (dim, tokens) = (64usize, 2048usize);
+    let query = |heads: std::ops::Range<usize>, t: usize| -> Vec<f32> {
+        heads
+            .flat_map(|h| (0..dim).map(move |d| (h, d)))
+            .map(|(h, d)| DType::F16.load(&q.data, (h * tokens + t) * dim + d))
+            .collect()
+    };
+    sets.push(AttendSet {
+        name: "attend_smollm2_l17_h0".into(),
+        dtype: DType::F16,
+        dim,
+        keys: k.data[..tokens * dim * 2].to_vec(),
+        values: v.data[..tokens * dim * 2].to_vec(),
+        block_tokens: 128,
+        cases: vec![
+            (3, query(0..3, 2047), default_scale(dim)),
+            (1, query(0..1, 1500), default_scale(dim)),
+        ],
+    });
+    sets
 }

@@ -11,23 +11,28 @@
 //! Scenarios: 1 and 3 round-trip typed KV blocks byte-exact (guest → host and host → guest; 3 is
 //! the same on CXL memory), 2 sends NOP, SCORE_TOPK and GATHER to the host-side device and compares
 //! them with the host reference, 4 stops the device and expects the client to time out and fall
-//! back to the host with the same answer.
+//! back to the host with the same answer, 5 runs in two guests at once on one region (`pair`: a
+//! prefix shared between them, concurrent SCORE_TOPK, guest A killed and taken over by guest B).
 
 use clap::{Parser, Subcommand};
 use cxlkv_kernels::rng::SplitMix64;
-use cxlkv_kernels::{DType, GroupMode, ScoreKernel};
+use cxlkv_kernels::{DType, ScoreKernel};
 use cxlkv_runtime::locate::{self, SCAN_ALIGN};
 use cxlkv_runtime::ndp::{
-    host_score_topk, BlockSpec, FallbackReason, NdpDevice, NdpOptions, NdpPath, ScoreRequest,
+    host_score_topk, BlockSpec, FallbackReason, NdpDevice, NdpOptions, NdpPath,
 };
 use cxlkv_runtime::{
-    kv, Backend, Key, KvShape, Participant, Pool, PoolConfig, Region, RegionOptions, SharedMemory,
+    kv, Backend, CoherenceMode, Key, KvShape, Participant, Pool, PoolConfig, Region, RegionOptions,
+    SharedMemory,
 };
 use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
+mod common;
+mod pair;
+
+use common::*;
 
 /// QEMU test-bed scenario driver.
 #[derive(Parser, Debug)]
@@ -47,9 +52,27 @@ enum Cmd {
         /// Use only the first MiB of the backend (keep pools small on slow emulated CXL memory).
         #[arg(long = "window-mib")]
         window_mib: Option<u64>,
-        /// Scenario numbers, comma separated (1,2,3,4).
+        /// Scenario numbers, comma separated (1,2,3,4; 5 runs alone, in two guests).
         #[arg(long, default_value = "1,2,4")]
         scenarios: String,
+        /// Scenario 5: which of the two guests this is (a formats the pool and is killed, b takes
+        /// it over).
+        #[arg(long)]
+        role: Option<String>,
+        /// Scenario 5: the pool's coherence mode (hardware|software).
+        #[arg(long, default_value = "software")]
+        coherence: String,
+        /// Scenario 5: the pool's lease in ms.
+        #[arg(long = "lease-ms", default_value_t = 2000)]
+        lease_ms: u64,
+        /// Scenario 5, guest B: step this guest's wall clock by this many seconds (`date -s`)
+        /// while it watches A's heartbeat (0: no step; the test bed passes it inside a guest only).
+        #[arg(
+            long = "step-clock-s",
+            default_value_t = 0,
+            allow_negative_numbers = true
+        )]
+        step_clock_s: i64,
         /// Seconds to wait for the host at each step.
         #[arg(long = "timeout-s", default_value_t = 180)]
         timeout_s: u64,
@@ -80,14 +103,10 @@ enum Cmd {
 }
 
 const KV_BLOCKS: usize = 6;
-const HEADS: usize = 2;
-const DIM: usize = 64;
 const TOKENS: usize = 32;
 const SEQ_BLOCKS: usize = 4;
 const SEQ_TOKENS: usize = 64;
 const SEQUENCE: u64 = 7;
-const GROUP: usize = 4;
-const TOPK: usize = 16;
 
 fn main() {
     let args = Args::parse();
@@ -96,15 +115,28 @@ fn main() {
             pool,
             window_mib,
             scenarios,
+            role,
+            coherence,
+            lease_ms,
+            step_clock_s,
             timeout_s,
             iters,
-        } => guest(
-            &pool,
-            window_mib,
-            &scenarios,
-            Duration::from_secs(timeout_s),
-            iters,
-        ),
+        } => {
+            let timeout = Duration::from_secs(timeout_s);
+            if parse_scenarios(&scenarios).is_ok_and(|v| v.contains(&5)) {
+                guest_pair(
+                    &pool,
+                    &scenarios,
+                    role,
+                    &coherence,
+                    lease_ms,
+                    step_clock_s,
+                    timeout,
+                )
+            } else {
+                guest(&pool, window_mib, &scenarios, timeout, iters)
+            }
+        }
         Cmd::Host {
             file,
             scenarios,
@@ -125,14 +157,13 @@ fn parse_scenarios(s: &str) -> Res<Vec<u32>> {
         .filter(|x| !x.is_empty())
         .map(str::parse)
         .collect::<Result<_, _>>()?;
-    if let Some(bad) = v.iter().find(|&&n| !(1..=4).contains(&n)) {
-        return Err(format!("unknown scenario {bad} (1..=4)").into());
+    if let Some(bad) = v.iter().find(|&&n| !(1..=5).contains(&n)) {
+        return Err(format!("unknown scenario {bad} (1..=5)").into());
+    }
+    if v.contains(&5) && v.len() > 1 {
+        return Err("scenario 5 runs alone (it needs two guests)".into());
     }
     Ok(v)
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }
 
 /// The typed block `i` of `side` ("guest" or "host"): key, shape, K and V (deterministic).
@@ -156,24 +187,6 @@ fn kv_block(side: &str, i: usize) -> (Key, KvShape, Vec<u8>, Vec<u8>) {
         k,
         v,
     )
-}
-
-fn flag(name: &str) -> Key {
-    Key::from_bytes(format!("testbed/flag/{name}").as_bytes())
-}
-
-/// Waits until `key` is in the pool; returns its payload.
-fn wait_key(p: &Participant, key: Key, timeout: Duration, what: &str) -> Res<Vec<u8>> {
-    let t = Instant::now();
-    loop {
-        if let Some((payload, _)) = p.get(key)? {
-            return Ok(payload);
-        }
-        if t.elapsed() > timeout {
-            return Err(format!("timed out after {timeout:?} waiting for {what}").into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn put_blocks(p: &Participant, side: &str) -> Res<Duration> {
@@ -203,13 +216,6 @@ fn check_blocks(p: &Participant, side: &str, timeout: Duration) -> Res<Duration>
         }
     }
     Ok(t.elapsed())
-}
-
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(((v.len() as f64 - 1.0) * p).round() as usize)
-        .copied()
-        .unwrap_or(f64::NAN)
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -280,6 +286,49 @@ fn guest(
     }
 }
 
+/// Scenario 5 in one of its two guests: prints its `CXLKV-SCENARIO-5` line (guest A prints its
+/// PASS before it asks to be killed).
+fn guest_pair(
+    spec: &str,
+    scenarios: &str,
+    role: Option<String>,
+    coherence: &str,
+    lease_ms: u64,
+    step_clock_s: i64,
+    timeout: Duration,
+) -> Res<()> {
+    parse_scenarios(scenarios)?;
+    let backend: Backend = spec.parse()?;
+    let coherence = match coherence {
+        "hardware" => CoherenceMode::Hardware,
+        "software" => CoherenceMode::Software,
+        other => return Err(format!("unknown coherence '{other}' (hardware|software)").into()),
+    };
+    let role = role.ok_or("scenario 5 needs --role a|b")?;
+    let t = Instant::now();
+    let r = pair::guest_pair(
+        &backend,
+        &role,
+        coherence,
+        Duration::from_millis(lease_ms),
+        step_clock_s,
+        timeout,
+    );
+    match r {
+        Ok(line) => {
+            println!(
+                "CXLKV-SCENARIO-5 PASS role={role} {line} scenario-ms={:.0}",
+                ms(t.elapsed())
+            );
+            Ok(())
+        }
+        Err(e) => {
+            println!("CXLKV-SCENARIO-5 FAIL role={role} {e}");
+            Err("scenario 5 failed".into())
+        }
+    }
+}
+
 fn guest_kv(p: &Participant, timeout: Duration) -> Res<String> {
     let put = put_blocks(p, "guest")?;
     let read = check_blocks(p, "host", timeout)?;
@@ -330,51 +379,16 @@ fn store_sequence(p: &Participant) -> Res<(Vec<BlockSpec>, Vec<u8>)> {
     Ok((blocks, v0))
 }
 
-fn request<'a>(queries: &'a [f32], blocks: &'a [BlockSpec]) -> ScoreRequest<'a> {
-    ScoreRequest {
-        queries,
-        dim: DIM,
-        blocks,
-        sequence: SEQUENCE,
-        layer: 0,
-        kv_head: 0,
-        dtype: DType::F16,
-        k: TOPK,
-        mode: GroupMode::GroupMax,
-        prune: false,
-        gather_values: true,
-        scale: 1.0 / (DIM as f32).sqrt(),
-        select: Default::default(),
-    }
-}
-
 fn ndp_options(timeout: Duration) -> NdpOptions {
     NdpOptions {
         timeout,
-        // The device's heartbeat is stamped with the host's clock, which the guest's clock only
-        // approximates (RTC granularity): judge liveness by timeouts, not by the heartbeat age.
-        stale_after: Duration::from_secs(60),
+        // The client watches the device's heartbeat stand still on the guest's own clock (the
+        // host's and the guest's clocks are never compared); TCG stalls call for a wide margin.
+        stale_after: Duration::from_secs(5),
         // A futex wake does not cross the VM boundary: poll the completion ring for the whole wait.
         spin: timeout,
         ..NdpOptions::default()
     }
-}
-
-fn same_topk(a: &cxlkv_runtime::ndp::TopK, b: &cxlkv_runtime::ndp::TopK) -> Result<(), String> {
-    if a.indices != b.indices {
-        return Err(format!(
-            "indices differ: {:?} vs {:?}",
-            a.indices, b.indices
-        ));
-    }
-    let bits = |s: &Vec<Vec<f32>>| s.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
-    if bits(&a.scores) != bits(&b.scores) {
-        return Err(format!("scores differ: {:?} vs {:?}", a.scores, b.scores));
-    }
-    if a.values != b.values {
-        return Err("gathered values differ".into());
-    }
-    Ok(())
 }
 
 fn guest_ndp(p: &Arc<Participant>, timeout: Duration, iters: usize) -> Res<(String, NdpRun)> {
@@ -403,7 +417,7 @@ fn guest_ndp(p: &Arc<Participant>, timeout: Duration, iters: usize) -> Res<(Stri
     for i in 0..(iters / 10).max(5) {
         let mut q = queries.clone();
         q.rotate_left(i % DIM);
-        let req = request(&q, &blocks);
+        let req = request(&q, &blocks, SEQUENCE);
         let t = Instant::now();
         let got = dev.score_topk(&req)?;
         lat.push(t.elapsed().as_secs_f64() * 1e6);
@@ -473,7 +487,7 @@ fn guest_fallback(p: &Arc<Participant>, timeout: Duration, run: Option<NdpRun>) 
     )?;
     let dev_timeout = Duration::from_secs(2);
     let mut dev = NdpDevice::open(p.clone(), ndp_options(dev_timeout))?;
-    let req = request(&run.queries, &run.blocks);
+    let req = request(&run.queries, &run.blocks, SEQUENCE);
     let t = Instant::now();
     let got = dev.score_topk(&req)?;
     let took = t.elapsed();
@@ -549,21 +563,19 @@ fn host(file: &str, scenarios: &str, ndpd: &str, timeout: Duration) -> Res<()> {
         loc.pool_size,
         t.elapsed().as_secs_f64()
     );
+    if scenarios.contains(&5) {
+        // Two guests poll the device: spin a little after each command, then sleep (10 ms naps).
+        return if pair::host_pair(&pool, timeout, || start_ndpd(ndpd, file, 20_000))? {
+            println!("host: OK");
+            Ok(())
+        } else {
+            Err("host side failed".into())
+        };
+    }
     let p = pool.attach()?;
     let mut dev = None;
     if scenarios.iter().any(|&n| n == 2 || n == 4) {
-        let child = Command::new(ndpd)
-            .args([
-                "--pool",
-                &format!("file:{file}"),
-                "--locate",
-                "--idle-spin-us",
-                "30000000",
-            ])
-            .spawn()
-            .map_err(|e| format!("starting {ndpd}: {e}"))?;
-        println!("host: started {ndpd} (pid {}) on file:{file}", child.id());
-        dev = Some(Ndpd(child));
+        dev = Some(start_ndpd(ndpd, file, 30_000_000)?);
     }
     let mut ok = true;
     if scenarios.iter().any(|&n| n == 1 || n == 3) {
@@ -607,6 +619,22 @@ fn host(file: &str, scenarios: &str, ndpd: &str, timeout: Duration) -> Res<()> {
     } else {
         Err("host side failed".into())
     }
+}
+
+/// Starts `cxlkv-ndpd` on the pool in `file`, spinning `spin_us` after each command.
+fn start_ndpd(ndpd: &str, file: &str, spin_us: u64) -> Res<Ndpd> {
+    let child = Command::new(ndpd)
+        .args([
+            "--pool",
+            &format!("file:{file}"),
+            "--locate",
+            "--idle-spin-us",
+            &spin_us.to_string(),
+        ])
+        .spawn()
+        .map_err(|e| format!("starting {ndpd}: {e}"))?;
+    println!("host: started {ndpd} (pid {}) on file:{file}", child.id());
+    Ok(Ndpd(child))
 }
 
 fn locate_cmd(spec: &str) -> Res<()> {

@@ -1,0 +1,59 @@
+//! # cxlkv-python
+//!
+//! The Python package `cxlkv` (built with maturin: `pip install ./python`): the shared KV pool and
+//! the near-data device client, bound straight to the Rust API of `cxlkv-runtime` (not the C
+//! ABI). The extension module is `cxlkv._cxlkv`; `python/cxlkv/__init__.py` re-exports it and adds
+//! the LMCache-shaped `CxlkvBackend`.
+//!
+//! - Zero copy: puts read, and gets write, the caller's own buffer (any buffer-protocol object,
+//!   DLPack tensors through numpy) with the GIL released during the copy ([`buffer`]); pins export
+//!   the pinned payload itself as a read-only buffer ([`pin`]).
+//! - Batches: `batch_put`, `batch_get_into`, `batch_contains`, `lookup_prefix` run a whole batch in
+//!   one call without the GIL ([`participant`], [`pool`]).
+//! - Typed KV blocks as numpy arrays ([`kv`]); the device's `score_topk` and `gather` ([`device`]).
+//! - Thread safety: every class is `Send + Sync` with no shared scratch buffer; a device client
+//!   serializes its commands. Locks are taken only without the GIL, or never held across a release
+//!   of it.
+//! - Errors: `cxlkv.Error` and its subclasses with `.code` (the C ABI's result numbers) and
+//!   `.message` ([`errors`]).
+//!
+//! - Metrics: `cxlkv.metrics()` (a dict) and `cxlkv.metrics_text()` (Prometheus text) read this
+//!   process's counts, bytes and latencies of puts, gets, pins, deletes and device commands
+//!   ([`metrics`]).
+//!
+//! Modules: [`metrics`], [`errors`], [`buffer`] (the only one that makes slices of raw addresses), [`keys`],
+//! [`pool`], [`participant`], [`pin`], [`kv`], [`device`], [`bench`] (reference loops for
+//! python/bench.py).
+
+pub mod bench;
+pub mod buffer;
+pub mod device;
+pub mod errors;
+pub mod keys;
+pub mod kv;
+pub mod metrics;
+pub mod participant;
+pub mod pin;
+pub mod pool;
+
+use pyo3::prelude::*;
+
+/// cxlkv: a shared KV pool on CXL memory and its near-data device.
+#[pymodule]
+fn _cxlkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(m)?;
+    m.add_class::<keys::PyKey>()?;
+    m.add_class::<pool::PyPool>()?;
+    m.add_class::<participant::PyParticipant>()?;
+    m.add_class::<pin::PyPin>()?;
+    m.add_class::<kv::PyKvBlock>()?;
+    m.add_class::<device::PyDevice>()?;
+    m.add_function(wrap_pyfunction!(keys::key_chain, m)?)?;
+    m.add_function(wrap_pyfunction!(pool::unlink, m)?)?;
+    m.add_function(wrap_pyfunction!(metrics::metrics, m)?)?;
+    m.add_function(wrap_pyfunction!(metrics::metrics_text, m)?)?;
+    m.add_function(wrap_pyfunction!(bench::_bench_rust_get, m)?)?;
+    m.add_function(wrap_pyfunction!(bench::_bench_memcpy, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
