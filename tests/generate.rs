@@ -72,3 +72,72 @@ fn generates_with_the_real_model() {
         "{err}"
     );
 }
+
+#[test]
+fn bad_device_is_a_clear_error() {
+    let out = cxlkv(&[
+        "generate",
+        "--model",
+        "/nonexistent.gguf",
+        "--prompt",
+        "x",
+        "--attention",
+        "ndp-exact",
+        "--device",
+        "gpu",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("thread, ndpd or host"), "{err}");
+}
+
+/// `ndp-exact` on the real model: the same text as `dense`, the device's commands in the
+/// statistics; a pool that does not exist is a clear error.
+#[test]
+fn ndp_exact_generates_the_dense_text() {
+    let path = std::env::var_os("CXLKV_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/cxlkv/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    if !path.is_file() {
+        eprintln!(
+            "skipped: no model at {} (scripts/fetch-model.sh)",
+            path.display()
+        );
+        return;
+    }
+    let model = path.to_str().unwrap();
+    let run = |mode: &str, extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            model,
+            "--prompt",
+            "The capital of France is",
+            "-n",
+            "5",
+            "--block-tokens",
+            "4",
+            "--attention",
+            mode,
+        ];
+        args.extend_from_slice(extra);
+        cxlkv(&args)
+    };
+    let dense = run("dense", &[]);
+    assert!(dense.status.success());
+    let ndp = run("ndp-exact", &[]);
+    let err = String::from_utf8_lossy(&ndp.stderr);
+    assert!(ndp.status.success(), "{err}");
+    assert_eq!(ndp.stdout, dense.stdout, "{err}");
+    assert!(
+        err.contains("near-data device in a thread") && err.contains("device commands"),
+        "{err}"
+    );
+    let missing = run("pool", &["--pool", "file:/nonexistent/cxlkv-pool"]);
+    assert_eq!(missing.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(err.contains("cxlkv pool create"), "{err}");
+}

@@ -1,0 +1,183 @@
+//! The real model (SmolLM2-135M, `CXLKV_MODEL` or scripts/fetch-model.sh's cache) decodes with
+//! its K/V in the pool: greedy tokens are identical to the dense reference's for `pool`,
+//! `ndp-exact` (device in a thread and as a `cxlkv-ndpd` process), `topk` with a budget over
+//! every position and `topp:1.0`; and the statistics say what crossed the link. A short version
+//! (a few tokens, small blocks so that several are stored and the open block is not empty); the
+//! full run: `CXLKV_GREEDY_TOKENS=128 cargo test --release -p cxlkv-decode --test greedy`
+//! (`CXLKV_GREEDY_BLOCK` sets the block size, default 16).
+
+use cxlkv_decode::{find_ndpd, DeviceChoice, Env, EnvOptions, ModeSpec};
+use cxlkv_model::{generate, Attention, AttentionStats, Model, WeightFormat};
+use std::path::PathBuf;
+
+const PROMPTS: [&str; 3] = [
+    "The history of the Roman Empire spans many centuries. It began when Augustus became \
+     the first emperor, and over time",
+    "To bake a simple loaf of bread you need flour, water, salt and yeast. First, mix",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n",
+];
+/// Tokens generated per prompt and mode (`CXLKV_GREEDY_TOKENS`, default 8).
+fn new_tokens() -> usize {
+    env_or("CXLKV_GREEDY_TOKENS", 8)
+}
+
+/// Positions per stored block (`CXLKV_GREEDY_BLOCK`, default 16).
+fn block() -> usize {
+    env_or("CXLKV_GREEDY_BLOCK", 16)
+}
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn model_path() -> Option<PathBuf> {
+    let path = match std::env::var_os("CXLKV_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .unwrap_or_default()
+            .join("cxlkv/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    };
+    if path.is_file() {
+        Some(path)
+    } else {
+        eprintln!(
+            "skipped: no model at {} (run scripts/fetch-model.sh or set CXLKV_MODEL)",
+            path.display()
+        );
+        None
+    }
+}
+
+/// Greedy tokens of `prompt` and the backend's statistics of the decode steps.
+fn tokens(model: &Model, attn: &mut dyn Attention, prompt: &[u32]) -> (Vec<u32>, AttentionStats) {
+    let mut out = Vec::new();
+    let before = attn.stats();
+    generate(model, attn, prompt, new_tokens(), |id| {
+        out.push(id);
+        Ok(())
+    })
+    .unwrap();
+    (out, attn.stats().since(&before))
+}
+
+#[test]
+fn greedy_tokens_are_identical_across_modes_and_devices() {
+    let Some(path) = model_path() else { return };
+    let (new, block) = (new_tokens(), block());
+    let model = Model::load(&path, WeightFormat::F32).unwrap();
+    let shape = model.attention_shape();
+    let prompts: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|p| model.tokenizer().encode(p))
+        .collect();
+    let longest = prompts.iter().map(Vec::len).max().unwrap();
+    assert!(
+        prompts.iter().all(|p| p.len() > block),
+        "prompts fill a block"
+    );
+    let dense: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            let mut d = cxlkv_model::Dense::new(shape, cxlkv_kernels::DType::F32).unwrap();
+            tokens(&model, &mut d, p).0
+        })
+        .collect();
+    let ndpd = find_ndpd().expect(
+        "cxlkv-ndpd is not built next to the test executables: `cargo build -p cxlkv-ndp` \
+         (scripts/test.sh builds the workspace first) or set CXLKV_NDPD",
+    );
+    for device in [DeviceChoice::Thread, DeviceChoice::Ndpd(ndpd)] {
+        let opts = EnvOptions {
+            device: device.clone(),
+            block_tokens: block,
+            ..EnvOptions::default()
+        };
+        let env = Env::open(&opts, shape, longest + new).unwrap();
+        eprintln!("{}", env.describe());
+        // The device's own modes on both devices; `pool` and the selections once.
+        let modes: &[&str] = match device {
+            DeviceChoice::Thread => &["pool", "ndp-exact", "topk:4096", "topp:1.0"],
+            _ => &["pool", "ndp-exact"],
+        };
+        let mut link = std::collections::HashMap::new();
+        for (i, prompt) in prompts.iter().enumerate() {
+            for (m, mode) in modes.iter().enumerate() {
+                let spec = ModeSpec::parse(mode).unwrap();
+                let mut b = env.backend(&spec, (i * modes.len() + m) as u64).unwrap();
+                let (got, st) = tokens(&model, b.as_mut(), prompt);
+                assert_eq!(
+                    got, dense[i],
+                    "{mode} on {device:?}, prompt {i}: greedy tokens differ from dense"
+                );
+                eprintln!(
+                    "{mode} on {device:?}, prompt {i} ({} tokens): {} tokens identical to dense",
+                    prompt.len(),
+                    got.len()
+                );
+                *link.entry(*mode).or_insert(0) += st.link_read_bytes;
+                if *mode != "pool" {
+                    assert!(st.device_commands > 0, "{mode} on {device:?}: {st:?}");
+                }
+            }
+        }
+        // The device reads K and V in place: far fewer bytes come back than `pool` pulls.
+        assert!(
+            link["ndp-exact"] * 4 < link["pool"],
+            "ndp-exact read {} bytes over the link, pool {}",
+            link["ndp-exact"],
+            link["pool"]
+        );
+    }
+}
+
+/// `topk:K` attends to about K + sinks + window + the open rows per query head.
+#[test]
+fn topk_value_rows_follow_the_budget() {
+    let Some(path) = model_path() else { return };
+    let (new, block) = (new_tokens(), block());
+    let model = Model::load(&path, WeightFormat::F32).unwrap();
+    let shape = model.attention_shape();
+    let prompt = model.tokenizer().encode(&PROMPTS.join(" "));
+    let opts = EnvOptions {
+        block_tokens: block,
+        sinks: 2,
+        window: 8,
+        ..EnvOptions::default()
+    };
+    let env = Env::open(&opts, shape, prompt.len() + new).unwrap();
+    let mut b = env.backend(&ModeSpec::parse("topk:8").unwrap(), 1).unwrap();
+    let (got, st) = tokens(&model, b.as_mut(), &prompt);
+    assert_eq!(got.len(), new);
+    // The decode steps only (the prefill is exact): per query head, the 8 best + the 2 sinks +
+    // the stored part of the 8-position window (all capped at the stored positions), + the open
+    // rows.
+    let mut prefill = cxlkv_model::Dense::new(shape, cxlkv_kernels::DType::F32).unwrap();
+    model.forward(&prompt, &mut prefill).unwrap();
+    let decode_rows = st.value_rows - prefill.stats().value_rows;
+    let decode_heads = st.query_heads - prefill.stats().query_heads;
+    let expected: usize = (1..new)
+        .map(|s| {
+            let held = prompt.len() + s;
+            let stored = held / block * block;
+            let window_start = held.saturating_sub(8).min(stored);
+            let forced = 2 + stored - window_start.max(2);
+            (8 + forced).min(stored) + held - stored
+        })
+        .sum();
+    assert_eq!(
+        decode_heads,
+        ((new - 1) * shape.heads * shape.layers) as u64
+    );
+    assert_eq!(
+        decode_rows,
+        (expected * shape.heads * shape.layers) as u64,
+        "value rows of {} decode steps over {} positions",
+        new - 1,
+        prompt.len()
+    );
+}
