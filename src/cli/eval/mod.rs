@@ -14,7 +14,9 @@ mod score;
 
 use super::{Error, Result};
 use clap::Args;
-use cxlkv::model::{attention, Attention, AttentionShape, Model, WeightFormat};
+use cxlkv::model::{
+    attention, Attention, AttentionShape, Config, Gguf, Model, Tokenizer, WeightFormat,
+};
 use cxlkv_decode::{Mode, ModeSpec};
 use report::{ModeResult, Setting};
 use std::path::PathBuf;
@@ -126,20 +128,15 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
     let text = std::fs::read_to_string(&a.text)
         .map_err(|e| Error::Usage(format!("--text {}: {e}", a.text.display())))?;
 
-    let t = std::time::Instant::now();
-    let model = Model::load(&a.model, format)
-        .map_err(|e| Error::Other(format!("--model {}: {e}", a.model.display())))?;
-    let cfg = model.config();
-    eprintln!(
-        "eval: model {} ({} layers, {} heads / {} KV heads of {}, context {}) loaded in {:.1?}",
-        cfg.name.as_deref().unwrap_or(&cfg.architecture),
-        cfg.layers,
-        cfg.heads,
-        cfg.kv_heads,
-        cfg.head_dim,
-        cfg.context,
-        t.elapsed()
-    );
+    // The header, the configuration and the tokenizer decide the rest before the weights load.
+    let model_err =
+        |e: cxlkv::model::Error| Error::Other(format!("--model {}: {e}", a.model.display()));
+    let gguf = Gguf::open(&a.model).map_err(model_err)?;
+    let cfg = Config::from_gguf(&gguf).map_err(model_err)?;
+    let tokens = Tokenizer::from_gguf(&gguf)
+        .map_err(model_err)?
+        .encode(&text);
+    drop(gguf);
     if a.context > cfg.context {
         return Err(Error::Usage(format!(
             "--context {} is longer than the model's context of {} tokens",
@@ -156,7 +153,6 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
             cfg.layers - 1
         )));
     }
-    let tokens = model.tokenizer().encode(&text);
     if tokens.len() < a.context {
         return Err(Error::Usage(format!(
             "--text {} has {} tokens; --context {} needs at least that many",
@@ -165,6 +161,18 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
             a.context
         )));
     }
+    let t = std::time::Instant::now();
+    let model = Model::load(&a.model, format).map_err(model_err)?;
+    eprintln!(
+        "eval: model {} ({} layers, {} heads / {} KV heads of {}, context {}) loaded in {:.1?}",
+        cfg.name.as_deref().unwrap_or(&cfg.architecture),
+        cfg.layers,
+        cfg.heads,
+        cfg.kv_heads,
+        cfg.head_dim,
+        cfg.context,
+        t.elapsed()
+    );
     let window = &tokens[..a.context];
     let start = a.context - a.scored - 1;
     let (prefix_tokens, inputs, targets) = (
@@ -172,6 +180,10 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
         &window[start..a.context - 1],
         &window[start + 1..],
     );
+    let prompts = match a.passkey {
+        Some(n) => passkey::prompts(model.tokenizer(), n, a.context)?,
+        None => Vec::new(),
+    };
     let shape = model.attention_shape();
     let backends = Backends::open(shape, a.context)?;
 
@@ -225,8 +237,7 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
     drop(reference);
     drop(prefix);
 
-    if let Some(n) = a.passkey {
-        let prompts = passkey::prompts(model.tokenizer(), n, a.context)?;
+    if !prompts.is_empty() {
         for (pi, p) in prompts.iter().enumerate() {
             let label = format!(
                 "passkey {}/{} ({} tokens, depth {:.0} %)",

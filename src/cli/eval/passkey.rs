@@ -42,11 +42,11 @@ pub fn prompts(tk: &Tokenizer, n: usize, max_len: usize) -> Result<Vec<Prompt>> 
     let fixed = intro.len() + question.len() + 24 + ANSWER_TOKENS;
     let lengths = n.div_ceil(DEPTHS.len());
     let shortest = max_len / lengths;
-    if shortest < fixed + 2 * filler.len() {
+    if shortest < fixed + 8 {
         return Err(Error::Usage(format!(
             "--passkey {n}: prompts of up to {max_len} tokens in {lengths} lengths are too \
              short (each needs at least {} tokens); use fewer prompts or a longer --context",
-            fixed + 2 * filler.len()
+            fixed + 8
         )));
     }
     let mut rng = SplitMix64::new(0x09a5_56e7);
