@@ -14,6 +14,7 @@ mod score;
 
 use super::{Error, Result};
 use clap::Args;
+use cxlkv::kernels::DType;
 use cxlkv::model::{
     attention, Attention, AttentionShape, Config, Gguf, Model, Tokenizer, WeightFormat,
 };
@@ -56,6 +57,74 @@ pub struct EvalArgs {
     /// Weights: `f32` (dequantized at load, exact) or `quantized`.
     #[arg(long, default_value = "f32")]
     weights: String,
+    /// Pool of the pool modes (`shm:NAME`, `file:PATH`, ...); default: a private shared-memory
+    /// pool sized for the run, removed at the end.
+    #[arg(long, value_name = "SPEC")]
+    pool: Option<String>,
+    /// The near-data device: `thread` (in this process), `host` (the client's host fallback) or
+    /// `ndpd:PATH` (the cxlkv-ndpd binary at PATH, a process of its own).
+    #[arg(long, default_value = "thread")]
+    device: String,
+    /// Tokens per pool block.
+    #[arg(long, default_value_t = 256)]
+    block_tokens: usize,
+    /// Element type of K/V in the pool: f32 (exact against dense), f16 or bf16.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// Tokens at the start of the sequence that top-k / top-p modes always include.
+    #[arg(long, default_value_t = 4)]
+    sinks: u64,
+    /// Most recent tokens that top-k / top-p modes always include.
+    #[arg(long, default_value_t = 64)]
+    window: u64,
+}
+
+/// Where the pool modes keep K/V and which device serves them, from the command line.
+struct EnvArgs {
+    pool: Option<String>,
+    device: Device,
+    block_tokens: usize,
+    dtype: DType,
+    sinks: u64,
+    window: u64,
+}
+
+enum Device {
+    Thread,
+    Host,
+    Ndpd(PathBuf),
+}
+
+impl EnvArgs {
+    fn parse(a: &EvalArgs) -> Result<EnvArgs> {
+        let device = match a.device.as_str() {
+            "thread" => Device::Thread,
+            "host" => Device::Host,
+            d => match d.strip_prefix("ndpd:") {
+                Some(path) if !path.is_empty() => Device::Ndpd(PathBuf::from(path)),
+                _ => {
+                    return Err(Error::Usage(format!(
+                        "--device {d:?}: use thread, host or ndpd:PATH"
+                    )))
+                }
+            },
+        };
+        let dtype = a
+            .dtype
+            .parse()
+            .map_err(|e| Error::Usage(format!("--dtype: {e}")))?;
+        if a.block_tokens == 0 {
+            return Err(Error::Usage("--block-tokens must be at least 1".into()));
+        }
+        Ok(EnvArgs {
+            pool: a.pool.clone(),
+            device,
+            block_tokens: a.block_tokens,
+            dtype,
+            sinks: a.sinks,
+            window: a.window,
+        })
+    }
 }
 
 /// Builds the backend of each mode. The dense modes live in private memory; the pool modes come
@@ -66,7 +135,23 @@ struct Backends {
 }
 
 impl Backends {
-    fn open(shape: AttentionShape, _max_tokens: usize) -> Result<Backends> {
+    fn open(
+        env: &EnvArgs,
+        _specs: &[ModeSpec],
+        shape: AttentionShape,
+        _max_tokens: usize,
+    ) -> Result<Backends> {
+        let _ = (
+            &env.pool,
+            &env.device,
+            env.block_tokens,
+            env.dtype,
+            env.sinks,
+            env.window,
+        );
+        if let Device::Ndpd(p) = &env.device {
+            let _ = p;
+        }
         Ok(Backends {
             shape,
             next_sequence: std::cell::Cell::new(1),
@@ -124,6 +209,7 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
     if a.passkey == Some(0) {
         return Err(Error::Usage("--passkey needs at least 1 prompt".into()));
     }
+    let env = EnvArgs::parse(a)?;
     let format: WeightFormat = a.weights.parse().map_err(Error::Usage)?;
     let text = std::fs::read_to_string(&a.text)
         .map_err(|e| Error::Usage(format!("--text {}: {e}", a.text.display())))?;
@@ -185,7 +271,7 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
         None => Vec::new(),
     };
     let shape = model.attention_shape();
-    let backends = Backends::open(shape, a.context)?;
+    let backends = Backends::open(&env, &specs, shape, a.context)?;
 
     // The reference: an exact dense prefill, recorded, then dense decode steps.
     let mut dense = attention::backend("dense", shape).map_err(score::model_err)?;
