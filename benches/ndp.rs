@@ -116,6 +116,8 @@ fn benches(c: &mut Criterion) {
         mode: GroupMode::PerQuery,
         prune: false,
         gather_values: false,
+        scale: 1.0 / (DIM as f32).sqrt(),
+        select: Default::default(),
     };
     let rows = KeyRows::new(&keys, DType::F16, DIM).expect("rows");
     let group = QueryGroup::new(&q, DIM).expect("queries");

@@ -10,6 +10,7 @@
 
 pub mod render;
 
+pub use cxlkv_decode as decode;
 pub use cxlkv_kernels as kernels;
 pub use cxlkv_model as model;
 pub use cxlkv_ndp as ndp;

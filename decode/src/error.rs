@@ -13,6 +13,12 @@ pub enum Error {
         /// What is wrong with it.
         why: String,
     },
+    /// The pool could not be created, opened or attached, or is too small for the run.
+    #[error("{0}")]
+    Setup(String),
+    /// The near-data device could not be started or reached.
+    #[error("device: {0}")]
+    Device(String),
     /// The model's error.
     #[error(transparent)]
     Model(#[from] cxlkv_model::Error),

@@ -6,8 +6,19 @@
 //! (selections made by the device, value rows gathered), with layers kept exact on request.
 //! [`ModeSpec`] is how users name them.
 
+mod backend;
+mod daemon;
+mod env;
 mod error;
+mod exact;
+mod host;
+mod layered;
 mod mode;
+mod pool_attn;
+mod select;
+mod store;
 
+pub use daemon::find_ndpd;
+pub use env::{DeviceChoice, Env, EnvOptions};
 pub use error::{Error, Result};
 pub use mode::{parse_layers, Mode, ModeSpec, DEFAULT_TOPP_K_MAX, MODES};

@@ -235,6 +235,8 @@ pub extern "C" fn cxlkv_device_score_topk(
             mode,
             prune: r.flags & CXLKV_SCORE_PRUNE != 0,
             gather_values: r.flags & CXLKV_SCORE_GATHER_V != 0,
+            scale: 1.0 / (r.dim as f32).sqrt(),
+            select: Default::default(),
         };
         let top = if r.flags & CXLKV_SCORE_HOST != 0 {
             cxlkv_runtime::ndp::host_score_topk(

@@ -46,6 +46,7 @@
 //!   pruning never changes a top-k result.
 //! - Head dimension is a multiple of 16 in `16..=256` ([`MAX_DIM`]).
 
+pub mod attend;
 pub mod attention;
 pub mod bench;
 pub mod bitplane;
@@ -62,6 +63,7 @@ pub mod scan;
 pub mod score;
 pub mod topk;
 
+pub use attend::attend_block;
 pub use bounds::{block_bounds, upper_bound, BlockBounds};
 pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
 pub use partial::Partial;

@@ -1,5 +1,6 @@
 /*
- * cxlkv NDP device ABI, version 1.0 (docs/ABI.md is its prose twin).
+ * cxlkv NDP device ABI, version 1.1 (docs/ABI.md is its prose twin). 1.1 adds ATTEND and SCORE_TOPK
+ * selection (CXLKV_NDP_FLAG_SELECT); a 1.0 client's commands mean what they meant.
  *
  * One header for every party: the device model (cxlkv-ndpd), the runtime's client (Rust bindings
  * generated from this file with bindgen and committed; a test fails when they drift) and the HLS
@@ -29,7 +30,7 @@
 /* "CXLKVNDP" read as a little-endian u64. */
 #define CXLKV_NDP_MAGIC 0x50444E564B4C5843ULL
 #define CXLKV_NDP_ABI_MAJOR 1
-#define CXLKV_NDP_ABI_MINOR 0
+#define CXLKV_NDP_ABI_MINOR 1
 
 /* Geometry. */
 #define CXLKV_NDP_REGS_SIZE 4096
@@ -55,6 +56,8 @@
 #define CXLKV_NDP_CAP_PRUNE (1ULL << 4)
 #define CXLKV_NDP_CAP_FUTEX_WAKE (1ULL << 5)
 #define CXLKV_NDP_CAP_PACING (1ULL << 6)
+#define CXLKV_NDP_CAP_ATTEND (1ULL << 7) /* ABI 1.1: CXLKV_NDP_OP_ATTEND */
+#define CXLKV_NDP_CAP_SELECT (1ULL << 8) /* ABI 1.1: SCORE_TOPK with CXLKV_NDP_FLAG_SELECT */
 
 /* Opcodes (cmd.opcode). */
 #define CXLKV_NDP_OP_NOP 0
@@ -62,12 +65,28 @@
 #define CXLKV_NDP_OP_GATHER 2
 #define CXLKV_NDP_OP_BUILD_BOUNDS 3
 #define CXLKV_NDP_OP_HOTLIST 4
+#define CXLKV_NDP_OP_ATTEND 5 /* ABI 1.1: partial attention of G queries over a block list */
 
 /* SCORE_TOPK flags (cmd.flags). */
 #define CXLKV_NDP_FLAG_PRUNE (1u << 0)     /* skip blocks on their key bounds (exact) */
 #define CXLKV_NDP_FLAG_GROUP_MAX (1u << 1) /* one list ranked by the group's max; else per query */
 #define CXLKV_NDP_FLAG_GATHER_V (1u << 2)  /* return the value rows of the hits */
-#define CXLKV_NDP_FLAGS_ALL 0x7u
+#define CXLKV_NDP_FLAG_SELECT (1u << 3)    /* ABI 1.1: args end with struct cxlkv_ndp_select */
+#define CXLKV_NDP_FLAGS_ALL 0xFu
+
+/* Options of struct cxlkv_ndp_select (select.options). */
+#define CXLKV_NDP_SEL_WINDOW (1u << 0)  /* [window_start, window_end) is always included */
+#define CXLKV_NDP_SEL_EXCLUDE (1u << 1) /* [exclude_start, exclude_end) is never returned */
+#define CXLKV_NDP_SEL_TOP_P (1u << 2)   /* top_p in (0, 1]: fewest hits reaching that mass, k the cap */
+#define CXLKV_NDP_SEL_ALL 0x7u
+
+/* cpl.detail of a CXLKV_NDP_ERR_ARGS completion caused by a selection or ATTEND argument. */
+#define CXLKV_NDP_DETAIL_BAD_P 1          /* top_p outside (0, 1] */
+#define CXLKV_NDP_DETAIL_BAD_WINDOW 2     /* window reversed or past the last stored token */
+#define CXLKV_NDP_DETAIL_BAD_EXCLUDE 3    /* exclusion range reversed */
+#define CXLKV_NDP_DETAIL_TOO_MANY_FORCED 4 /* more forced tokens (sinks, window) than k */
+#define CXLKV_NDP_DETAIL_BAD_OPTIONS 5    /* unknown select.options bits or nonzero reserved fields */
+#define CXLKV_NDP_DETAIL_BAD_SCALE 6      /* scale not finite */
 
 /* Completion status (cpl.status). */
 #define CXLKV_NDP_OK 0
@@ -161,7 +180,8 @@ struct cxlkv_ndp_cmd {
     uint64_t tag;         /* client-chosen, echoed in the completion */
     uint16_t opcode;      /* CXLKV_NDP_OP_* */
     uint16_t flags;       /* CXLKV_NDP_FLAG_* */
-    uint32_t k;           /* SCORE_TOPK: hits per list; GATHER: rows; HOTLIST: max entries */
+    uint32_t k;           /* SCORE_TOPK: hits per list (the cap with top-p); GATHER: rows;
+                           * HOTLIST: max entries; ATTEND: 0 */
     uint64_t sequence;    /* sequence id every named block must carry */
     uint32_t layer;       /* model layer every named block must carry */
     uint16_t kv_head;     /* KV head to score or gather */
@@ -197,16 +217,63 @@ struct cxlkv_ndp_block {
     uint64_t token_offset;
 };
 
+/* SCORE_TOPK selection (64 bytes), the last argument when cmd.flags has CXLKV_NDP_FLAG_SELECT:
+ * args = f32 queries [G][dim], struct cxlkv_ndp_block [nblocks], struct cxlkv_ndp_select.
+ * A selected command scores every stored token (FLAG_PRUNE is refused with it). Per list, the
+ * forced tokens F = ({t < sinks} u window) minus exclude, among the stored ones, plus the best of
+ * the others: up to k in total, or with SEL_TOP_P the fewest in descending score whose softmax
+ * mass (of scale * score over every stored token outside exclude) with F's reaches top_p, at most
+ * k. Lists are best first, padded to per_list with token 0xFFFFFFFF; result.bounds_off names
+ * struct cxlkv_ndp_list_info [lists]. The block mass of the result uses this scale. */
+struct cxlkv_ndp_select {
+    float scale;             /* applied to q.k before exp in every mass */
+    float top_p;             /* with CXLKV_NDP_SEL_TOP_P: p in (0, 1] */
+    uint32_t options;        /* CXLKV_NDP_SEL_* */
+    uint32_t reserved0;      /* 0 */
+    uint64_t sinks;          /* tokens 0..sinks are always included (0: none) */
+    uint64_t window_start;   /* with CXLKV_NDP_SEL_WINDOW: [start, end), end <= last stored token + 1 */
+    uint64_t window_end;
+    uint64_t exclude_start;  /* with CXLKV_NDP_SEL_EXCLUDE: [start, end) (the host holds it) */
+    uint64_t exclude_end;
+    uint64_t reserved1;      /* 0 */
+};
+
+/* Per list of a selected SCORE_TOPK result (8 bytes): hits returned and the softmax mass of the
+ * stored tokens (outside exclude) it does not return. */
+struct cxlkv_ndp_list_info {
+    uint32_t count;
+    float left_out_mass;
+};
+
+/* ATTEND arguments' tail (16 bytes): args = f32 queries [G][dim], struct cxlkv_ndp_block
+ * [nblocks], struct cxlkv_ndp_attend. cmd.k and cmd.flags are 0. The device reads every key and
+ * value row of the blocks (pinned, in place) and returns per query q the partial over all of them:
+ * m = max_i scale*q.k_i, l = sum_i exp(scale*q.k_i - m), o = sum_i exp(scale*q.k_i - m) v_i (f32).
+ * Result: struct cxlkv_ndp_result with lists = G, per_list = 1, dim, dtype 3 (f32),
+ * hits_off -> struct cxlkv_ndp_partial [G], values_off -> f32 o [G][dim], nblocks 0;
+ * bytes_scanned counts key and value bytes. */
+struct cxlkv_ndp_attend {
+    float scale;       /* applied to q.k before exp; finite */
+    uint32_t reserved0; /* 0 */
+    uint64_t reserved1; /* 0 */
+};
+
+/* max and sum of one query's ATTEND partial (8 bytes). */
+struct cxlkv_ndp_partial {
+    float max;  /* largest scaled score (-inf over no keys) */
+    float sum;  /* sum of exp(scaled score - max) */
+};
+
 /* A (token, score) hit. */
 struct cxlkv_ndp_hit {
     uint32_t token;
     float score;
 };
 
-/* Header of a SCORE_TOPK / GATHER / BUILD_BOUNDS / HOTLIST result (64 bytes), followed by the
+/* Header of a SCORE_TOPK / GATHER / BUILD_BOUNDS / HOTLIST / ATTEND result (64 bytes), followed by the
  * sections at the offsets it names (from the start of the result buffer). */
 struct cxlkv_ndp_result {
-    uint32_t lists;          /* SCORE_TOPK: G per query, 1 group max; GATHER: 1 */
+    uint32_t lists;          /* SCORE_TOPK: G per query, 1 group max; GATHER: 1; ATTEND: G */
     uint32_t per_list;       /* hits (or rows, or hot entries) per list */
     uint32_t dim;            /* elements per value row */
     uint32_t dtype;          /* value element type code */
@@ -217,7 +284,8 @@ struct cxlkv_ndp_result {
     uint64_t bytes_scanned;  /* key bytes read */
     uint32_t blocks_scanned;
     uint32_t blocks_pruned;
-    uint32_t bounds_off;     /* BUILD_BOUNDS: f32 [2][dim] min then max; HOTLIST: entries */
+    uint32_t bounds_off;     /* BUILD_BOUNDS: f32 [2][dim] min then max; HOTLIST: entries;
+                              * SCORE_TOPK with FLAG_SELECT: struct cxlkv_ndp_list_info [lists] */
     uint32_t bounds_match;   /* BUILD_BOUNDS: 1 if the stored bounds equal the computed ones */
     uint64_t total_bytes;    /* bytes of the whole result */
 };

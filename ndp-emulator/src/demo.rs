@@ -544,6 +544,8 @@ fn run_steps(
             mode: GroupMode::GroupMax,
             prune: true,
             gather_values: true,
+            scale: 1.0 / (dim as f32).sqrt(),
+            select: Default::default(),
         };
         let host_req = ScoreRequest {
             prune: false,

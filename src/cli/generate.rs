@@ -1,9 +1,11 @@
-//! `cxlkv generate`: greedy text generation with a real GGUF model and a chosen attention
-//! backend; the text streams to stdout, the statistics go to stderr.
+//! `cxlkv generate`: greedy text generation with a real GGUF model and a chosen attention mode
+//! (private memory, the pool, or the near-data device); the text streams to stdout, the
+//! statistics go to stderr.
 
-use super::{Error, Result};
+use super::{human, Error, Result};
 use clap::Args;
-use cxlkv::model::{attention, generate, Model, WeightFormat};
+use cxlkv::decode::{find_ndpd, DeviceChoice, Env, EnvOptions, ModeSpec, MODES};
+use cxlkv::model::{generate, Attention, AttentionStats, Model, WeightFormat};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,9 +27,33 @@ pub struct GenerateArgs {
     /// Read the prompt from this file.
     #[arg(long)]
     prompt_file: Option<PathBuf>,
-    /// Attention backend (`dense`: private f32 K/V; `dense-f16`: private f16 K/V).
+    /// Attention mode: dense, dense-f16, pool, ndp-exact, topk:K, topp:P[:KMAX], each optionally
+    /// `+denseL` / `+denseA-B` to keep layers exact.
     #[arg(long, default_value = "dense")]
     attention: String,
+    /// Layers kept exact in private memory whatever the mode (`0`, `0,3-5`).
+    #[arg(long)]
+    dense_layers: Option<String>,
+    /// An existing pool for the K/V blocks (`shm:NAME`, `file:PATH`, `dax:PATH`; see `cxlkv pool
+    /// create`); default: a private shared-memory pool sized for the run, removed after it.
+    #[arg(long)]
+    pool: Option<String>,
+    /// The near-data device: `thread` (in this process), `ndpd` (a `cxlkv-ndpd` process) or
+    /// `host` (none: the client computes every command on the host).
+    #[arg(long, default_value = "thread")]
+    device: String,
+    /// The `cxlkv-ndpd` binary for `--device ndpd` (default: `$CXLKV_NDPD`, or next to `cxlkv`).
+    #[arg(long)]
+    ndpd: Option<PathBuf>,
+    /// Positions per K/V block stored in the pool.
+    #[arg(long, default_value_t = 256)]
+    block_tokens: usize,
+    /// Attention sinks of topk/topp: the first N positions are always attended.
+    #[arg(long, default_value_t = 4)]
+    sinks: u64,
+    /// Local window of topk/topp: the last N positions are always attended.
+    #[arg(long, default_value_t = 64)]
+    window: u64,
     /// Tokens to generate at most (stops earlier at the end-of-sequence token).
     #[arg(short = 'n', long = "tokens", default_value_t = 128)]
     n: usize,
@@ -40,19 +66,84 @@ pub struct GenerateArgs {
     chat: bool,
 }
 
-/// Runs `cxlkv generate`.
-pub fn run(a: &GenerateArgs) -> Result<ExitCode> {
-    if !attention::BACKENDS.iter().any(|(n, _)| *n == a.attention) {
-        let known: Vec<String> = attention::BACKENDS
+/// The mode named by `--attention` and `--dense-layers`.
+fn mode_of(a: &GenerateArgs) -> Result<ModeSpec> {
+    let mut spec = ModeSpec::parse(&a.attention).map_err(|e| {
+        let known: Vec<String> = MODES
             .iter()
             .map(|(n, what)| format!("  {n}: {what}"))
             .collect();
-        return Err(Error::Usage(format!(
-            "unknown attention backend {:?}; known:\n{}",
-            a.attention,
-            known.join("\n")
-        )));
+        Error::Usage(format!("{e}\nmodes:\n{}", known.join("\n")))
+    })?;
+    if let Some(l) = &a.dense_layers {
+        let layers = cxlkv::decode::parse_layers(l)
+            .map_err(|e| Error::Usage(format!("--dense-layers {l}: {e}")))?;
+        spec.add_dense_layers(&layers);
     }
+    Ok(spec)
+}
+
+fn device_of(a: &GenerateArgs) -> Result<DeviceChoice> {
+    match a.device.as_str() {
+        "thread" => Ok(DeviceChoice::Thread),
+        "host" => Ok(DeviceChoice::Host),
+        "ndpd" => a
+            .ndpd
+            .clone()
+            .or_else(find_ndpd)
+            .map(DeviceChoice::Ndpd)
+            .ok_or_else(|| {
+                Error::Usage(
+                    "--device ndpd: cxlkv-ndpd not found next to cxlkv; give --ndpd PATH or set \
+                     CXLKV_NDPD"
+                        .into(),
+                )
+            }),
+        other => Err(Error::Usage(format!(
+            "--device {other:?}: use thread, ndpd or host"
+        ))),
+    }
+}
+
+/// Wraps a backend to snapshot its statistics when the first decode step starts (the second
+/// forward), so that the decode phase's traffic is reported apart from the prefill's.
+struct Phases<'a> {
+    inner: &'a mut dyn Attention,
+    forwards: usize,
+    at_decode: Option<AttentionStats>,
+}
+
+impl Attention for Phases<'_> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn len(&self, layer: usize) -> usize {
+        self.inner.len(layer)
+    }
+    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> cxlkv::model::Result<()> {
+        if layer == 0 {
+            self.forwards += 1;
+            if self.forwards == 2 {
+                self.at_decode = Some(self.inner.stats());
+            }
+        }
+        self.inner.append(layer, k, v)
+    }
+    fn attend(&mut self, layer: usize, q: &[f32], out: &mut [f32]) -> cxlkv::model::Result<()> {
+        self.inner.attend(layer, q, out)
+    }
+    fn clear(&mut self) {
+        self.inner.clear()
+    }
+    fn stats(&self) -> AttentionStats {
+        self.inner.stats()
+    }
+}
+
+/// Runs `cxlkv generate`.
+pub fn run(a: &GenerateArgs) -> Result<ExitCode> {
+    let spec = mode_of(a)?;
+    let device = device_of(a)?;
     let format: WeightFormat = a.weights.parse().map_err(Error::Usage)?;
     let prompt = match (&a.prompt, &a.prompt_file) {
         (Some(p), _) => p.clone(),
@@ -80,8 +171,28 @@ pub fn run(a: &GenerateArgs) -> Result<ExitCode> {
     if ids.is_empty() {
         return Err(Error::Usage("the prompt encodes to no token".into()));
     }
-    let mut attn = attention::backend(&a.attention, model.attention_shape()).map_err(model_err)?;
     let cfg = model.config();
+    let shape = model.attention_shape();
+    let decode_err = |e: cxlkv::decode::Error| Error::Other(e.to_string());
+    let env = if spec.uses_pool() {
+        let opts = EnvOptions {
+            pool: a.pool.clone(),
+            device,
+            block_tokens: a.block_tokens,
+            sinks: a.sinks,
+            window: a.window,
+            ..EnvOptions::default()
+        };
+        let env = Env::open(&opts, shape, ids.len() + a.n).map_err(decode_err)?;
+        eprintln!("{}", env.describe());
+        Some(env)
+    } else {
+        None
+    };
+    let mut attn: Box<dyn Attention + '_> = match &env {
+        Some(env) => env.backend(&spec, 1).map_err(decode_err)?,
+        None => cxlkv::model::attention::backend(&spec.to_string(), shape).map_err(model_err)?,
+    };
     eprintln!(
         "model: {} ({} layers, d_model {}, {} heads / {} KV heads of {}, vocab {}, context {}), \
          weights {:?}, loaded in {:.2?}; attention {}",
@@ -99,7 +210,12 @@ pub fn run(a: &GenerateArgs) -> Result<ExitCode> {
     );
     let mut stream = tk.stream();
     let mut out = std::io::stdout().lock();
-    let stats = generate(&model, attn.as_mut(), &ids, a.n, |id| {
+    let mut phases = Phases {
+        inner: attn.as_mut(),
+        forwards: 0,
+        at_decode: None,
+    };
+    let stats = generate(&model, &mut phases, &ids, a.n, |id| {
         let text = stream.push(id)?;
         // A closed stdout (`| head`) ends the run; it is not a model error.
         let _ = out.write_all(text.as_bytes()).and_then(|_| out.flush());
@@ -122,5 +238,40 @@ pub fn run(a: &GenerateArgs) -> Result<ExitCode> {
             ""
         }
     );
+    let total = phases.stats();
+    let prefill = phases.at_decode.unwrap_or(total);
+    let decode = total.since(&prefill);
+    eprintln!("{}", describe_traffic("prefill", &prefill, 1));
+    // Each decode step runs one token: every generated token but the last.
+    let steps = stats.generated.saturating_sub(1);
+    if steps > 0 {
+        eprintln!("{}", describe_traffic("decode, per token", &decode, steps));
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One line of what `s` moved, divided by `per` (steps).
+fn describe_traffic(what: &str, s: &AttentionStats, per: usize) -> String {
+    let per = per.max(1) as u64;
+    let rows = if s.query_heads == 0 {
+        0.0
+    } else {
+        // Value rows per query head per layer-attention: what one head of one layer attended.
+        s.value_rows as f64 / s.query_heads as f64
+    };
+    let mut line = format!(
+        "{what}: link read {}, link write {}; {:.1} value rows per query head and layer",
+        human(s.link_read_bytes / per),
+        human(s.link_write_bytes / per),
+        rows,
+    );
+    if s.device_commands > 0 {
+        line += &format!(
+            "; {:.1} device commands, device read {} in place, device time {:.3} ms",
+            s.device_commands as f64 / per as f64,
+            human(s.device_scan_bytes / per),
+            s.device_ns as f64 / per as f64 / 1e6
+        );
+    }
+    line
 }

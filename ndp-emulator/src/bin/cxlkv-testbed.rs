@@ -343,6 +343,8 @@ fn request<'a>(queries: &'a [f32], blocks: &'a [BlockSpec]) -> ScoreRequest<'a> 
         mode: GroupMode::GroupMax,
         prune: false,
         gather_values: true,
+        scale: 1.0 / (DIM as f32).sqrt(),
+        select: Default::default(),
     }
 }
 

@@ -27,7 +27,9 @@ impl Device {
             cmd.dim as usize,
             cmd.nblocks as usize,
         );
+        // Selection (ABI 1.1) is not served yet: the capability is not advertised.
         if flags & !CXLKV_NDP_FLAGS_ALL != 0
+            || flags & CXLKV_NDP_FLAG_SELECT != 0
             || k == 0
             || k > CXLKV_NDP_MAX_K as usize
             || g == 0

@@ -175,6 +175,8 @@ pub fn request<'a>(
         mode,
         prune,
         gather_values: gather,
+        scale: 1.0 / (s.dim as f32).sqrt(),
+        select: Default::default(),
     }
 }
 

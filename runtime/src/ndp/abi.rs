@@ -7,7 +7,7 @@
 
 pub const CXLKV_NDP_MAGIC: u64 = 5783833953988008003;
 pub const CXLKV_NDP_ABI_MAJOR: u32 = 1;
-pub const CXLKV_NDP_ABI_MINOR: u32 = 0;
+pub const CXLKV_NDP_ABI_MINOR: u32 = 1;
 pub const CXLKV_NDP_REGS_SIZE: u32 = 4096;
 pub const CXLKV_NDP_QUEUE_DEPTH: u32 = 16;
 pub const CXLKV_NDP_CMD_SIZE: u32 = 64;
@@ -27,15 +27,29 @@ pub const CXLKV_NDP_CAP_HOTLIST: u32 = 8;
 pub const CXLKV_NDP_CAP_PRUNE: u32 = 16;
 pub const CXLKV_NDP_CAP_FUTEX_WAKE: u32 = 32;
 pub const CXLKV_NDP_CAP_PACING: u32 = 64;
+pub const CXLKV_NDP_CAP_ATTEND: u32 = 128;
+pub const CXLKV_NDP_CAP_SELECT: u32 = 256;
 pub const CXLKV_NDP_OP_NOP: u32 = 0;
 pub const CXLKV_NDP_OP_SCORE_TOPK: u32 = 1;
 pub const CXLKV_NDP_OP_GATHER: u32 = 2;
 pub const CXLKV_NDP_OP_BUILD_BOUNDS: u32 = 3;
 pub const CXLKV_NDP_OP_HOTLIST: u32 = 4;
+pub const CXLKV_NDP_OP_ATTEND: u32 = 5;
 pub const CXLKV_NDP_FLAG_PRUNE: u32 = 1;
 pub const CXLKV_NDP_FLAG_GROUP_MAX: u32 = 2;
 pub const CXLKV_NDP_FLAG_GATHER_V: u32 = 4;
-pub const CXLKV_NDP_FLAGS_ALL: u32 = 7;
+pub const CXLKV_NDP_FLAG_SELECT: u32 = 8;
+pub const CXLKV_NDP_FLAGS_ALL: u32 = 15;
+pub const CXLKV_NDP_SEL_WINDOW: u32 = 1;
+pub const CXLKV_NDP_SEL_EXCLUDE: u32 = 2;
+pub const CXLKV_NDP_SEL_TOP_P: u32 = 4;
+pub const CXLKV_NDP_SEL_ALL: u32 = 7;
+pub const CXLKV_NDP_DETAIL_BAD_P: u32 = 1;
+pub const CXLKV_NDP_DETAIL_BAD_WINDOW: u32 = 2;
+pub const CXLKV_NDP_DETAIL_BAD_EXCLUDE: u32 = 3;
+pub const CXLKV_NDP_DETAIL_TOO_MANY_FORCED: u32 = 4;
+pub const CXLKV_NDP_DETAIL_BAD_OPTIONS: u32 = 5;
+pub const CXLKV_NDP_DETAIL_BAD_SCALE: u32 = 6;
 pub const CXLKV_NDP_OK: u32 = 0;
 pub const CXLKV_NDP_ERR_OPCODE: u32 = 1;
 pub const CXLKV_NDP_ERR_RANGE: u32 = 2;
@@ -327,6 +341,93 @@ const _: () = {
         [::std::mem::offset_of!(cxlkv_ndp_block, key_hi) - 8usize];
     ["Offset of field: cxlkv_ndp_block::token_offset"]
         [::std::mem::offset_of!(cxlkv_ndp_block, token_offset) - 16usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq)]
+pub struct cxlkv_ndp_select {
+    pub scale: f32,
+    pub top_p: f32,
+    pub options: u32,
+    pub reserved0: u32,
+    pub sinks: u64,
+    pub window_start: u64,
+    pub window_end: u64,
+    pub exclude_start: u64,
+    pub exclude_end: u64,
+    pub reserved1: u64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cxlkv_ndp_select"][::std::mem::size_of::<cxlkv_ndp_select>() - 64usize];
+    ["Alignment of cxlkv_ndp_select"][::std::mem::align_of::<cxlkv_ndp_select>() - 8usize];
+    ["Offset of field: cxlkv_ndp_select::scale"]
+        [::std::mem::offset_of!(cxlkv_ndp_select, scale) - 0usize];
+    ["Offset of field: cxlkv_ndp_select::top_p"]
+        [::std::mem::offset_of!(cxlkv_ndp_select, top_p) - 4usize];
+    ["Offset of field: cxlkv_ndp_select::options"]
+        [::std::mem::offset_of!(cxlkv_ndp_select, options) - 8usize];
+    ["Offset of field: cxlkv_ndp_select::reserved0"]
+        [::std::mem::offset_of!(cxlkv_ndp_select, reserved0) - 12usize];
+    ["Offset of field: cxlkv_ndp_select::sinks"]
+        [::std::mem::offset_of!(cxlkv_ndp_select, sinks) - 16usize];
+    ["Offset of field: cxlkv_ndp_select::window_start"]
+        [::std::mem::offset_of!(cxlkv_ndp_select, window_start) - 24usize];
+    ["Offset of field: cxlkv_ndp_select::window_end"]
+        [::std::mem::offset_of!(cxlkv_ndp_select, window_end) - 32usize];
+    ["Offset of field: cxlkv_ndp_select::exclude_start"]
+        [::std::mem::offset_of!(cxlkv_ndp_select, exclude_start) - 40usize];
+    ["Offset of field: cxlkv_ndp_select::exclude_end"]
+        [::std::mem::offset_of!(cxlkv_ndp_select, exclude_end) - 48usize];
+    ["Offset of field: cxlkv_ndp_select::reserved1"]
+        [::std::mem::offset_of!(cxlkv_ndp_select, reserved1) - 56usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq)]
+pub struct cxlkv_ndp_list_info {
+    pub count: u32,
+    pub left_out_mass: f32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cxlkv_ndp_list_info"][::std::mem::size_of::<cxlkv_ndp_list_info>() - 8usize];
+    ["Alignment of cxlkv_ndp_list_info"][::std::mem::align_of::<cxlkv_ndp_list_info>() - 4usize];
+    ["Offset of field: cxlkv_ndp_list_info::count"]
+        [::std::mem::offset_of!(cxlkv_ndp_list_info, count) - 0usize];
+    ["Offset of field: cxlkv_ndp_list_info::left_out_mass"]
+        [::std::mem::offset_of!(cxlkv_ndp_list_info, left_out_mass) - 4usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq)]
+pub struct cxlkv_ndp_attend {
+    pub scale: f32,
+    pub reserved0: u32,
+    pub reserved1: u64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cxlkv_ndp_attend"][::std::mem::size_of::<cxlkv_ndp_attend>() - 16usize];
+    ["Alignment of cxlkv_ndp_attend"][::std::mem::align_of::<cxlkv_ndp_attend>() - 8usize];
+    ["Offset of field: cxlkv_ndp_attend::scale"]
+        [::std::mem::offset_of!(cxlkv_ndp_attend, scale) - 0usize];
+    ["Offset of field: cxlkv_ndp_attend::reserved0"]
+        [::std::mem::offset_of!(cxlkv_ndp_attend, reserved0) - 4usize];
+    ["Offset of field: cxlkv_ndp_attend::reserved1"]
+        [::std::mem::offset_of!(cxlkv_ndp_attend, reserved1) - 8usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq)]
+pub struct cxlkv_ndp_partial {
+    pub max: f32,
+    pub sum: f32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cxlkv_ndp_partial"][::std::mem::size_of::<cxlkv_ndp_partial>() - 8usize];
+    ["Alignment of cxlkv_ndp_partial"][::std::mem::align_of::<cxlkv_ndp_partial>() - 4usize];
+    ["Offset of field: cxlkv_ndp_partial::max"]
+        [::std::mem::offset_of!(cxlkv_ndp_partial, max) - 0usize];
+    ["Offset of field: cxlkv_ndp_partial::sum"]
+        [::std::mem::offset_of!(cxlkv_ndp_partial, sum) - 4usize];
 };
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, PartialEq)]

@@ -14,6 +14,8 @@
 //!   apply (header CRC and index sequence via [`crate::pool::Pool::block_ref`], then the typed
 //!   layout against the command), token lookup and the owned-buffer check.
 //! - [`result`]: [`encode_topk_result`] / [`decode_topk_result`], the result buffer format.
+//! - [`select`]: SCORE_TOPK selection ([`Select`]: sinks, window, exclusion, top-p) and the mass
+//!   each list leaves out, one streaming implementation for the device and the host.
 //! - [`client`]: [`NdpDevice`]: submit, poll, wait with a timeout, and the host fallback.
 //!
 //! The scan itself is not here: the device's engines and the host fallback all run the kernels'
@@ -38,6 +40,7 @@ pub mod block;
 pub mod client;
 pub mod layout;
 pub mod result;
+pub mod select;
 
 pub use cxlkv_shm::futex::{wait as futex_wait, wake as futex_wake};
 
@@ -46,8 +49,9 @@ pub use block::{
     ResolvedBlock,
 };
 pub use client::{
-    host_gather, host_score_topk, BlockSpec, FallbackReason, NdpDevice, NdpError, NdpOptions,
-    NdpPath, NdpStats, ScoreRequest, Ticket, TopK,
+    host_attend, host_attend_with, host_gather, host_score_topk, AttendRequest, Attended,
+    BlockSpec, FallbackReason, NdpDevice, NdpError, NdpOptions, NdpPath, NdpStats, ScoreRequest,
+    Select, Ticket, TopK,
 };
 pub use layout::{now_ns, qpi, reg, status_name, DeviceLayout, DeviceStatus, DEPTH};
 pub use result::{

@@ -9,15 +9,80 @@ use crate::key::Key;
 use crate::ndp::abi::*;
 use crate::ndp::block::BlockExpect;
 use crate::ndp::client::error::{FallbackReason, NdpError, Result};
-use crate::ndp::client::fallback::{host_gather, host_score_topk};
-use crate::ndp::client::request::{BlockSpec, NdpPath, NdpStats, ScoreRequest, TopK};
+use crate::ndp::client::fallback::{host_attend_with, host_gather, host_score_topk};
+use crate::ndp::client::request::{
+    AttendRequest, Attended, BlockSpec, NdpPath, NdpStats, ScoreRequest, TopK,
+};
 use crate::ndp::client::ring::{NdpDevice, Pending, Ticket};
 use crate::ndp::layout::DeviceStatus;
 use crate::ndp::result::{decode_topk_result, topk_result_size};
 use cxlkv_kernels::{DType, GroupMode};
 use std::time::{Duration, Instant};
 
+/// What a settled command answers.
+enum Answer {
+    TopK(TopK),
+    Attend(Attended),
+}
+
+impl Answer {
+    fn topk(self) -> Result<TopK> {
+        match self {
+            Answer::TopK(t) => Ok(t),
+            Answer::Attend(_) => Err(NdpError::BadRequest(
+                "the ticket is an ATTEND: wait for it with wait_attend".into(),
+            )),
+        }
+    }
+
+    fn attended(self) -> Result<Attended> {
+        match self {
+            Answer::Attend(a) => Ok(a),
+            Answer::TopK(_) => Err(NdpError::BadRequest(
+                "the ticket is a SCORE_TOPK: wait for it with wait".into(),
+            )),
+        }
+    }
+}
+
 impl NdpDevice {
+    /// Submits an ATTEND: the partial attention of the request's queries over every token of its
+    /// blocks. The answer comes from [`NdpDevice::wait_attend`]; when the device cannot take the
+    /// command (absent, dead, busy, lacking `CXLKV_NDP_CAP_ATTEND`) it is computed on the host.
+    pub fn submit_attend(&mut self, req: &AttendRequest<'_>) -> Result<Ticket> {
+        req.check()?;
+        let start = Instant::now();
+        let id = self.next_ticket;
+        self.next_ticket += 1;
+        let tag = self.new_tag();
+        let pending = Pending {
+            tag,
+            staging: None,
+            req: req.owned(),
+            result_off: 0,
+            result_len: 0,
+            stats: NdpStats::default(),
+            start,
+            forced: Some(FallbackReason::Unsupported),
+        };
+        self.pending.insert(id, pending);
+        Ok(Ticket(id))
+    }
+
+    /// Waits for the answer of an ATTEND ticket: from the device within the timeout, else from
+    /// the host.
+    pub fn wait_attend(&mut self, ticket: Ticket) -> Result<Attended> {
+        self.settle(&ticket, true)?
+            .expect("a blocking settle always answers")
+            .attended()
+    }
+
+    /// Submits and waits: [`NdpDevice::submit_attend`] then [`NdpDevice::wait_attend`].
+    pub fn attend(&mut self, req: &AttendRequest<'_>) -> Result<Attended> {
+        let t = self.submit_attend(req)?;
+        self.wait_attend(t)
+    }
+
     /// Submits a SCORE_TOPK. The answer comes from [`NdpDevice::poll`] or [`NdpDevice::wait`];
     /// when the device cannot take the command it will be computed on the host.
     pub fn submit_score(&mut self, req: &ScoreRequest<'_>) -> Result<Ticket> {
@@ -36,7 +101,13 @@ impl NdpDevice {
             start,
             forced: None,
         };
-        match self.try_submit_score(req, tag)? {
+        // Until the device implements selection, an active one runs on the host.
+        let tried = if req.select.is_active() {
+            Ok(Err(FallbackReason::Unsupported))
+        } else {
+            self.try_submit_score(req, tag)
+        };
+        match tried? {
             Ok((staging, result_off, result_len, sent)) => {
                 pending.staging = Some(staging);
                 pending.result_off = result_off;
@@ -145,14 +216,14 @@ impl NdpDevice {
     /// The answer of `ticket` if it is ready (computed on the host if the device gave up on it or
     /// its deadline passed), else `None`.
     pub fn poll(&mut self, ticket: &Ticket) -> Result<Option<TopK>> {
-        self.settle(ticket, false)
+        self.settle(ticket, false)?.map(Answer::topk).transpose()
     }
 
     /// Waits for the answer of `ticket`: from the device within the timeout, else from the host.
     pub fn wait(&mut self, ticket: Ticket) -> Result<TopK> {
-        Ok(self
-            .settle(&ticket, true)?
-            .expect("a blocking settle always answers"))
+        self.settle(&ticket, true)?
+            .expect("a blocking settle always answers")
+            .topk()
     }
 
     /// Submits and waits: [`NdpDevice::submit_score`] then [`NdpDevice::wait`].
@@ -161,7 +232,7 @@ impl NdpDevice {
         self.wait(t)
     }
 
-    fn settle(&mut self, ticket: &Ticket, block: bool) -> Result<Option<TopK>> {
+    fn settle(&mut self, ticket: &Ticket, block: bool) -> Result<Option<Answer>> {
         let p = self
             .pending
             .get(&ticket.0)
@@ -198,7 +269,18 @@ impl NdpDevice {
 
     /// Computes `p`'s request on the host because of `why`: the answer's stats are `p`'s (what
     /// the device path already cost) with the host scan's costs and counts.
-    fn on_host(&self, p: Pending, why: FallbackReason) -> Result<TopK> {
+    fn on_host(&self, p: Pending, why: FallbackReason) -> Result<Answer> {
+        if p.req.attend {
+            let mut a = host_attend_with(&self.pool, &p.req.borrow_attend(), self.opts.kernel)?;
+            let mut stats = p.stats;
+            stats.path = Some(NdpPath::Host(why));
+            stats.host_scan_bytes = a.stats.host_scan_bytes;
+            stats.bytes_scanned = a.stats.bytes_scanned;
+            stats.blocks_scanned = a.stats.blocks_scanned;
+            stats.elapsed = p.start.elapsed();
+            a.stats = stats;
+            return Ok(Answer::Attend(a));
+        }
         let mut r = host_score_topk(&self.pool, &p.req.borrow(), self.opts.kernel)?;
         let mut stats = p.stats;
         stats.path = Some(NdpPath::Host(why));
@@ -209,10 +291,10 @@ impl NdpDevice {
         stats.block_mass = std::mem::take(&mut r.stats.block_mass);
         stats.elapsed = p.start.elapsed();
         r.stats = stats;
-        Ok(r)
+        Ok(Answer::TopK(r))
     }
 
-    fn finish_device(&mut self, mut p: Pending, c: cxlkv_ndp_cpl) -> Result<TopK> {
+    fn finish_device(&mut self, mut p: Pending, c: cxlkv_ndp_cpl) -> Result<Answer> {
         p.stats.bytes_from_device += u64::from(CXLKV_NDP_CPL_SIZE) + 8;
         if c.status == CXLKV_NDP_ERR_STALE
             || c.status == CXLKV_NDP_ERR_RESTARTED
@@ -247,7 +329,7 @@ impl NdpDevice {
         stats.device_ns = c.device_ns;
         stats.block_mass = d.mass;
         stats.elapsed = p.start.elapsed();
-        Ok(TopK {
+        Ok(Answer::TopK(TopK {
             indices: d
                 .lists
                 .iter()
@@ -259,8 +341,9 @@ impl NdpDevice {
                 .map(|l| l.iter().map(|h| h.score).collect())
                 .collect(),
             values: d.values,
+            left_out_mass: Vec::new(),
             stats,
-        })
+        }))
     }
 
     /// Runs a command without host fallback and returns its completion and result bytes.

@@ -60,4 +60,6 @@ pub enum FallbackReason {
     DeviceRetry,
     /// The caller asked for the host path.
     Forced,
+    /// The device lacks the capability the command needs (ATTEND, SCORE_TOPK selection).
+    Unsupported,
 }

@@ -6,11 +6,17 @@ use crate::format;
 use crate::ndp::abi::*;
 use crate::ndp::block::{locate_token, resolve_block, sorted_ranges, BlockExpect, ResolvedBlock};
 use crate::ndp::client::error::{FallbackReason, NdpError, Result};
-use crate::ndp::client::request::{BlockSpec, NdpPath, NdpStats, ScoreRequest, TopK};
+use crate::ndp::client::request::{
+    AttendRequest, Attended, BlockSpec, NdpPath, NdpStats, ScoreRequest, TopK,
+};
 use crate::ndp::layout::DeviceStatus;
 use crate::ndp::result::{block_mass, ScanStats};
+use crate::ndp::select::Selection;
 use crate::pool::Pool;
-use cxlkv_kernels::{KernelScorer, KeyRows, PrunedScan, QueryGroup, ScoreKernel, VisitOrder};
+use cxlkv_kernels::{
+    attend_block, GroupMode, Hit, KernelScorer, KeyRows, Partial, PrunedScan, QueryGroup,
+    ScoreKernel, VisitOrder,
+};
 use std::time::Instant;
 
 /// Per-block metadata bytes a host-side reader pulls: block header, layout descriptor, index slot.
@@ -34,11 +40,124 @@ fn resolve_all(
     Ok((out, order))
 }
 
+/// The value rows of `hits` (in order), pulled across the link; returns the bytes pulled.
+fn pull_values<'h>(
+    pool: &Pool,
+    blocks: &[ResolvedBlock],
+    order: &[usize],
+    row: usize,
+    hits: impl Iterator<Item = &'h Hit>,
+    values: &mut Vec<u8>,
+) -> Result<u64> {
+    let mem = pool.memory();
+    let mut r = vec![0u8; row];
+    let mut pulled = 0;
+    for h in hits {
+        let (bi, i) = locate_token(blocks, order, h.index)
+            .ok_or(DeviceStatus::at(CXLKV_NDP_ERR_TOKEN, h.index as usize))?;
+        let off = blocks[bi].v_off + (i * row) as u64;
+        coherence::acquire(&**mem, Site::PayloadRead, off, row as u64);
+        mem.read(off, &mut r)?;
+        values.extend_from_slice(&r);
+        pulled += row as u64;
+    }
+    Ok(pulled)
+}
+
+/// The list of hits as token indices and scores.
+fn split_lists(lists: &[Vec<Hit>]) -> (Vec<Vec<u32>>, Vec<Vec<f32>>) {
+    (
+        lists
+            .iter()
+            .map(|l| l.iter().map(|h| h.index).collect())
+            .collect(),
+        lists
+            .iter()
+            .map(|l| l.iter().map(|h| h.score).collect())
+            .collect(),
+    )
+}
+
+/// SCORE_TOPK with an active selection on the host: every key of every block is scored (in block
+/// list order, like the device) and fed to the shared [`Selection`].
+fn host_select(pool: &Pool, req: &ScoreRequest<'_>, kernel: ScoreKernel) -> Result<TopK> {
+    let start = Instant::now();
+    let want = req.expect();
+    let mem = pool.memory();
+    let queries =
+        QueryGroup::new(req.queries, req.dim).map_err(|e| NdpError::BadRequest(e.to_string()))?;
+    let g = queries.count();
+    let group_max = req.mode == GroupMode::GroupMax;
+    for _attempt in 0..crate::pool::READ_RETRIES {
+        let (blocks, order) = resolve_all(pool, req.blocks, &want)?;
+        let ranges: Vec<(u64, u64)> = blocks
+            .iter()
+            .map(|b| (u64::from(b.base), u64::from(b.base) + u64::from(b.tokens)))
+            .collect();
+        let lists = if group_max { 1 } else { g };
+        let mut sel = Selection::new(req.select, req.k, req.scale, lists, &ranges)?;
+        let (mut pulled, mut scanned) = (0u64, 0u64);
+        let (mut buf, mut scores) = (Vec::new(), Vec::new());
+        for b in &blocks {
+            buf.resize(b.head_bytes as usize, 0);
+            coherence::acquire(&**mem, Site::PayloadRead, b.k_off, b.head_bytes);
+            mem.read(b.k_off, &mut buf)?;
+            pulled += b.head_bytes + HOST_META_BYTES_PER_BLOCK;
+            scanned += b.head_bytes;
+            let keys = KeyRows::new(&buf, req.dtype, req.dim)
+                .map_err(|e| NdpError::BadRequest(e.to_string()))?;
+            scores.resize(keys.len() * g, 0.0);
+            kernel.score(&queries, &keys, &mut scores);
+            sel.feed(b.base, &scores, g, group_max);
+        }
+        let got = sel.finish();
+        let mut values = Vec::new();
+        if req.gather_values {
+            let row = req.dim * req.dtype.size();
+            pulled += pull_values(
+                pool,
+                &blocks,
+                &order,
+                row,
+                got.lists.iter().flatten(),
+                &mut values,
+            )?;
+        }
+        if !blocks
+            .iter()
+            .all(|b| pool.still_valid(&b.block).unwrap_or(false))
+        {
+            continue;
+        }
+        let mass = block_mass(&got.lists[0], &blocks, &order, req.scale);
+        let (indices, scores) = split_lists(&got.lists);
+        return Ok(TopK {
+            indices,
+            scores,
+            values,
+            left_out_mass: got.left_out,
+            stats: NdpStats {
+                path: Some(NdpPath::Host(FallbackReason::Forced)),
+                host_scan_bytes: pulled,
+                bytes_scanned: scanned,
+                blocks_scanned: blocks.len() as u32,
+                block_mass: mass,
+                elapsed: start.elapsed(),
+                ..Default::default()
+            },
+        });
+    }
+    Err(NdpError::Stale(0))
+}
+
 /// SCORE_TOPK computed on the host: every key of every block is read across the link (a full
 /// scan, no pruning) into private memory and scored with the same kernels as the device, so the
 /// answer is identical. The stats count every byte pulled.
 pub fn host_score_topk(pool: &Pool, req: &ScoreRequest<'_>, kernel: ScoreKernel) -> Result<TopK> {
     req.check()?;
+    if req.select.is_active() {
+        return host_select(pool, req, kernel);
+    }
     let start = Instant::now();
     let want = req.expect();
     let mem = pool.memory();
@@ -73,15 +192,86 @@ pub fn host_score_topk(pool: &Pool, req: &ScoreRequest<'_>, kernel: ScoreKernel)
         let mut values = Vec::new();
         if req.gather_values {
             let row = req.dim * req.dtype.size();
-            let mut r = vec![0u8; row];
-            for h in lists.iter().flatten() {
-                let (bi, i) = locate_token(&blocks, &order, h.index)
-                    .ok_or(DeviceStatus::at(CXLKV_NDP_ERR_TOKEN, h.index as usize))?;
-                let off = blocks[bi].v_off + (i * row) as u64;
-                coherence::acquire(&**mem, Site::PayloadRead, off, row as u64);
-                mem.read(off, &mut r)?;
-                values.extend_from_slice(&r);
-                pulled += row as u64;
+            pulled += pull_values(
+                pool,
+                &blocks,
+                &order,
+                row,
+                lists.iter().flatten(),
+                &mut values,
+            )?;
+        }
+        if !blocks
+            .iter()
+            .all(|b| pool.still_valid(&b.block).unwrap_or(false))
+        {
+            continue;
+        }
+        // Plain SCORE_TOPK carries no scale on the wire (ABI 1.0): its block mass uses 1/sqrt(dim).
+        let scale = 1.0 / (req.dim as f32).sqrt();
+        let mass = block_mass(&lists[0], &blocks, &order, scale);
+        let (indices, scores) = split_lists(&lists);
+        return Ok(TopK {
+            indices,
+            scores,
+            values,
+            left_out_mass: Vec::new(),
+            stats: NdpStats {
+                path: Some(NdpPath::Host(FallbackReason::Forced)),
+                host_scan_bytes: pulled,
+                bytes_scanned: st.bytes_scanned,
+                blocks_scanned: st.blocks_scanned,
+                block_mass: mass,
+                elapsed: start.elapsed(),
+                ..Default::default()
+            },
+        });
+    }
+    Err(NdpError::Stale(0))
+}
+
+/// ATTEND computed on the host: every key and value row of every block is read across the link
+/// into private memory and attended with the same fused kernel as the device
+/// ([`cxlkv_kernels::attend_block`]), the blocks' partials merged in block-list order, so the
+/// answer is identical to the device's.
+pub fn host_attend(pool: &Pool, req: &AttendRequest<'_>) -> Result<Attended> {
+    host_attend_with(pool, req, ScoreKernel::detect())
+}
+
+/// [`host_attend`] with a chosen score kernel.
+pub fn host_attend_with(
+    pool: &Pool,
+    req: &AttendRequest<'_>,
+    kernel: ScoreKernel,
+) -> Result<Attended> {
+    req.check()?;
+    let start = Instant::now();
+    let want = req.as_score().expect();
+    let mem = pool.memory();
+    let queries =
+        QueryGroup::new(req.queries, req.dim).map_err(|e| NdpError::BadRequest(e.to_string()))?;
+    let g = queries.count();
+    for _attempt in 0..crate::pool::READ_RETRIES {
+        let (blocks, _) = resolve_all(pool, req.blocks, &want)?;
+        let mut parts: Vec<Partial> = (0..g).map(|_| Partial::empty(req.dim)).collect();
+        let (mut kbuf, mut vbuf) = (Vec::new(), Vec::new());
+        let (mut pulled, mut scanned) = (0u64, 0u64);
+        for b in &blocks {
+            for (buf, off) in [(&mut kbuf, b.k_off), (&mut vbuf, b.v_off)] {
+                buf.resize(b.head_bytes as usize, 0);
+                coherence::acquire(&**mem, Site::PayloadRead, off, b.head_bytes);
+                mem.read(off, buf)?;
+            }
+            pulled += 2 * b.head_bytes + HOST_META_BYTES_PER_BLOCK;
+            scanned += 2 * b.head_bytes;
+            let shape = |e: cxlkv_kernels::ShapeError| NdpError::BadRequest(e.to_string());
+            let keys = KeyRows::new(&kbuf, req.dtype, req.dim).map_err(shape)?;
+            let vals = KeyRows::new(&vbuf, req.dtype, req.dim).map_err(shape)?;
+            for (p, x) in parts
+                .iter_mut()
+                .zip(attend_block(kernel, &queries, &keys, &vals, req.scale))
+            {
+                p.merge(&x);
             }
         }
         if !blocks
@@ -90,24 +280,13 @@ pub fn host_score_topk(pool: &Pool, req: &ScoreRequest<'_>, kernel: ScoreKernel)
         {
             continue;
         }
-        let scale = 1.0 / (req.dim as f32).sqrt();
-        let mass = block_mass(&lists[0], &blocks, &order, scale);
-        return Ok(TopK {
-            indices: lists
-                .iter()
-                .map(|l| l.iter().map(|h| h.index).collect())
-                .collect(),
-            scores: lists
-                .iter()
-                .map(|l| l.iter().map(|h| h.score).collect())
-                .collect(),
-            values,
+        return Ok(Attended {
+            partials: parts,
             stats: NdpStats {
                 path: Some(NdpPath::Host(FallbackReason::Forced)),
                 host_scan_bytes: pulled,
-                bytes_scanned: st.bytes_scanned,
-                blocks_scanned: st.blocks_scanned,
-                block_mass: mass,
+                bytes_scanned: scanned,
+                blocks_scanned: blocks.len() as u32,
                 elapsed: start.elapsed(),
                 ..Default::default()
             },

@@ -5,11 +5,11 @@
 //! path produced it and how many bytes crossed the link.
 //!
 //! - [`error`]: [`NdpError`] and [`FallbackReason`].
-//! - [`request`]: [`ScoreRequest`], [`BlockSpec`], the answer [`TopK`] and its [`NdpStats`],
-//!   [`NdpOptions`].
+//! - [`request`]: [`ScoreRequest`] (with its [`Select`]ion), [`AttendRequest`], [`BlockSpec`],
+//!   the answers [`TopK`] and [`Attended`] and their [`NdpStats`], [`NdpOptions`].
 //! - [`ring`]: [`NdpDevice`] and its queue pair (staging buffers, submission, completion, waits).
-//! - [`commands`]: SCORE_TOPK (submit, poll, wait, fallback) and the other commands.
-//! - [`fallback`]: the host path ([`host_score_topk`], [`host_gather`]).
+//! - [`commands`]: SCORE_TOPK and ATTEND (submit, poll, wait, fallback) and the other commands.
+//! - [`fallback`]: the host path ([`host_score_topk`], [`host_attend`], [`host_gather`]).
 
 pub mod commands;
 pub mod error;
@@ -18,6 +18,10 @@ pub mod request;
 pub mod ring;
 
 pub use error::{FallbackReason, NdpError, Result};
-pub use fallback::{host_gather, host_score_topk, HOST_META_BYTES_PER_BLOCK};
-pub use request::{BlockSpec, NdpOptions, NdpPath, NdpStats, ScoreRequest, TopK};
+pub use fallback::{
+    host_attend, host_attend_with, host_gather, host_score_topk, HOST_META_BYTES_PER_BLOCK,
+};
+pub use request::{
+    AttendRequest, Attended, BlockSpec, NdpOptions, NdpPath, NdpStats, ScoreRequest, Select, TopK,
+};
 pub use ring::{NdpDevice, Ticket};

@@ -6,7 +6,8 @@ use crate::key::Key;
 use crate::ndp::abi::*;
 use crate::ndp::block::BlockExpect;
 use crate::ndp::client::error::{FallbackReason, NdpError, Result};
-use cxlkv_kernels::{DType, GroupMode, Hit, ScoreKernel};
+pub use crate::ndp::select::Select;
+use cxlkv_kernels::{DType, GroupMode, Hit, Partial, ScoreKernel};
 use std::time::Duration;
 
 /// Which path produced a result.
@@ -60,6 +61,10 @@ pub struct TopK {
     pub scores: Vec<Vec<f32>>,
     /// Value rows of the hits, `[lists][hits][dim]` raw elements, when asked for.
     pub values: Vec<u8>,
+    /// Per list, with a selection ([`Select::is_active`]): the softmax mass (of `scale · score`
+    /// over every scored stored token, the excluded range left out of the normalization) of the
+    /// tokens *not* returned. Empty for plain top-k.
+    pub left_out_mass: Vec<f32>,
     /// Costs and path.
     pub stats: NdpStats,
 }
@@ -120,6 +125,12 @@ pub struct ScoreRequest<'a> {
     pub prune: bool,
     /// Return the value rows of the hits.
     pub gather_values: bool,
+    /// Applied to `q·k` before `exp` in every softmax mass (block mass, top-p, left-out mass);
+    /// callers pass it (usually `1/sqrt(dim)`).
+    pub scale: f32,
+    /// Forced and excluded tokens, top-p ([`Select::default`]: plain top-k). An active selection
+    /// scores every stored token (no pruning) and ranks with `k` as the cap.
+    pub select: Select,
 }
 
 impl ScoreRequest<'_> {
@@ -166,7 +177,10 @@ impl ScoreRequest<'_> {
                 self.kv_head
             ));
         }
-        Ok(())
+        if !self.scale.is_finite() {
+            return bad(format!("scale {} is not finite", self.scale));
+        }
+        self.select.check().map_err(NdpError::BadRequest)
     }
 
     pub(super) fn owned(&self) -> OwnedRequest {
@@ -182,8 +196,73 @@ impl ScoreRequest<'_> {
             mode: self.mode,
             prune: self.prune,
             gather_values: self.gather_values,
+            scale: self.scale,
+            select: self.select,
+            attend: false,
         }
     }
+}
+
+/// An ATTEND request: the `G` queries of one GQA group over every token of a list of typed blocks.
+#[derive(Clone, Debug)]
+pub struct AttendRequest<'a> {
+    /// `G × dim` f32 query vectors of one GQA group.
+    pub queries: &'a [f32],
+    /// Head dimension.
+    pub dim: usize,
+    /// Typed blocks of one sequence.
+    pub blocks: &'a [BlockSpec],
+    /// Sequence id the blocks must carry.
+    pub sequence: u64,
+    /// Layer.
+    pub layer: u32,
+    /// KV head.
+    pub kv_head: u32,
+    /// Element type of K and V.
+    pub dtype: DType,
+    /// Applied to `q·k` before `exp` (usually `1/sqrt(dim)`).
+    pub scale: f32,
+}
+
+impl AttendRequest<'_> {
+    /// The SCORE_TOPK shape of this request (checks and the owned copy share its code).
+    pub(super) fn as_score(&self) -> ScoreRequest<'_> {
+        ScoreRequest {
+            queries: self.queries,
+            dim: self.dim,
+            blocks: self.blocks,
+            sequence: self.sequence,
+            layer: self.layer,
+            kv_head: self.kv_head,
+            dtype: self.dtype,
+            k: 1,
+            mode: GroupMode::PerQuery,
+            prune: false,
+            gather_values: false,
+            scale: self.scale,
+            select: Select::default(),
+        }
+    }
+
+    pub(super) fn check(&self) -> Result<()> {
+        self.as_score().check()
+    }
+
+    pub(super) fn owned(&self) -> OwnedRequest {
+        OwnedRequest {
+            attend: true,
+            ..self.as_score().owned()
+        }
+    }
+}
+
+/// An ATTEND answer.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Attended {
+    /// One per query: unnormalized output (`dim`), maximum scaled score, sum of exponentials.
+    pub partials: Vec<Partial>,
+    /// Costs and path; `bytes_scanned` counts key and value bytes.
+    pub stats: NdpStats,
 }
 
 /// A [`ScoreRequest`] that owns its queries and blocks: kept while a command is in flight, for the
@@ -201,6 +280,10 @@ pub(super) struct OwnedRequest {
     mode: GroupMode,
     prune: bool,
     gather_values: bool,
+    scale: f32,
+    select: Select,
+    /// An ATTEND (the other fields are its [`AttendRequest::as_score`] shape).
+    pub(super) attend: bool,
 }
 
 impl OwnedRequest {
@@ -218,6 +301,23 @@ impl OwnedRequest {
             mode: GroupMode::PerQuery,
             prune: false,
             gather_values: false,
+            scale: 1.0,
+            select: Select::default(),
+            attend: false,
+        }
+    }
+
+    /// The ATTEND request this holds (when `attend`).
+    pub(super) fn borrow_attend(&self) -> AttendRequest<'_> {
+        AttendRequest {
+            queries: &self.queries,
+            dim: self.dim,
+            blocks: &self.blocks,
+            sequence: self.sequence,
+            layer: self.layer,
+            kv_head: self.kv_head,
+            dtype: self.dtype,
+            scale: self.scale,
         }
     }
 
@@ -234,6 +334,8 @@ impl OwnedRequest {
             mode: self.mode,
             prune: self.prune,
             gather_values: self.gather_values,
+            scale: self.scale,
+            select: self.select,
         }
     }
 }

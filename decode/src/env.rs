@@ -1,0 +1,322 @@
+//! What the pool backends run in: the pool, this process's participant, the near-data device (a
+//! thread, a `cxlkv-ndpd` child process, or none) and the client's queue pair. One [`Env`] per
+//! run; [`Env::backend`] builds any number of backends on it, each holding one sequence.
+
+use crate::daemon::Daemon;
+use crate::error::{Error, Result};
+use cxlkv_kernels::DType;
+use cxlkv_model::AttentionShape;
+use cxlkv_ndp::{Device, DeviceConfig, DeviceHandle};
+use cxlkv_runtime::ndp::{NdpDevice, NdpOptions};
+use cxlkv_runtime::pool::plan;
+use cxlkv_runtime::{Backend, KvShape, Participant, Pool, PoolConfig, Region, RegionOptions};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Which near-data device serves the pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// `cxlkv_ndp::Device` in a thread of this process.
+    Thread,
+    /// A `cxlkv-ndpd` process running this binary, started for the run and stopped after it.
+    Ndpd(PathBuf),
+    /// No device: the client computes every command on the host (its fallback path).
+    Host,
+}
+
+/// How to build an [`Env`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct EnvOptions {
+    /// An existing pool (`shm:NAME`, `file:PATH`, `dax:PATH`, `numa:N:NAME`, as `cxlkv pool
+    /// create` takes it); `None`: a private shared-memory pool sized for the run, removed after it.
+    pub pool: Option<String>,
+    /// The device.
+    pub device: DeviceChoice,
+    /// Positions per stored block (default 256).
+    pub block_tokens: usize,
+    /// Element type of the stored keys and values (default f32: exact).
+    pub dtype: DType,
+    /// Attention sinks of the selection modes: positions `0 .. sinks` are always attended
+    /// (default 4).
+    pub sinks: u64,
+    /// Local window of the selection modes: the last `window` positions are always attended
+    /// (default 64).
+    pub window: u64,
+}
+
+impl Default for EnvOptions {
+    fn default() -> Self {
+        EnvOptions {
+            pool: None,
+            device: DeviceChoice::Thread,
+            block_tokens: 256,
+            dtype: DType::F32,
+            sinks: 4,
+            window: 64,
+        }
+    }
+}
+
+/// The device serving the pool while the run lasts (dropping it stops it).
+enum Running {
+    None,
+    Thread(#[allow(dead_code)] DeviceHandle),
+    Process(#[allow(dead_code)] Daemon),
+}
+
+/// Removes a private pool's memory when the run ends.
+struct Unlink(Option<Backend>);
+
+impl Drop for Unlink {
+    fn drop(&mut self) {
+        if let Some(b) = self.0.take() {
+            let _ = Region::unlink(&b);
+        }
+    }
+}
+
+/// Staging blocks of the client: one per KV head, so that a token's commands for all KV heads of
+/// a layer are in flight at once.
+fn staging_blocks(shape: &AttentionShape) -> usize {
+    shape.kv_heads.clamp(2, 64)
+}
+
+/// Largest selection the private pool's blocks are sized to return in one command (more falls
+/// back to the host).
+const SIZED_SELECTION: usize = 2048 + 256;
+
+/// The pool, the participant and the device of one run. Fields drop in order: the client first,
+/// then the device, the participant, the pool, and last the private pool's memory.
+pub struct Env {
+    ndp: Mutex<NdpDevice>,
+    running: Running,
+    participant: Arc<Participant>,
+    pool: Pool,
+    _unlink: Unlink,
+    opts: EnvOptions,
+    shape: AttentionShape,
+    nonce: u64,
+    kv_capacity: usize,
+    spec: String,
+    private: bool,
+}
+
+impl Env {
+    /// Opens (or creates) the pool, attaches, and starts the device, for a model of `shape` and
+    /// sequences of up to `max_tokens` positions. A private pool holds two such sequences at once
+    /// (say, two backends compared side by side); a given pool must hold one.
+    pub fn open(opts: &EnvOptions, shape: AttentionShape, max_tokens: usize) -> Result<Env> {
+        let setup = |m: String| Error::Setup(m);
+        let d = shape.head_dim;
+        if shape.layers == 0
+            || shape.kv_heads == 0
+            || !shape.heads.is_multiple_of(shape.kv_heads)
+            || shape.group() > 16
+            || d == 0
+            || !d.is_multiple_of(16)
+            || d > 256
+        {
+            return Err(setup(format!(
+                "the device takes GQA groups of 1..=16 queries of 16..=256 elements (a multiple \
+                 of 16); this model has {} heads over {} KV heads of {d}",
+                shape.heads, shape.kv_heads
+            )));
+        }
+        if opts.block_tokens == 0 || opts.block_tokens > u32::MAX as usize {
+            return Err(setup(format!(
+                "{} positions per block: give at least 1",
+                opts.block_tokens
+            )));
+        }
+        let kv_block = KvShape {
+            dtype: opts.dtype,
+            layer: 0,
+            kv_heads: shape.kv_heads as u32,
+            head_dim: d as u32,
+            tokens: opts.block_tokens as u32,
+            sequence: 0,
+            token_offset: 0,
+        }
+        .payload_bytes()
+        .ok_or_else(|| setup("the block size overflows".into()))? as u64;
+        let per_run = shape.layers * max_tokens.max(1).div_ceil(opts.block_tokens);
+        let staging = staging_blocks(&shape);
+        let nonce = cxlkv_runtime::ndp::now_ns() ^ (u64::from(std::process::id()) << 40);
+
+        let (backend, private) = match &opts.pool {
+            Some(s) => (
+                s.parse::<Backend>()
+                    .map_err(|e| setup(format!("--pool {s}: {e}")))?,
+                false,
+            ),
+            None => (
+                Backend::Shm(format!(
+                    "cxlkv-decode-{}-{}",
+                    std::process::id(),
+                    nonce % 1_000_000
+                )),
+                true,
+            ),
+        };
+        let (pool, unlink) = if private {
+            // Results of a selection (indices, scores, value rows per query) come back in a
+            // staging block, so blocks are sized for those too.
+            let selection = shape.group() as u64
+                * SIZED_SELECTION.min(max_tokens.max(1)) as u64
+                * (8 + (d * opts.dtype.size()) as u64)
+                + 4096;
+            let cfg = PoolConfig {
+                block_size: kv_block.max(selection).next_multiple_of(4096),
+                participants: 4,
+                partitions: Some(1),
+                lease: Duration::from_secs(2),
+                ..PoolConfig::default()
+            };
+            let need = (2 * per_run + staging + 4) as u64;
+            let mut size = (need * (cfg.block_size + 4096) + (8 << 20)).next_multiple_of(1 << 20);
+            while plan(size, &cfg)
+                .map(|sb| u64::from(sb.blocks_per_partition) < need)
+                .unwrap_or(true)
+            {
+                size += (size / 8).next_multiple_of(1 << 20);
+            }
+            let pool = Pool::create_on(&backend, size, &cfg, &RegionOptions::default())
+                .map_err(|e| setup(format!("creating a pool on {backend}: {e}")))?;
+            (pool, Unlink(Some(backend.clone())))
+        } else {
+            let pool = Pool::open_on(&backend, &RegionOptions::default()).map_err(|e| {
+                setup(format!(
+                    "opening the pool {backend}: {e} (create one with `cxlkv pool create`, or \
+                     leave --pool out for a private one)"
+                ))
+            })?;
+            (pool, Unlink(None))
+        };
+        let sb = *pool.superblock();
+        if sb.block_size < kv_block {
+            return Err(setup(format!(
+                "the pool's blocks hold {} bytes; a block of {} positions x {} KV heads x {d} \
+                 x 2 (K and V) of {:?} needs {kv_block}: lower --block-tokens or use a pool with \
+                 bigger blocks",
+                sb.block_size, opts.block_tokens, shape.kv_heads, opts.dtype
+            )));
+        }
+        let participant = Arc::new(
+            pool.attach()
+                .map_err(|e| setup(format!("attaching to the pool {backend}: {e}")))?,
+        );
+        let kv_capacity = (sb.blocks_per_partition as usize).saturating_sub(staging);
+        if kv_capacity < per_run {
+            return Err(setup(format!(
+                "the pool {backend} is too small: a partition holds {} blocks of {} bytes; this \
+                 run needs {per_run} ({} layers x {} blocks of {} positions for {max_tokens} \
+                 positions) + {staging} staging blocks",
+                sb.blocks_per_partition,
+                sb.block_size,
+                shape.layers,
+                per_run / shape.layers,
+                opts.block_tokens
+            )));
+        }
+        let running = match &opts.device {
+            DeviceChoice::Host => Running::None,
+            DeviceChoice::Thread => Running::Thread(
+                Device::start(pool.clone(), DeviceConfig::default())
+                    .map_err(|e| Error::Device(format!("the in-process device: {e}")))?,
+            ),
+            DeviceChoice::Ndpd(exe) => {
+                Running::Process(Daemon::spawn(exe, &backend.to_string()).map_err(Error::Device)?)
+            }
+        };
+        let ndp = NdpDevice::open(
+            participant.clone(),
+            NdpOptions {
+                timeout: Duration::from_secs(10),
+                staging,
+                ..NdpOptions::default()
+            },
+        )
+        .map_err(|e| Error::Device(format!("opening the device's queue pair: {e}")))?;
+        Ok(Env {
+            ndp: Mutex::new(ndp),
+            running,
+            participant,
+            pool,
+            _unlink: unlink,
+            opts: opts.clone(),
+            shape,
+            nonce,
+            kv_capacity,
+            spec: backend.to_string(),
+            private,
+        })
+    }
+
+    /// One line: the pool, the device, the blocks.
+    pub fn describe(&self) -> String {
+        let sb = self.pool.superblock();
+        let device = match &self.running {
+            Running::None => "no device (the client computes every command on the host)".into(),
+            Running::Thread(_) => "near-data device in a thread of this process".to_string(),
+            Running::Process(d) => format!(
+                "near-data device cxlkv-ndpd (pid {}, {})",
+                d.pid(),
+                d.path().display()
+            ),
+        };
+        format!(
+            "pool {} ({}, {} MiB, {} KV blocks of {} KiB per partition); {device}; blocks of {} \
+             positions, {:?} K/V",
+            self.spec,
+            if self.private {
+                "private, removed after the run"
+            } else {
+                "given"
+            },
+            sb.pool_size >> 20,
+            self.kv_capacity,
+            sb.block_size >> 10,
+            self.opts.block_tokens,
+            self.opts.dtype
+        )
+    }
+
+    /// The options it was opened with.
+    pub fn options(&self) -> &EnvOptions {
+        &self.opts
+    }
+
+    /// The model's attention shape.
+    pub fn shape(&self) -> AttentionShape {
+        self.shape
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    pub(crate) fn participant(&self) -> &Participant {
+        &self.participant
+    }
+
+    pub(crate) fn block_size(&self) -> u64 {
+        self.pool.block_size()
+    }
+
+    /// KV blocks the participant's partition holds beside the staging blocks.
+    pub(crate) fn kv_capacity(&self) -> usize {
+        self.kv_capacity
+    }
+
+    /// A number unique to this run, mixed into block keys (several runs may share a pool).
+    pub(crate) fn nonce(&self) -> u64 {
+        self.nonce
+    }
+
+    /// The device client, exclusively for one attention call.
+    pub(crate) fn ndp(&self) -> MutexGuard<'_, NdpDevice> {
+        self.ndp.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

@@ -1,0 +1,83 @@
+//! `pool`: keys and values written to the pool as typed blocks as the model produces them; every
+//! attention reads every stored block back over the link and computes on the host exactly as the
+//! dense reference does. The baseline that pulls everything across.
+
+use crate::env::Env;
+use crate::host::dense_attend;
+use crate::mode::ModeSpec;
+use crate::store::Store;
+use cxlkv_kernels::ScoreKernel;
+use cxlkv_model::attention::check_attend;
+use cxlkv_model::{Attention, AttentionStats, Result};
+
+/// The `pool` backend.
+pub(crate) struct PoolAttention<'e> {
+    store: Store<'e>,
+    name: String,
+    kernel: ScoreKernel,
+    scores: Vec<f32>,
+    stats: AttentionStats,
+}
+
+impl<'e> PoolAttention<'e> {
+    pub(crate) fn new(env: &'e Env, spec: &ModeSpec, sequence: u64) -> Self {
+        let name = spec.to_string();
+        PoolAttention {
+            store: Store::new(env, &name, sequence),
+            name,
+            kernel: ScoreKernel::detect(),
+            scores: Vec::new(),
+            stats: AttentionStats::default(),
+        }
+    }
+}
+
+impl Attention for PoolAttention<'_> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn len(&self, layer: usize) -> usize {
+        self.store.len(layer)
+    }
+
+    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
+        self.store.append(layer, k, v)
+    }
+
+    fn attend(&mut self, layer: usize, q: &[f32], out: &mut [f32]) -> Result<()> {
+        let held = self.store.len(layer);
+        let shape = self.store.shape();
+        if layer >= shape.layers {
+            return Err(self.store.err(format!("layer {layer} of {}", shape.layers)));
+        }
+        check_attend(&shape, &self.name, held, q, out)?;
+        let rows = self.store.all_rows(layer)?;
+        dense_attend(
+            &shape,
+            &self.kernel,
+            self.store.dtype(),
+            &rows.k,
+            &rows.v,
+            held,
+            q,
+            out,
+            &mut self.scores,
+            &mut self.stats,
+        );
+        Ok(())
+    }
+
+    fn clear(&mut self) {
+        self.store.clear();
+    }
+
+    fn stats(&self) -> AttentionStats {
+        let s = &self.store.stats;
+        AttentionStats {
+            link_read_bytes: self.stats.link_read_bytes + s.link_read_bytes,
+            link_write_bytes: self.stats.link_write_bytes + s.link_write_bytes,
+            ..self.stats
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! `topk:K` and `topp:P[:KMAX]`: the device scores every stored key of a decode step's queries
+//! and returns, per query head, the attention sinks (positions `0 .. sinks`), the stored part of
+//! the local window (the last `window` positions) and the best-scoring others — the `K` best, or
+//! the fewest whose exact softmax mass reaches `P` (at most `KMAX`) — with their value rows
+//! gathered. The host adds the open block's rows (always attended) and computes the softmax over
+//! the selected and open positions only: an approximation whose error is the mass left out.
+//!
+//! A prefill (several queries at once) is exact, computed on the host as `pool` does; the
+//! selection applies to decode steps.
+
+use crate::env::Env;
+use crate::exact::count;
+use crate::host::{dense_attend, group_partials};
+use crate::mode::{Mode, ModeSpec};
+use crate::store::Store;
+use cxlkv_kernels::{GroupMode, KeyRows, Partial, ScoreKernel};
+use cxlkv_model::attention::check_attend;
+use cxlkv_model::{Attention, AttentionStats, Result};
+use cxlkv_runtime::ndp::abi::CXLKV_NDP_MAX_K;
+use cxlkv_runtime::ndp::client::{ScoreRequest, Select, TopK};
+
+/// The selection backends.
+pub(crate) struct Selected<'e> {
+    env: &'e Env,
+    store: Store<'e>,
+    name: String,
+    mode: Mode,
+    kernel: ScoreKernel,
+    scores: Vec<f32>,
+    stats: AttentionStats,
+}
+
+impl<'e> Selected<'e> {
+    pub(crate) fn new(env: &'e Env, spec: &ModeSpec, sequence: u64) -> Self {
+        let name = spec.to_string();
+        Selected {
+            env,
+            store: Store::new(env, &name, sequence),
+            name,
+            mode: spec.mode,
+            kernel: ScoreKernel::detect(),
+            scores: Vec::new(),
+            stats: AttentionStats::default(),
+        }
+    }
+
+    /// The selection of a decode step at `held` positions, `stored` of them in the pool: the
+    /// request's `select` and `k`.
+    fn selection(&self, held: usize, stored: usize) -> (Select, usize) {
+        let o = self.env.options();
+        let sinks = (o.sinks as usize).min(stored);
+        let window_start = held.saturating_sub(o.window as usize).min(stored);
+        let window = (window_start < stored).then_some((window_start as u64, stored as u64));
+        // Positions forced in: the sinks and the stored part of the window, counted once.
+        let forced = sinks + (stored - window_start.max(sinks));
+        let (budget, top_p) = match self.mode {
+            Mode::TopK { k } => (k, None),
+            Mode::TopP { p, k_max } => (k_max, Some(p)),
+            _ => unreachable!("a selection backend holds a selection mode"),
+        };
+        let k = (budget + forced).min(stored).min(CXLKV_NDP_MAX_K as usize);
+        (
+            Select {
+                sinks: sinks as u64,
+                window,
+                exclude: None,
+                top_p,
+            },
+            k,
+        )
+    }
+}
+
+/// The gathered value rows of list `l` of `r`, `row` bytes each: the device pads every list to
+/// the request's `k`, the host fallback packs them; both are accepted.
+fn list_values(r: &TopK, l: usize, row: usize) -> Option<&[u8]> {
+    let hits: usize = r.indices.iter().map(Vec::len).sum();
+    let n = r.indices[l].len();
+    let start = if r.values.len() == hits * row {
+        r.indices[..l].iter().map(Vec::len).sum::<usize>() * row
+    } else {
+        let stride = r.values.len() / (r.indices.len() * row).max(1);
+        l * stride * row
+    };
+    r.values.get(start..start + n * row)
+}
+
+impl Attention for Selected<'_> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn len(&self, layer: usize) -> usize {
+        self.store.len(layer)
+    }
+
+    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
+        self.store.append(layer, k, v)
+    }
+
+    fn attend(&mut self, layer: usize, q: &[f32], out: &mut [f32]) -> Result<()> {
+        let shape = self.store.shape();
+        if layer >= shape.layers {
+            return Err(self.store.err(format!("layer {layer} of {}", shape.layers)));
+        }
+        let held = self.store.len(layer);
+        let t = check_attend(&shape, &self.name, held, q, out)?;
+        let stored = self.store.stored_len(layer);
+        if t > 1 || stored == 0 {
+            let rows = self.store.all_rows(layer)?;
+            dense_attend(
+                &shape,
+                &self.kernel,
+                self.store.dtype(),
+                &rows.k,
+                &rows.v,
+                held,
+                q,
+                out,
+                &mut self.scores,
+                &mut self.stats,
+            );
+            return Ok(());
+        }
+        let (d, g) = (shape.head_dim, shape.group());
+        let dtype = self.store.dtype();
+        let row = d * dtype.size();
+        let (select, k) = self.selection(held, stored);
+        let mut ndp = self.env.ndp();
+        let mut tickets = Vec::with_capacity(shape.kv_heads);
+        for kv in 0..shape.kv_heads {
+            let req = ScoreRequest {
+                queries: &q[kv * g * d..(kv + 1) * g * d],
+                dim: d,
+                blocks: self.store.stored(layer),
+                sequence: self.store.sequence(),
+                layer: layer as u32,
+                kv_head: kv as u32,
+                dtype,
+                k,
+                mode: GroupMode::PerQuery,
+                // Top-p needs every score for the exact mass; top-k may skip blocks on bounds.
+                prune: select.top_p.is_none(),
+                gather_values: true,
+                select,
+                scale: shape.scale,
+            };
+            tickets.push(
+                ndp.submit_score(&req)
+                    .map_err(|e| self.store.err(format!("SCORE_TOPK of layer {layer}: {e}")))?,
+            );
+        }
+        let open_rows = held - stored;
+        for (kv, ticket) in tickets.into_iter().enumerate() {
+            let r = ndp
+                .wait(ticket)
+                .map_err(|e| self.store.err(format!("SCORE_TOPK of layer {layer}: {e}")))?;
+            count(&mut self.stats, &r.stats);
+            if r.indices.len() != g || r.scores.len() != g {
+                return Err(self.store.err(format!(
+                    "SCORE_TOPK returned {} lists for {g} queries",
+                    r.indices.len()
+                )));
+            }
+            let open = group_partials(
+                &shape,
+                &self.kernel,
+                dtype,
+                self.store.host_rows(layer, kv, stored, false),
+                self.store.host_rows(layer, kv, stored, true),
+                &q[kv * g * d..(kv + 1) * g * d],
+                &mut self.scores,
+            );
+            for (j, o) in open.into_iter().enumerate() {
+                let bytes = list_values(&r, j, row).ok_or_else(|| {
+                    self.store.err(format!(
+                        "SCORE_TOPK returned too few value rows for list {j}"
+                    ))
+                })?;
+                let values = KeyRows::new(bytes, dtype, d)
+                    .map_err(|e| self.store.err(format!("gathered values: {e}")))?;
+                let scores = &r.scores[j];
+                let mut p = Partial::over(&values, |i| shape.scale * scores[i]);
+                p.merge(&o);
+                let at = (kv * g + j) * d;
+                p.finish_into(&mut out[at..at + d]);
+                self.stats.value_rows += (scores.len() + open_rows) as u64;
+            }
+            self.stats.query_heads += g as u64;
+        }
+        Ok(())
+    }
+
+    fn clear(&mut self) {
+        self.store.clear();
+    }
+
+    fn stats(&self) -> AttentionStats {
+        let s = &self.store.stats;
+        AttentionStats {
+            link_read_bytes: self.stats.link_read_bytes + s.link_read_bytes,
+            link_write_bytes: self.stats.link_write_bytes + s.link_write_bytes,
+            ..self.stats
+        }
+    }
+}
