@@ -14,11 +14,11 @@ mod score;
 
 use super::{Error, Result};
 use clap::Args;
+use cxlkv::decode::{find_ndpd, DeviceChoice, Env, EnvOptions, Mode, ModeSpec};
 use cxlkv::kernels::DType;
 use cxlkv::model::{
-    attention, Attention, AttentionShape, Config, Gguf, Model, Tokenizer, WeightFormat,
+    attention, Attention, AttentionShape, Config, Dense, Gguf, Model, Tokenizer, WeightFormat,
 };
-use cxlkv_decode::{Mode, ModeSpec};
 use report::{ModeResult, Setting};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -61,10 +61,13 @@ pub struct EvalArgs {
     /// pool sized for the run, removed at the end.
     #[arg(long, value_name = "SPEC")]
     pool: Option<String>,
-    /// The near-data device: `thread` (in this process), `host` (the client's host fallback) or
-    /// `ndpd:PATH` (the cxlkv-ndpd binary at PATH, a process of its own).
+    /// The near-data device: `thread` (in this process), `ndpd` (a `cxlkv-ndpd` process) or
+    /// `host` (none: the client computes every command on the host).
     #[arg(long, default_value = "thread")]
     device: String,
+    /// The `cxlkv-ndpd` binary for `--device ndpd` (default: `$CXLKV_NDPD`, or next to `cxlkv`).
+    #[arg(long)]
+    ndpd: Option<PathBuf>,
     /// Tokens per pool block.
     #[arg(long, default_value_t = 256)]
     block_tokens: usize,
@@ -79,114 +82,108 @@ pub struct EvalArgs {
     window: u64,
 }
 
-/// Where the pool modes keep K/V and which device serves them, from the command line.
-struct EnvArgs {
-    pool: Option<String>,
-    device: Device,
-    block_tokens: usize,
-    dtype: DType,
-    sinks: u64,
-    window: u64,
-}
-
-enum Device {
-    Thread,
-    Host,
-    Ndpd(PathBuf),
-}
-
-impl EnvArgs {
-    fn parse(a: &EvalArgs) -> Result<EnvArgs> {
-        let device = match a.device.as_str() {
-            "thread" => Device::Thread,
-            "host" => Device::Host,
-            d => match d.strip_prefix("ndpd:") {
-                Some(path) if !path.is_empty() => Device::Ndpd(PathBuf::from(path)),
-                _ => {
-                    return Err(Error::Usage(format!(
-                        "--device {d:?}: use thread, host or ndpd:PATH"
-                    )))
-                }
-            },
-        };
-        let dtype = a
-            .dtype
-            .parse()
-            .map_err(|e| Error::Usage(format!("--dtype: {e}")))?;
-        if a.block_tokens == 0 {
-            return Err(Error::Usage("--block-tokens must be at least 1".into()));
+/// The pool modes' environment from the command line (as `cxlkv generate` takes it).
+fn env_options(a: &EvalArgs) -> Result<EnvOptions> {
+    let device = match a.device.as_str() {
+        "thread" => DeviceChoice::Thread,
+        "host" => DeviceChoice::Host,
+        "ndpd" => a
+            .ndpd
+            .clone()
+            .or_else(find_ndpd)
+            .map(DeviceChoice::Ndpd)
+            .ok_or_else(|| {
+                Error::Usage(
+                    "--device ndpd: cxlkv-ndpd not found next to cxlkv; give --ndpd PATH or set \
+                     CXLKV_NDPD"
+                        .into(),
+                )
+            })?,
+        other => {
+            return Err(Error::Usage(format!(
+                "--device {other:?}: use thread, ndpd or host"
+            )))
         }
-        Ok(EnvArgs {
-            pool: a.pool.clone(),
-            device,
-            block_tokens: a.block_tokens,
-            dtype,
-            sinks: a.sinks,
-            window: a.window,
-        })
+    };
+    let dtype = a
+        .dtype
+        .parse()
+        .map_err(|e| Error::Usage(format!("--dtype: {e}")))?;
+    if a.block_tokens == 0 {
+        return Err(Error::Usage("--block-tokens must be at least 1".into()));
     }
+    Ok(EnvOptions {
+        pool: a.pool.clone(),
+        device,
+        block_tokens: a.block_tokens,
+        dtype,
+        sinks: a.sinks,
+        window: a.window,
+    })
 }
 
-/// Builds the backend of each mode. The dense modes live in private memory; the pool modes come
-/// from `cxlkv_decode`'s environment (a pool and a device) once it is opened.
+/// Builds the backend of each mode: dense modes in private memory, the others on the pool and
+/// device of `cxlkv_decode`'s [`Env`], opened only if some mode needs it.
 struct Backends {
+    env: Option<Env>,
     shape: AttentionShape,
     next_sequence: std::cell::Cell<u64>,
 }
 
 impl Backends {
     fn open(
-        env: &EnvArgs,
-        _specs: &[ModeSpec],
+        opts: &EnvOptions,
+        specs: &[ModeSpec],
         shape: AttentionShape,
-        _max_tokens: usize,
+        max_tokens: usize,
     ) -> Result<Backends> {
-        let _ = (
-            &env.pool,
-            &env.device,
-            env.block_tokens,
-            env.dtype,
-            env.sinks,
-            env.window,
-        );
-        if let Device::Ndpd(p) = &env.device {
-            let _ = p;
-        }
+        let env = if specs.iter().any(ModeSpec::uses_pool) {
+            Some(Env::open(opts, shape, max_tokens).map_err(decode_err)?)
+        } else {
+            None
+        };
         Ok(Backends {
+            env,
             shape,
             next_sequence: std::cell::Cell::new(1),
         })
     }
 
     fn describe(&self) -> String {
-        "K/V in private memory".into()
+        match &self.env {
+            Some(env) => env.describe(),
+            None => "K/V in private memory".into(),
+        }
     }
 
     /// A fresh backend for `spec`, on a sequence of its own.
     fn backend(&self, spec: &ModeSpec) -> Result<Box<dyn Attention + '_>> {
         let seq = self.next_sequence.get();
         self.next_sequence.set(seq + 1);
-        let name = match spec.mode {
-            Mode::Dense => "dense",
-            Mode::DenseF16 => "dense-f16",
-            _ => {
-                return Err(Error::Usage(format!(
-                    "mode {spec}: the pool and device backends are not built into this binary"
-                )))
-            }
-        };
-        let _ = seq;
-        attention::backend(name, self.shape).map_err(score::model_err)
+        match (&self.env, spec.mode) {
+            (Some(env), _) => env.backend(spec, seq).map_err(decode_err),
+            (None, Mode::Dense) => Ok(Box::new(
+                Dense::new(self.shape, DType::F32).map_err(score::model_err)?,
+            )),
+            (None, Mode::DenseF16) => Ok(Box::new(
+                Dense::new(self.shape, DType::F16).map_err(score::model_err)?,
+            )),
+            (None, _) => Err(Error::Other(format!("mode {spec} needs the pool"))),
+        }
     }
+}
+
+fn decode_err(e: cxlkv::decode::Error) -> Error {
+    Error::Other(e.to_string())
 }
 
 /// Runs `cxlkv eval`.
 pub fn run(a: &EvalArgs) -> Result<ExitCode> {
     // Everything that needs no model is checked first.
-    let usage = |e: cxlkv_decode::Error| Error::Usage(e.to_string());
+    let usage = |e: cxlkv::decode::Error| Error::Usage(e.to_string());
     let mut specs = ModeSpec::parse_list(&a.modes).map_err(usage)?;
     if let Some(l) = &a.dense_layers {
-        let layers = cxlkv_decode::parse_layers(l)
+        let layers = cxlkv::decode::parse_layers(l)
             .map_err(|e| Error::Usage(format!("--dense-layers {l:?}: {e}")))?;
         for s in specs.iter_mut().filter(|s| s.uses_pool()) {
             s.add_dense_layers(&layers);
@@ -209,7 +206,7 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
     if a.passkey == Some(0) {
         return Err(Error::Usage("--passkey needs at least 1 prompt".into()));
     }
-    let env = EnvArgs::parse(a)?;
+    let env = env_options(a)?;
     let format: WeightFormat = a.weights.parse().map_err(Error::Usage)?;
     let text = std::fs::read_to_string(&a.text)
         .map_err(|e| Error::Usage(format!("--text {}: {e}", a.text.display())))?;
