@@ -22,8 +22,11 @@
 //!   housekeeping thread (heartbeat, hotlist epochs).
 //! - [`commands`]: command decoding and validation, and GATHER, BUILD_BOUNDS and HOTLIST.
 //! - [`scan`]: SCORE_TOPK, the kernels' block-wise scan over pinned blocks with either engine.
+//! - [`attend`]: ATTEND (fused attention over pinned K and V) and SCORE_TOPK's selection scan
+//!   (Rust engine).
 //! - [`hotlist`]: per-block scan heat.
 
+pub mod attend;
 pub mod commands;
 pub mod config;
 pub mod hotlist;

@@ -3,6 +3,7 @@
 
 use crate::device::config::{DeviceConfig, DeviceError};
 use crate::device::hotlist::HotTable;
+use crate::engine_hls::Engine;
 use cxlkv_runtime::coherence::{self, Site};
 use cxlkv_runtime::format;
 use cxlkv_runtime::mem::SharedMemory;
@@ -102,7 +103,14 @@ impl Device {
                     | CXLKV_NDP_CAP_HOTLIST
                     | CXLKV_NDP_CAP_PRUNE
                     | CXLKV_NDP_CAP_FUTEX_WAKE
-                    | CXLKV_NDP_CAP_PACING,
+                    | CXLKV_NDP_CAP_PACING
+                    // ATTEND and selection run on the Rust engine only, until the HLS kernel has
+                    // their datapaths.
+                    | if cfg.engine == Engine::Rust {
+                        CXLKV_NDP_CAP_ATTEND | CXLKV_NDP_CAP_SELECT
+                    } else {
+                        0
+                    },
             ),
             generation,
             pid: u64::from(std::process::id()),

@@ -10,10 +10,12 @@ use cxlkv_kernels::{
     TopK, VisitOrder,
 };
 use cxlkv_runtime::coherence::{self, Site};
+use cxlkv_runtime::format;
 use cxlkv_runtime::ndp::abi::*;
+use cxlkv_runtime::ndp::select::{Select, Selection};
 use cxlkv_runtime::ndp::{
-    block_mass, encode_topk_result, locate_token, read_bounds, topk_result_size, DeviceStatus,
-    ResolvedBlock, ScanStats,
+    block_mass, encode_list_info, encode_topk_result, locate_token, read_bounds, topk_result_size,
+    DeviceStatus, ResolvedBlock, ScanStats,
 };
 use std::time::{Duration, Instant};
 
@@ -27,9 +29,7 @@ impl Device {
             cmd.dim as usize,
             cmd.nblocks as usize,
         );
-        // Selection (ABI 1.1) is not served yet: the capability is not advertised.
         if flags & !CXLKV_NDP_FLAGS_ALL != 0
-            || flags & CXLKV_NDP_FLAG_SELECT != 0
             || k == 0
             || k > CXLKV_NDP_MAX_K as usize
             || g == 0
@@ -43,8 +43,20 @@ impl Device {
             GroupMode::PerQuery
         };
         let gather = flags & CXLKV_NDP_FLAG_GATHER_V != 0;
+        let select = flags & CXLKV_NDP_FLAG_SELECT != 0;
+        if select && flags & CXLKV_NDP_FLAG_PRUNE != 0 {
+            return Err(DeviceStatus::at(
+                CXLKV_NDP_ERR_ARGS,
+                CXLKV_NDP_DETAIL_BAD_OPTIONS as usize,
+            ));
+        }
+        if select && self.cfg.engine != Engine::Rust {
+            // The HLS engine keeps lists, not every score (CAP_SELECT is not advertised with it).
+            return Err(err(CXLKV_NDP_ERR_OPCODE));
+        }
         let lists = if mode == GroupMode::PerQuery { g } else { 1 };
-        let need = (g * dim * 4 + n * 24) as u64;
+        let sel_bytes = if select { 64 } else { 0 };
+        let need = (g * dim * 4 + n * 24 + sel_bytes) as u64;
         // The smallest result possible (one hit per list); the exact size is checked once the
         // token count is known.
         let min_result = topk_result_size(lists, 1, dim, dtype.size(), gather, n)
@@ -55,13 +67,63 @@ impl Device {
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
         let queries = QueryGroup::new(&qv, dim).map_err(|_| err(CXLKV_NDP_ERR_ARGS))?;
-        let (blocks, order) = self.resolve(&raw[g * dim * 4..], n, &want)?;
+        let sel = if select {
+            let w: cxlkv_ndp_select = format::from_bytes(&raw[g * dim * 4 + n * 24..]);
+            Some(Select::from_abi(&w)?)
+        } else {
+            None
+        };
+        let (blocks, order) = self.resolve(&raw[g * dim * 4..g * dim * 4 + n * 24], n, &want)?;
         let total_tokens: u64 = blocks.iter().map(|b| u64::from(b.tokens)).sum();
         let per_list = (k as u64).min(total_tokens) as usize;
         let size = topk_result_size(lists, per_list, dim, dtype.size(), gather, n)
-            .ok_or(err(CXLKV_NDP_ERR_ARGS))?;
+            .ok_or(err(CXLKV_NDP_ERR_ARGS))?
+            + if select { 8 + 8 * lists as u64 } else { 0 };
         if size > u64::from(cmd.result_len) {
             return Err(err(CXLKV_NDP_ERR_RESULT_SIZE));
+        }
+        if let Some((sel, scale)) = sel {
+            let ranges: Vec<(u64, u64)> = blocks
+                .iter()
+                .map(|b| (u64::from(b.base), u64::from(b.base) + u64::from(b.tokens)))
+                .collect();
+            let selection = Selection::new(sel, k, scale, lists, &ranges)?;
+            let group_max = mode == GroupMode::GroupMax;
+            let (got, stats) = self.select_scan(selection, &queries, &blocks, dtype, group_max)?;
+            let values = if gather {
+                // Each list's rows padded to `per_list` (zero rows), as the result lays them out.
+                let row = dim * dtype.size();
+                let mut v = Vec::with_capacity(lists * per_list * row);
+                for l in &got.lists {
+                    v.extend(self.gather_rows(
+                        &blocks,
+                        &order,
+                        l.iter().map(|h| h.index),
+                        dtype,
+                        dim,
+                    )?);
+                    v.resize(v.len() + (per_list - l.len()) * row, 0);
+                }
+                Some(v)
+            } else {
+                None
+            };
+            self.still_valid(&blocks)?;
+            let mass = block_mass(&got.lists[0], &blocks, &order, scale);
+            let mut out = encode_topk_result(
+                &got.lists,
+                per_list,
+                dim,
+                dtype,
+                values.as_deref(),
+                &mass,
+                &stats,
+            );
+            encode_list_info(&mut out, &got.lists, &got.left_out);
+            return Ok(Done {
+                result_bytes: self.write_result(cmd, &out)?,
+                stats,
+            });
         }
         let topk = TopK { k, mode };
         let prune = flags & CXLKV_NDP_FLAG_PRUNE != 0;

@@ -225,6 +225,7 @@ impl Device {
                 CXLKV_NDP_OP_GATHER => self.gather(qp, cmd),
                 CXLKV_NDP_OP_BUILD_BOUNDS => self.build_bounds(qp, cmd),
                 CXLKV_NDP_OP_HOTLIST => self.hotlist(qp, cmd),
+                CXLKV_NDP_OP_ATTEND => self.attend(qp, cmd),
                 _ => Err(err(CXLKV_NDP_ERR_OPCODE)),
             }
         };

@@ -6,7 +6,7 @@ use crate::format::Plain;
 use crate::ndp::abi::*;
 use crate::pool::Pool;
 
-// SAFETY (for the five impls below): bindgen emits them `#[repr(C)]`; the compile-time layout
+// SAFETY (for the impls below): bindgen emits them `#[repr(C)]`; the compile-time layout
 // assertions in `abi.rs` pin every offset and the size, which leave no padding; all fields are
 // integers, f32 or arrays of them, so every bit pattern is valid.
 // SAFETY: see above.
@@ -21,6 +21,14 @@ unsafe impl Plain for cxlkv_ndp_result {}
 unsafe impl Plain for cxlkv_ndp_hot_entry {}
 // SAFETY: see above.
 unsafe impl Plain for cxlkv_ndp_hit {}
+// SAFETY: see above.
+unsafe impl Plain for cxlkv_ndp_select {}
+// SAFETY: see above.
+unsafe impl Plain for cxlkv_ndp_list_info {}
+// SAFETY: see above.
+unsafe impl Plain for cxlkv_ndp_attend {}
+// SAFETY: see above.
+unsafe impl Plain for cxlkv_ndp_partial {}
 
 /// Byte offsets of register words (from the device area), for atomic access.
 pub mod reg {

@@ -55,6 +55,7 @@ pub use client::{
 };
 pub use layout::{now_ns, qpi, reg, status_name, DeviceLayout, DeviceStatus, DEPTH};
 pub use result::{
-    block_mass, decode_topk_result, encode_host_result, encode_topk_result, topk_result_size,
-    DecodedTopK, ScanStats,
+    attend_result_size, block_mass, decode_attend_result, decode_list_info, decode_topk_result,
+    encode_attend_result, encode_host_result, encode_list_info, encode_topk_result,
+    topk_result_size, DecodedTopK, ScanStats,
 };

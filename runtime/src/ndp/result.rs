@@ -1,12 +1,14 @@
 //! The result buffer of SCORE_TOPK and GATHER: its size ([`topk_result_size`]), encoding
 //! ([`encode_topk_result`], the device's and the host's) and checked decoding
 //! ([`decode_topk_result`]), with the scan counts ([`ScanStats`]) and per-block softmax mass
-//! ([`block_mass`]) it carries.
+//! ([`block_mass`]) it carries; the per-list section of a selected SCORE_TOPK
+//! ([`encode_list_info`]) and the ATTEND result ([`encode_attend_result`],
+//! [`decode_attend_result`]).
 
 use crate::format;
 use crate::ndp::abi::*;
 use crate::ndp::block::{locate_token, ResolvedBlock};
-use cxlkv_kernels::{DType, Hit, PruneStats};
+use cxlkv_kernels::{DType, Hit, Partial, PruneStats};
 
 /// Counts of a scan.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -210,4 +212,124 @@ pub fn encode_host_result(
 ) -> Vec<u8> {
     let per = lists.first().map_or(0, Vec::len);
     encode_topk_result(lists, per, dim, dtype, values, mass, stats)
+}
+
+/// Appends the `struct cxlkv_ndp_list_info [lists]` section of a selected SCORE_TOPK to `out`
+/// (an encoded SCORE_TOPK result) and names it in the header (`bounds_off`, `total_bytes`).
+pub fn encode_list_info(out: &mut Vec<u8>, lists: &[Vec<Hit>], left_out: &[f32]) {
+    let at = out.len().next_multiple_of(8);
+    out.resize(at, 0);
+    for (l, m) in lists.iter().zip(left_out) {
+        out.extend_from_slice(format::as_bytes(&cxlkv_ndp_list_info {
+            count: l.len() as u32,
+            left_out_mass: *m,
+        }));
+    }
+    let mut h: cxlkv_ndp_result = format::from_bytes(out);
+    h.bounds_off = at as u32;
+    h.total_bytes = out.len() as u64;
+    out[..64].copy_from_slice(format::as_bytes(&h));
+}
+
+/// The per-list `(count, left-out mass)` of a selected SCORE_TOPK result, checked against its
+/// length.
+pub fn decode_list_info(bytes: &[u8]) -> Option<Vec<(u32, f32)>> {
+    if bytes.len() < 64 {
+        return None;
+    }
+    let h: cxlkv_ndp_result = format::from_bytes(bytes);
+    let at = h.bounds_off as usize;
+    let n = h.lists as usize;
+    let raw = bytes.get(at..at.checked_add(n.checked_mul(8)?)?)?;
+    Some(
+        raw.chunks_exact(8)
+            .map(|c| {
+                let i: cxlkv_ndp_list_info = format::from_bytes(c);
+                (i.count, i.left_out_mass)
+            })
+            .collect(),
+    )
+}
+
+/// Bytes of an ATTEND result: header, `cxlkv_ndp_partial [g]`, f32 outputs `[g][dim]`.
+pub fn attend_result_size(g: usize, dim: usize) -> Option<u64> {
+    let parts = g.checked_mul(8)?;
+    let outs = g.checked_mul(dim)?.checked_mul(4)?;
+    Some(64u64 + parts as u64 + outs as u64)
+}
+
+/// Encodes an ATTEND result.
+pub fn encode_attend_result(parts: &[Partial], stats: &ScanStats) -> Vec<u8> {
+    let g = parts.len();
+    let dim = parts.first().map_or(0, |p| p.out.len());
+    let values_off = 64 + 8 * g;
+    let total = values_off + 4 * g * dim;
+    let header = cxlkv_ndp_result {
+        lists: g as u32,
+        per_list: 1,
+        dim: dim as u32,
+        dtype: DType::F32 as u32,
+        hits_off: 64,
+        values_off: values_off as u32,
+        mass_off: total as u32,
+        nblocks: 0,
+        bytes_scanned: stats.bytes_scanned,
+        blocks_scanned: stats.blocks_scanned,
+        blocks_pruned: stats.blocks_pruned,
+        bounds_off: 0,
+        bounds_match: 0,
+        total_bytes: total as u64,
+    };
+    let mut out = Vec::with_capacity(total);
+    out.extend_from_slice(format::as_bytes(&header));
+    for p in parts {
+        out.extend_from_slice(format::as_bytes(&cxlkv_ndp_partial {
+            max: p.max,
+            sum: p.sum,
+        }));
+    }
+    for p in parts {
+        for x in &p.out {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+    debug_assert_eq!(out.len(), total);
+    out
+}
+
+/// Decodes an ATTEND result of `g` queries of `dim`, checking every offset against its length.
+pub fn decode_attend_result(
+    bytes: &[u8],
+    g: usize,
+    dim: usize,
+) -> Option<(Vec<Partial>, ScanStats)> {
+    if bytes.len() < 64 {
+        return None;
+    }
+    let h: cxlkv_ndp_result = format::from_bytes(bytes);
+    if h.lists as usize != g || h.dim as usize != dim || h.dtype != DType::F32 as u32 {
+        return None;
+    }
+    let ph = bytes.get(h.hits_off as usize..(h.hits_off as usize).checked_add(8 * g)?)?;
+    let outs =
+        bytes.get(h.values_off as usize..(h.values_off as usize).checked_add(4 * g * dim)?)?;
+    let parts = (0..g)
+        .map(|j| {
+            let p: cxlkv_ndp_partial = format::from_bytes(&ph[8 * j..]);
+            Partial {
+                out: outs[4 * j * dim..4 * (j + 1) * dim]
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+                max: p.max,
+                sum: p.sum,
+            }
+        })
+        .collect();
+    let stats = ScanStats {
+        bytes_scanned: h.bytes_scanned,
+        blocks_scanned: h.blocks_scanned,
+        blocks_pruned: h.blocks_pruned,
+    };
+    Some((parts, stats))
 }

@@ -14,8 +14,12 @@ use crate::ndp::client::request::{
     AttendRequest, Attended, BlockSpec, NdpPath, NdpStats, ScoreRequest, TopK,
 };
 use crate::ndp::client::ring::{NdpDevice, Pending, Ticket};
+use crate::ndp::layout::reg;
 use crate::ndp::layout::DeviceStatus;
-use crate::ndp::result::{decode_topk_result, topk_result_size};
+use crate::ndp::result::{
+    attend_result_size, decode_attend_result, decode_list_info, decode_topk_result,
+    topk_result_size,
+};
 use cxlkv_kernels::{DType, GroupMode};
 use std::time::{Duration, Instant};
 
@@ -45,6 +49,21 @@ impl Answer {
     }
 }
 
+/// Appends the queries (f32) and the block list entries, the arguments' common head.
+fn push_queries_and_blocks(args: &mut Vec<u8>, queries: &[f32], blocks: &[BlockSpec]) {
+    for q in queries {
+        args.extend_from_slice(&q.to_le_bytes());
+    }
+    for b in blocks {
+        let e = cxlkv_ndp_block {
+            key_lo: b.key.lo(),
+            key_hi: b.key.hi(),
+            token_offset: b.token_offset,
+        };
+        args.extend_from_slice(format::as_bytes(&e));
+    }
+}
+
 impl NdpDevice {
     /// Submits an ATTEND: the partial attention of the request's queries over every token of its
     /// blocks. The answer comes from [`NdpDevice::wait_attend`]; when the device cannot take the
@@ -55,7 +74,7 @@ impl NdpDevice {
         let id = self.next_ticket;
         self.next_ticket += 1;
         let tag = self.new_tag();
-        let pending = Pending {
+        let mut pending = Pending {
             tag,
             staging: None,
             req: req.owned(),
@@ -63,8 +82,17 @@ impl NdpDevice {
             result_len: 0,
             stats: NdpStats::default(),
             start,
-            forced: Some(FallbackReason::Unsupported),
+            forced: None,
         };
+        match self.try_submit_attend(req, tag)? {
+            Ok((staging, result_off, result_len, sent)) => {
+                pending.staging = Some(staging);
+                pending.result_off = result_off;
+                pending.result_len = result_len;
+                pending.stats.bytes_to_device = sent;
+            }
+            Err(why) => pending.forced = Some(why),
+        }
         self.pending.insert(id, pending);
         Ok(Ticket(id))
     }
@@ -101,13 +129,7 @@ impl NdpDevice {
             start,
             forced: None,
         };
-        // Until the device implements selection, an active one runs on the host.
-        let tried = if req.select.is_active() {
-            Ok(Err(FallbackReason::Unsupported))
-        } else {
-            self.try_submit_score(req, tag)
-        };
-        match tried? {
+        match self.try_submit_score(req, tag)? {
             Ok((staging, result_off, result_len, sent)) => {
                 pending.staging = Some(staging);
                 pending.result_off = result_off;
@@ -120,34 +142,27 @@ impl NdpDevice {
         Ok(Ticket(id))
     }
 
+    /// Whether the attached device advertises capability `cap` (`CXLKV_NDP_CAP_*`).
+    fn capable(&self, cap: u32) -> Result<bool> {
+        Ok(self.reg(reg::CAPABILITIES)? & u64::from(cap) != 0)
+    }
+
     fn try_submit_score(
         &mut self,
         req: &ScoreRequest<'_>,
         tag: u64,
     ) -> Result<std::result::Result<(usize, u64, u64, u64), FallbackReason>> {
-        let generation = match self.device_state()? {
-            Ok(g) => g,
-            Err(why) => return Ok(Err(why)),
-        };
-        self.release_old(generation);
-        self.drain()?;
         let g = req.group();
         let lists = if req.mode == GroupMode::PerQuery {
             g
         } else {
             1
         };
-        let mut args = Vec::with_capacity(req.queries.len() * 4 + req.blocks.len() * 24);
-        for q in req.queries {
-            args.extend_from_slice(&q.to_le_bytes());
-        }
-        for b in req.blocks {
-            let e = cxlkv_ndp_block {
-                key_lo: b.key.lo(),
-                key_hi: b.key.hi(),
-                token_offset: b.token_offset,
-            };
-            args.extend_from_slice(format::as_bytes(&e));
+        let select = req.select.is_active();
+        let mut args = Vec::with_capacity(req.queries.len() * 4 + req.blocks.len() * 24 + 64);
+        push_queries_and_blocks(&mut args, req.queries, req.blocks);
+        if select {
+            args.extend_from_slice(format::as_bytes(&req.select.to_abi(req.scale)));
         }
         let result_len = topk_result_size(
             lists,
@@ -157,22 +172,10 @@ impl NdpDevice {
             req.gather_values,
             req.blocks.len(),
         )
+        .map(|n| n + if select { 8 + 8 * lists as u64 } else { 0 })
         .unwrap_or(u64::MAX);
-        let result_at = (args.len() as u64).next_multiple_of(64);
-        if result_at.saturating_add(result_len) > self.pool.block_size()
-            || result_len > u64::from(u32::MAX)
-        {
-            return Ok(Err(FallbackReason::TooLarge));
-        }
-        let Some(si) = self.staging.iter().position(|s| s.owner.is_none()) else {
-            return Ok(Err(FallbackReason::Busy));
-        };
-        let off = self.staging[si].off;
-        let mem = self.pool.memory().clone();
-        mem.write(off, &args)?;
-        coherence::publish(&*mem, Site::NdpSubmitWrite, off, args.len() as u64);
         let mut flags = 0u16;
-        if req.prune {
+        if req.prune && !select {
             flags |= CXLKV_NDP_FLAG_PRUNE as u16;
         }
         if req.mode == GroupMode::GroupMax {
@@ -180,6 +183,9 @@ impl NdpDevice {
         }
         if req.gather_values {
             flags |= CXLKV_NDP_FLAG_GATHER_V as u16;
+        }
+        if select {
+            flags |= CXLKV_NDP_FLAG_SELECT as u16;
         }
         let cmd = cxlkv_ndp_cmd {
             tag,
@@ -193,14 +199,79 @@ impl NdpDevice {
             group: g as u8,
             dim: req.dim as u32,
             nblocks: req.blocks.len() as u32,
-            args_off: off,
-            result_off: off + result_at,
-            args_len: args.len() as u32,
-            result_len: result_len as u32,
+            ..Default::default()
         };
+        let cap = if select { CXLKV_NDP_CAP_SELECT } else { 0 };
+        self.try_stage(cmd, &args, result_len, cap)
+    }
+
+    fn try_submit_attend(
+        &mut self,
+        req: &AttendRequest<'_>,
+        tag: u64,
+    ) -> Result<std::result::Result<(usize, u64, u64, u64), FallbackReason>> {
+        let mut args = Vec::with_capacity(req.queries.len() * 4 + req.blocks.len() * 24 + 16);
+        push_queries_and_blocks(&mut args, req.queries, req.blocks);
+        args.extend_from_slice(format::as_bytes(&cxlkv_ndp_attend {
+            scale: req.scale,
+            ..Default::default()
+        }));
+        let g = req.queries.len() / req.dim;
+        let cmd = cxlkv_ndp_cmd {
+            tag,
+            opcode: CXLKV_NDP_OP_ATTEND as u16,
+            sequence: req.sequence,
+            layer: req.layer,
+            kv_head: req.kv_head as u16,
+            dtype: req.dtype as u8,
+            group: g as u8,
+            dim: req.dim as u32,
+            nblocks: req.blocks.len() as u32,
+            ..Default::default()
+        };
+        let result_len = attend_result_size(g, req.dim).unwrap_or(u64::MAX);
+        self.try_stage(cmd, &args, result_len, CXLKV_NDP_CAP_ATTEND)
+    }
+
+    /// Puts `args` in a free staging block and submits `cmd` with its buffers there, if a live
+    /// device that has capability `cap` (0: none needed) can take it; returns the staging block,
+    /// the result's offset and length and the bytes sent, or why the host must compute it.
+    fn try_stage(
+        &mut self,
+        mut cmd: cxlkv_ndp_cmd,
+        args: &[u8],
+        result_len: u64,
+        cap: u32,
+    ) -> Result<std::result::Result<(usize, u64, u64, u64), FallbackReason>> {
+        let generation = match self.device_state()? {
+            Ok(g) => g,
+            Err(why) => return Ok(Err(why)),
+        };
+        if cap != 0 && !self.capable(cap)? {
+            return Ok(Err(FallbackReason::Unsupported));
+        }
+        self.release_old(generation);
+        self.drain()?;
+        let result_at = (args.len() as u64).next_multiple_of(64);
+        if result_at.saturating_add(result_len) > self.pool.block_size()
+            || result_len > u64::from(u32::MAX)
+        {
+            return Ok(Err(FallbackReason::TooLarge));
+        }
+        let Some(si) = self.staging.iter().position(|s| s.owner.is_none()) else {
+            return Ok(Err(FallbackReason::Busy));
+        };
+        let off = self.staging[si].off;
+        let mem = self.pool.memory().clone();
+        mem.write(off, args)?;
+        coherence::publish(&*mem, Site::NdpSubmitWrite, off, args.len() as u64);
+        cmd.args_off = off;
+        cmd.result_off = off + result_at;
+        cmd.args_len = args.len() as u32;
+        cmd.result_len = result_len as u32;
         match self.push(&cmd)? {
             Ok(sent) => {
-                self.staging[si].owner = Some(tag);
+                self.staging[si].owner = Some(cmd.tag);
                 self.staging[si].generation = generation;
                 Ok(Ok((
                     si,
@@ -321,14 +392,51 @@ impl NdpDevice {
         self.release_staging(p.staging);
         read?;
         stats.bytes_from_device += n;
-        let d = decode_topk_result(&buf, p.req.dtype.size()).ok_or(NdpError::BadResult(n))?;
         stats.path = Some(NdpPath::Device);
         stats.bytes_scanned = c.bytes_scanned;
         stats.blocks_scanned = c.blocks_scanned;
         stats.blocks_pruned = c.blocks_pruned;
         stats.device_ns = c.device_ns;
-        stats.block_mass = d.mass;
         stats.elapsed = p.start.elapsed();
+        let req = &p.req;
+        if req.attend {
+            let a = req.borrow_attend();
+            let g = a.queries.len() / a.dim;
+            let (partials, _) =
+                decode_attend_result(&buf, g, a.dim).ok_or(NdpError::BadResult(n))?;
+            return Ok(Answer::Attend(Attended { partials, stats }));
+        }
+        let r = req.borrow();
+        let mut d = decode_topk_result(&buf, r.dtype.size()).ok_or(NdpError::BadResult(n))?;
+        let mut left_out_mass = Vec::new();
+        if r.select.is_active() {
+            let info = decode_list_info(&buf).ok_or(NdpError::BadResult(n))?;
+            if info.len() != d.lists.len()
+                || info
+                    .iter()
+                    .zip(&d.lists)
+                    .any(|(i, l)| i.0 as usize != l.len())
+            {
+                return Err(NdpError::BadResult(n));
+            }
+            left_out_mass = info.iter().map(|i| i.1).collect();
+            if r.gather_values {
+                // The device pads each list's rows to `per_list`; keep the hits' rows only.
+                let row = r.dim * r.dtype.size();
+                let per = d.values.len() / row / d.lists.len().max(1);
+                let mut v = Vec::new();
+                for (l, list) in d.lists.iter().enumerate() {
+                    let at = l * per * row;
+                    v.extend_from_slice(
+                        d.values
+                            .get(at..at + list.len() * row)
+                            .ok_or(NdpError::BadResult(n))?,
+                    );
+                }
+                d.values = v;
+            }
+        }
+        stats.block_mass = d.mass;
         Ok(Answer::TopK(TopK {
             indices: d
                 .lists
@@ -341,7 +449,7 @@ impl NdpDevice {
                 .map(|l| l.iter().map(|h| h.score).collect())
                 .collect(),
             values: d.values,
-            left_out_mass: Vec::new(),
+            left_out_mass,
             stats,
         }))
     }

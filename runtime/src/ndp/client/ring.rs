@@ -174,7 +174,7 @@ impl NdpDevice {
         self.staging.iter().map(|s| s.off).collect()
     }
 
-    fn reg(&self, off: u64) -> Result<u64> {
+    pub(super) fn reg(&self, off: u64) -> Result<u64> {
         let mem = self.pool.memory();
         coherence::acquire(&**mem, Site::NdpRegsRead, self.layout.regs + off, 8);
         Ok(mem.load_u64(self.layout.regs + off, Ordering::Acquire)?)

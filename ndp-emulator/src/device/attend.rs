@@ -1,0 +1,175 @@
+//! ATTEND in the device (ABI 1.1): every key and value row of the command's blocks, read in place
+//! under a pin, through the kernels' fused attention ([`cxlkv_kernels::attend_block`]); the
+//! blocks' partials merged in block-list order, exactly as the host fallback
+//! ([`cxlkv_runtime::ndp::host_attend`]) does. And the selection scan of SCORE_TOPK
+//! (`FLAG_SELECT`): every stored token scored and fed to the shared
+//! [`cxlkv_runtime::ndp::select::Selection`].
+
+use crate::device::commands::{err, Done, Outcome};
+use crate::device::model::Device;
+use crate::engine_hls::Engine;
+use cxlkv_kernels::{attend_block, DType, KeyRows, Partial, QueryGroup};
+use cxlkv_runtime::coherence::{self, Site};
+use cxlkv_runtime::format;
+use cxlkv_runtime::ndp::abi::*;
+use cxlkv_runtime::ndp::select::{Selected, Selection};
+use cxlkv_runtime::ndp::{
+    attend_result_size, encode_attend_result, DeviceStatus, ResolvedBlock, ScanStats,
+};
+use std::time::Instant;
+
+impl Device {
+    pub(super) fn attend(&self, qp: u32, cmd: &cxlkv_ndp_cmd) -> Outcome {
+        if self.cfg.engine != Engine::Rust {
+            // The HLS engine has no ATTEND datapath yet (CAP_ATTEND is not advertised with it).
+            return Err(err(CXLKV_NDP_ERR_OPCODE));
+        }
+        let (dtype, want) = Self::common(cmd)?;
+        let (g, dim, n) = (
+            usize::from(cmd.group),
+            cmd.dim as usize,
+            cmd.nblocks as usize,
+        );
+        if cmd.flags != 0 || cmd.k != 0 || g == 0 || g > CXLKV_NDP_MAX_GROUP as usize {
+            return Err(err(CXLKV_NDP_ERR_ARGS));
+        }
+        let size = attend_result_size(g, dim).ok_or(err(CXLKV_NDP_ERR_ARGS))?;
+        let qbytes = g * dim * 4;
+        let raw = self.args(qp, cmd, (qbytes + n * 24 + 16) as u64, size)?;
+        let tail: cxlkv_ndp_attend = format::from_bytes(&raw[qbytes + n * 24..]);
+        if tail.reserved0 != 0 || tail.reserved1 != 0 {
+            return Err(DeviceStatus::at(
+                CXLKV_NDP_ERR_ARGS,
+                CXLKV_NDP_DETAIL_BAD_OPTIONS as usize,
+            ));
+        }
+        if !tail.scale.is_finite() {
+            return Err(DeviceStatus::at(
+                CXLKV_NDP_ERR_ARGS,
+                CXLKV_NDP_DETAIL_BAD_SCALE as usize,
+            ));
+        }
+        let qv: Vec<f32> = raw[..qbytes]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let queries = QueryGroup::new(&qv, dim).map_err(|_| err(CXLKV_NDP_ERR_ARGS))?;
+        let (blocks, _) = self.resolve(&raw[qbytes..qbytes + n * 24], n, &want)?;
+        let t0 = Instant::now();
+        let mut parts: Vec<Partial> = (0..g).map(|_| Partial::empty(dim)).collect();
+        let mut scanned = 0u64;
+        for b in &blocks {
+            let x = self.with_kv(b, dtype, dim, |keys, vals| {
+                attend_block(self.cfg.kernel, &queries, keys, vals, tail.scale)
+            })?;
+            for (p, x) in parts.iter_mut().zip(&x) {
+                p.merge(x);
+            }
+            self.touch(b);
+            scanned += 2 * b.head_bytes;
+            self.pace(t0, scanned);
+        }
+        self.still_valid(&blocks)?;
+        let stats = ScanStats {
+            bytes_scanned: scanned,
+            blocks_scanned: blocks.len() as u32,
+            blocks_pruned: 0,
+        };
+        let out = encode_attend_result(&parts, &stats);
+        Ok(Done {
+            result_bytes: self.write_result(cmd, &out)?,
+            stats,
+        })
+    }
+
+    /// The selection scan of a SCORE_TOPK with `FLAG_SELECT`: every block's keys scored in place
+    /// (pinned) in block-list order and fed to `sel`.
+    pub(super) fn select_scan(
+        &self,
+        mut sel: Selection,
+        queries: &QueryGroup<'_>,
+        blocks: &[ResolvedBlock],
+        dtype: DType,
+        group_max: bool,
+    ) -> Result<(Selected, ScanStats), DeviceStatus> {
+        let t0 = Instant::now();
+        let (g, dim) = (queries.count(), queries.dim());
+        let mut scores = Vec::new();
+        let mut scanned = 0u64;
+        for b in blocks {
+            self.with_rows(b, b.k_off, b.head_bytes, dtype, dim, |keys| {
+                scores.resize(keys.len() * g, 0.0);
+                self.cfg.kernel.score(queries, keys, &mut scores);
+            })?;
+            sel.feed(b.base, &scores, g, group_max);
+            self.touch(b);
+            scanned += b.head_bytes;
+            self.pace(t0, scanned);
+        }
+        let stats = ScanStats {
+            bytes_scanned: scanned,
+            blocks_scanned: blocks.len() as u32,
+            blocks_pruned: 0,
+        };
+        Ok((sel.finish(), stats))
+    }
+
+    /// Calls `f` with block `b`'s keys and values of the command's head as rows of `dim` elements
+    /// of `dtype`: in place when the memory has a stable address (views that hold no reference
+    /// into it), else private copies. The block is pinned for the duration, so its owner neither
+    /// reuses nor rewrites it while `f` reads.
+    fn with_kv<R>(
+        &self,
+        b: &ResolvedBlock,
+        dtype: DType,
+        dim: usize,
+        f: impl FnOnce(&KeyRows<'_>, &KeyRows<'_>) -> R,
+    ) -> Result<R, DeviceStatus> {
+        let payload = b.block.payload_off..b.block.payload_off + b.block.header.len;
+        let len = b.head_bytes;
+        for off in [b.k_off, b.v_off] {
+            if off < payload.start || off.checked_add(len).is_none_or(|e| e > payload.end) {
+                return Err(err(CXLKV_NDP_ERR_RANGE));
+            }
+        }
+        let pin = match self.reader.pin_block(&b.block) {
+            Ok(Some(pin)) => pin,
+            Ok(None) => return Err(err(CXLKV_NDP_ERR_STALE)),
+            Err(_) => return Err(err(CXLKV_NDP_ERR_INTERNAL)),
+        };
+        let mem = self.mem();
+        coherence::acquire(mem, Site::PayloadRead, b.k_off, len);
+        coherence::acquire(mem, Site::PayloadRead, b.v_off, len);
+        let layout_err = |_| err(CXLKV_NDP_ERR_LAYOUT);
+        let r = match (mem.raw_range(b.k_off, len), mem.raw_range(b.v_off, len)) {
+            (Ok(Some(kp)), Ok(Some(vp))) => {
+                // SAFETY: `raw_range` checked that both ranges lie inside the mapping, which
+                // outlives this call (the pool holds it), and both lie inside block `b`'s payload
+                // (checked above); every thread may read the mapping. `pin` is held until after
+                // `f` returns: while a live pin names the block, its owner neither reuses nor
+                // rewrites it (the pin protocol, docs/FORMAT.md), so nobody writes these bytes
+                // while the views are used. The views hold no reference to them, and `f` cannot
+                // keep them (they are lent for the call only).
+                let (keys, vals) = unsafe {
+                    (
+                        KeyRows::from_raw(kp as *const u8, len as usize, dtype, dim),
+                        KeyRows::from_raw(vp as *const u8, len as usize, dtype, dim),
+                    )
+                };
+                Ok(f(&keys.map_err(layout_err)?, &vals.map_err(layout_err)?))
+            }
+            (Ok(_), Ok(_)) => {
+                let (mut kb, mut vb) = (vec![0u8; len as usize], vec![0u8; len as usize]);
+                mem.read(b.k_off, &mut kb)
+                    .and_then(|()| mem.read(b.v_off, &mut vb))
+                    .map_err(|_| err(CXLKV_NDP_ERR_RANGE))?;
+                let keys = KeyRows::new(&kb, dtype, dim).map_err(layout_err)?;
+                let vals = KeyRows::new(&vb, dtype, dim).map_err(layout_err)?;
+                Ok(f(&keys, &vals))
+            }
+            _ => Err(err(CXLKV_NDP_ERR_RANGE)),
+        };
+        drop(pin);
+        r
+    }
+}
