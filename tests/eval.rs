@@ -151,7 +151,13 @@ fn short_run_matches_the_models_own_perplexity() {
         "--scored",
         &scored,
         "--modes",
-        "dense,dense-f16",
+        "dense,dense-f16,pool,ndp-exact,topk:16,topp:0.9",
+        "--block-tokens",
+        "16",
+        "--sinks",
+        "4",
+        "--window",
+        "16",
         "--passkey",
         "1",
         "--json",
@@ -166,7 +172,17 @@ fn short_run_matches_the_models_own_perplexity() {
     assert_eq!(v["scored"], SCORED);
     let modes = v["modes"].as_array().unwrap();
     let names: Vec<&str> = modes.iter().map(|m| m["mode"].as_str().unwrap()).collect();
-    assert_eq!(names, ["dense", "dense-f16"]);
+    assert_eq!(
+        names,
+        [
+            "dense",
+            "dense-f16",
+            "pool",
+            "ndp-exact",
+            "topk:16",
+            "topp:0.9"
+        ]
+    );
     for m in modes {
         for key in [
             "mode",
@@ -179,23 +195,48 @@ fn short_run_matches_the_models_own_perplexity() {
         ] {
             assert!(!m[key].is_null(), "{key} missing in {m}");
         }
-        // Each scored step attends over every position up to its own: the mean is the
-        // prefix plus the midpoint of the scored steps.
-        let rows = m["value_rows_per_head"].as_f64().unwrap();
-        let expect = (CONTEXT - SCORED - 1) as f64 + (SCORED as f64 + 1.0) / 2.0;
-        assert!((rows - expect).abs() < 1e-9, "{rows} vs {expect}");
-        assert_eq!(
-            m["link_bytes_per_token"], 0.0,
-            "private memory moves nothing"
-        );
         assert!(m["ms_per_token"].as_f64().unwrap() > 0.0);
         let pk = &m["passkey"];
         assert_eq!(pk["prompts"].as_array().unwrap().len(), 1, "{m}");
     }
-    let (dense, f16) = (&modes[0], &modes[1]);
+    let [dense, f16, pool, exact, topk, topp] = &modes[..] else {
+        unreachable!()
+    };
+    let num = |m: &serde_json::Value, key: &str| m[key].as_f64().unwrap();
     assert_eq!(dense["top1_agreement"], 1.0);
     assert_eq!(dense["kl"], 0.0);
-    assert!(f16["kl"].as_f64().unwrap() > 0.0, "{f16}");
+    assert!(num(f16, "kl") > 0.0, "{f16}");
+    // Each scored step attends over every position up to its own: the mean is the prefix plus
+    // the midpoint of the scored steps. Only the selection modes read fewer.
+    let all_rows = (CONTEXT - SCORED - 1) as f64 + (SCORED as f64 + 1.0) / 2.0;
+    for m in [dense, f16, pool, exact] {
+        assert!(
+            (num(m, "value_rows_per_head") - all_rows).abs() < 1e-9,
+            "{m}"
+        );
+    }
+    for m in [topk, topp] {
+        assert!(num(m, "value_rows_per_head") < all_rows, "{m}");
+        assert!(num(m, "device_commands_per_token") > 0.0, "{m}");
+    }
+    for m in [dense, f16] {
+        assert_eq!(num(m, "link_bytes_per_token"), 0.0, "private memory: {m}");
+    }
+    // pool and ndp-exact are exact: dense's tokens, perplexity within 1e-4.
+    for m in [pool, exact] {
+        assert_eq!(m["top1_agreement"], 1.0, "{m}");
+        let r = num(m, "perplexity") / num(dense, "perplexity");
+        assert!((r - 1.0).abs() < 1e-4, "{m}");
+    }
+    // The host pulls every stored key and value in pool mode; the device reads them in place
+    // for ndp-exact, and only partials cross the link.
+    assert!(num(exact, "device_commands_per_token") > 0.0, "{exact}");
+    assert!(num(exact, "device_scan_bytes_per_token") > 0.0, "{exact}");
+    assert_eq!(num(pool, "device_scan_bytes_per_token"), 0.0, "{pool}");
+    assert!(
+        num(exact, "link_bytes_per_token") * 5.0 < num(pool, "link_bytes_per_token"),
+        "ndp-exact {exact} against pool {pool}"
+    );
     assert_eq!(
         dense["passkey"]["accuracy"], 1.0,
         "dense finds the key in a short prompt: {}",
