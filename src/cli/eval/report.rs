@@ -148,10 +148,9 @@ pub fn table(setting: &Setting, results: &[ModeResult], dense_ms: f64, dense_ppl
             r.ms_per_token(),
             r.modeled_ms_per_token(dense_ms)
         );
-        if let Some(a) = r.passkey_accuracy() {
+        if !r.passkey.is_empty() {
             let right = r.passkey.iter().filter(|p| p.2).count();
             let _ = write!(s, " {:>4}/{:<3}", right, r.passkey.len());
-            let _ = a;
         }
         s.push('\n');
     }
@@ -323,4 +322,85 @@ fn xml_escape(s: &str) -> String {
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cxlkv::model::AttentionStats;
+    use std::time::Duration;
+
+    fn result(mode: &str, uses_pool: bool, stats: AttentionStats, ppl: f64) -> ModeResult {
+        ModeResult {
+            mode: mode.into(),
+            scored: Scored {
+                perplexity: ppl,
+                top1_agreement: 1.0,
+                kl: 0.0,
+                stats,
+                wall: Duration::from_millis(40),
+                steps: 2,
+            },
+            uses_pool,
+            passkey: Vec::new(),
+        }
+    }
+
+    /// Two steps: per-token figures halve the counters; the model adds each term to dense's ms.
+    #[test]
+    fn per_token_figures_and_the_cost_model() {
+        let stats = AttentionStats {
+            query_heads: 10,
+            value_rows: 1000,
+            link_read_bytes: 2 * 31_500_000,
+            link_write_bytes: 0,
+            device_commands: 2 * 1000,
+            device_scan_bytes: 2 * 61_440_000,
+            device_ns: 0,
+        };
+        let r = result("ndp-exact", true, stats, 10.0);
+        assert_eq!(r.value_rows_per_head(), 100.0);
+        assert_eq!(r.link_bytes_per_token(), 31_500_000.0);
+        assert_eq!(r.ms_per_token(), 20.0);
+        // 5 ms of host + 1 ms of link + 1000 × 1 us + 1 ms of device scan.
+        assert!((r.modeled_ms_per_token(5.0) - 8.0).abs() < 1e-9);
+        let dense = result("dense", false, AttentionStats::default(), 9.0);
+        assert_eq!(
+            dense.modeled_ms_per_token(5.0),
+            20.0,
+            "measured, not modeled"
+        );
+    }
+
+    #[test]
+    fn plot_and_json_carry_every_mode() {
+        let setting = Setting {
+            model: "m<1>".into(),
+            text: "t".into(),
+            text_tokens: 10,
+            context: 8,
+            scored: 2,
+            prefill: 5,
+            environment: "e".into(),
+        };
+        let link = AttentionStats {
+            link_read_bytes: 5000,
+            ..AttentionStats::default()
+        };
+        let rs = [
+            result("dense", false, AttentionStats::default(), 9.0),
+            result("topk:4+dense0", true, link, 9.9),
+        ];
+        let svg = plot(&setting, &rs, 9.0);
+        assert!(svg.contains(">dense</text>") && svg.contains(">topk:4+dense0</text>"));
+        assert!(svg.contains("m&lt;1&gt;") && svg.ends_with("</svg>\n"));
+        let j = json(&setting, &rs, 5.0, 9.0);
+        assert_eq!(j["modes"][1]["link_bytes_per_token"], 2500.0);
+        assert!((j["modes"][1]["perplexity_ratio"].as_f64().unwrap() - 1.1).abs() < 1e-12);
+        let t = table(&setting, &rs, 5.0, 9.0);
+        assert!(
+            t.contains("topk:4+dense0") && t.contains("31.5 GB/s"),
+            "{t}"
+        );
+    }
 }
