@@ -352,6 +352,7 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
             cfg.name.as_deref().unwrap_or(&cfg.architecture),
             a.model.display()
         ),
+        model_name: cfg.name.clone().unwrap_or_else(|| cfg.architecture.clone()),
         text: a.text.display().to_string(),
         text_tokens: tokens.len(),
         context: a.context,

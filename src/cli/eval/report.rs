@@ -71,8 +71,10 @@ impl ModeResult {
 
 /// The run's setting, for the header and the JSON.
 pub struct Setting {
-    /// Model file and its name.
+    /// The model's name and file.
     pub model: String,
+    /// The model's name (the plot's title).
+    pub model_name: String,
     /// Text file.
     pub text: String,
     /// Tokens the text has.
@@ -258,7 +260,7 @@ pub fn plot(setting: &Setting, results: &[ModeResult], dense_ppl: f64) -> String
     let y = |v: f64| h - mb - (h - mt - mb) * (v.clamp(ylo, yhi) - ylo) / (yhi - ylo);
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{ml}\" y=\"20\">Perplexity / dense vs link bytes per token: {}, window {}, {} scored</text>\n",
-        xml_escape(&setting.model),
+        xml_escape(&setting.model_name),
         setting.context,
         setting.scored
     );
@@ -375,7 +377,8 @@ mod tests {
     #[test]
     fn plot_and_json_carry_every_mode() {
         let setting = Setting {
-            model: "m<1>".into(),
+            model: "m (f)".into(),
+            model_name: "m<1>".into(),
             text: "t".into(),
             text_tokens: 10,
             context: 8,
