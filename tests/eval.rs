@@ -102,6 +102,7 @@ fn bad_input_without_a_model() {
         &cxlkv(&["eval", "--model", s(&corrupt), "--text", "/nonexistent.txt"]),
         &["/nonexistent.txt"],
     );
+    let _ = std::fs::remove_dir_all(text.parent().unwrap());
 }
 
 #[test]
@@ -125,6 +126,7 @@ fn bad_input_with_the_model() {
         &run(&["--context", "96", "--scored", "8", "--dense-layers", "30"]),
         &["dense layer 30", "0-29"],
     );
+    let _ = std::fs::remove_dir_all(text.parent().unwrap());
 }
 
 /// Tokens of the window and scored positions of the short run.
