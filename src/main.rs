@@ -31,6 +31,10 @@ enum Command {
     /// Generate text with a GGUF model and a chosen attention backend (greedy; text to stdout,
     /// prefill and decode tokens/s to stderr).
     Generate(cli::generate::GenerateArgs),
+    /// Quality against link bytes: perplexity, top-1 agreement and KL divergence from dense of each
+    /// attention mode over the last tokens of a text window, with the bytes each moves and a
+    /// pass-key retrieval test.
+    Eval(cli::eval::EvalArgs),
     /// Replay a Mooncake-format KV-cache trace against a real pool with DRAM, pool and SSD tiers,
     /// per eviction policy and capacity (with Belady's optimum as the reference line).
     Replay(cli::replay::ReplayArgs),
@@ -96,6 +100,7 @@ fn main() -> ExitCode {
         Command::Pool { command } => cli::pool::run(command),
         Command::Demo(a) => cli::demo::run(&a),
         Command::Generate(a) => cli::generate::run(&a),
+        Command::Eval(a) => cli::eval::run(&a),
         Command::Replay(a) => cli::replay::run(&a),
         Command::Sim(a) => cli::sim::run(&a),
         Command::DemoWorker(a) => cli::demo::worker(&a),

@@ -1,6 +1,7 @@
 //! Subcommands of the `cxlkv` binary.
 
 pub mod demo;
+pub mod eval;
 pub mod generate;
 pub mod pool;
 pub mod replay;
