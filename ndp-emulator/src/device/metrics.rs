@@ -18,6 +18,7 @@ pub fn opcode_name(opcode: u32) -> &'static str {
         CXLKV_NDP_OP_GATHER => "gather",
         CXLKV_NDP_OP_BUILD_BOUNDS => "build_bounds",
         CXLKV_NDP_OP_HOTLIST => "hotlist",
+        CXLKV_NDP_OP_ATTEND => "attend",
         _ => "unknown",
     }
 }

@@ -345,7 +345,8 @@ impl OwnedRequest {
 pub struct NdpOptions {
     /// How long to wait for a completion before computing on the host.
     pub timeout: Duration,
-    /// A device heartbeat older than this means the device is dead.
+    /// A device whose heartbeat value stood still this long, watched on the client's own
+    /// monotonic clock, is dead (the two clocks are never compared).
     pub stale_after: Duration,
     /// How long to spin on the completion index before sleeping on the futex.
     pub spin: Duration,
