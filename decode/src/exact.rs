@@ -14,7 +14,6 @@ use crate::host::{dense_attend, group_partials};
 use crate::mode::ModeSpec;
 use crate::store::Store;
 use cxlkv_kernels::ScoreKernel;
-use cxlkv_model::attention::check_attend;
 use cxlkv_model::{Attention, AttentionStats, Result};
 use cxlkv_runtime::ndp::client::{AttendRequest, NdpPath, NdpStats};
 
@@ -67,12 +66,8 @@ impl Attention for NdpExact<'_> {
     }
 
     fn attend(&mut self, layer: usize, q: &[f32], out: &mut [f32]) -> Result<()> {
+        let (held, t) = self.store.check_attend(&self.name, layer, q, out)?;
         let shape = self.store.shape();
-        if layer >= shape.layers {
-            return Err(self.store.err(format!("layer {layer} of {}", shape.layers)));
-        }
-        let held = self.store.len(layer);
-        let t = check_attend(&shape, &self.name, held, q, out)?;
         // The device takes the stored blocks every query sees whole; the host the rows after.
         let bt = self.store.block_tokens();
         let n_dev = self.store.stored(layer).len().min((held - t + 1) / bt);

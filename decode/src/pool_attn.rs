@@ -7,7 +7,6 @@ use crate::host::dense_attend;
 use crate::mode::ModeSpec;
 use crate::store::Store;
 use cxlkv_kernels::ScoreKernel;
-use cxlkv_model::attention::check_attend;
 use cxlkv_model::{Attention, AttentionStats, Result};
 
 /// The `pool` backend.
@@ -46,12 +45,8 @@ impl Attention for PoolAttention<'_> {
     }
 
     fn attend(&mut self, layer: usize, q: &[f32], out: &mut [f32]) -> Result<()> {
-        let held = self.store.len(layer);
+        let (held, _) = self.store.check_attend(&self.name, layer, q, out)?;
         let shape = self.store.shape();
-        if layer >= shape.layers {
-            return Err(self.store.err(format!("layer {layer} of {}", shape.layers)));
-        }
-        check_attend(&shape, &self.name, held, q, out)?;
         let rows = self.store.all_rows(layer)?;
         dense_attend(
             &shape,

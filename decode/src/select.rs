@@ -14,7 +14,6 @@ use crate::host::{dense_attend, group_partials};
 use crate::mode::{Mode, ModeSpec};
 use crate::store::Store;
 use cxlkv_kernels::{GroupMode, KeyRows, Partial, ScoreKernel};
-use cxlkv_model::attention::check_attend;
 use cxlkv_model::{Attention, AttentionStats, Result};
 use cxlkv_runtime::ndp::abi::CXLKV_NDP_MAX_K;
 use cxlkv_runtime::ndp::client::{ScoreRequest, Select, TopK};
@@ -99,12 +98,8 @@ impl Attention for Selected<'_> {
     }
 
     fn attend(&mut self, layer: usize, q: &[f32], out: &mut [f32]) -> Result<()> {
+        let (held, t) = self.store.check_attend(&self.name, layer, q, out)?;
         let shape = self.store.shape();
-        if layer >= shape.layers {
-            return Err(self.store.err(format!("layer {layer} of {}", shape.layers)));
-        }
-        let held = self.store.len(layer);
-        let t = check_attend(&shape, &self.name, held, q, out)?;
         let stored = self.store.stored_len(layer);
         if t > 1 || stored == 0 {
             let rows = self.store.all_rows(layer)?;

@@ -88,6 +88,24 @@ impl<'e> Store<'e> {
         }
     }
 
+    /// Checks an `attend` call of backend `name` (the layer exists, the queries fit what the
+    /// layer holds); returns `(held, t)`: positions held and queries given.
+    pub(crate) fn check_attend(
+        &self,
+        name: &str,
+        layer: usize,
+        q: &[f32],
+        out: &[f32],
+    ) -> Result<(usize, usize), ModelError> {
+        let shape = self.shape();
+        if layer >= shape.layers {
+            return Err(self.err(format!("layer {layer} of {}", shape.layers)));
+        }
+        let held = self.len(layer);
+        let t = cxlkv_model::attention::check_attend(&shape, name, held, q, out)?;
+        Ok((held, t))
+    }
+
     pub(crate) fn shape(&self) -> AttentionShape {
         self.shape
     }
