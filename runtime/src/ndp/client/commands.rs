@@ -11,7 +11,7 @@ use crate::ndp::block::BlockExpect;
 use crate::ndp::client::error::{FallbackReason, NdpError, Result};
 use crate::ndp::client::fallback::{host_attend_with, host_gather, host_score_topk};
 use crate::ndp::client::request::{
-    AttendRequest, Attended, BlockSpec, NdpPath, NdpStats, ScoreRequest, TopK,
+    AttendRequest, Attended, BlockSpec, NdpPath, NdpStats, OwnedRequest, ScoreRequest, TopK,
 };
 use crate::ndp::client::ring::{NdpDevice, Pending, Ticket};
 use crate::ndp::layout::reg;
@@ -70,31 +70,8 @@ impl NdpDevice {
     /// command (absent, dead, busy, lacking `CXLKV_NDP_CAP_ATTEND`) it is computed on the host.
     pub fn submit_attend(&mut self, req: &AttendRequest<'_>) -> Result<Ticket> {
         req.check()?;
-        let start = Instant::now();
-        let id = self.next_ticket;
-        self.next_ticket += 1;
-        let tag = self.new_tag();
-        let mut pending = Pending {
-            tag,
-            staging: None,
-            req: req.owned(),
-            result_off: 0,
-            result_len: 0,
-            stats: NdpStats::default(),
-            start,
-            forced: None,
-        };
-        match self.try_submit_attend(req, tag)? {
-            Ok((staging, result_off, result_len, sent)) => {
-                pending.staging = Some(staging);
-                pending.result_off = result_off;
-                pending.result_len = result_len;
-                pending.stats.bytes_to_device = sent;
-            }
-            Err(why) => pending.forced = Some(why),
-        }
-        self.pending.insert(id, pending);
-        Ok(Ticket(id))
+        let owned = req.owned();
+        self.enqueue(owned, |dev, tag| dev.try_submit_attend(req, tag))
     }
 
     /// Waits for the answer of an ATTEND ticket: from the device within the timeout, else from
@@ -115,6 +92,26 @@ impl NdpDevice {
     /// when the device cannot take the command it will be computed on the host.
     pub fn submit_score(&mut self, req: &ScoreRequest<'_>) -> Result<Ticket> {
         req.check()?;
+        let owned = req.owned();
+        self.enqueue(owned, |dev, tag| dev.try_submit_score(req, tag))
+    }
+
+    /// Whether the attached device advertises capability `cap` (`CXLKV_NDP_CAP_*`).
+    fn capable(&self, cap: u32) -> Result<bool> {
+        Ok(self.reg(reg::CAPABILITIES)? & u64::from(cap) != 0)
+    }
+
+    /// Files a checked command under a new ticket: `stage` writes it to the ring (or says why
+    /// it cannot go to the device, and the host will compute it when the ticket is settled).
+    fn enqueue(
+        &mut self,
+        req: OwnedRequest,
+        stage: impl FnOnce(
+            &mut Self,
+            u64,
+        )
+            -> Result<std::result::Result<(usize, u64, u64, u64), FallbackReason>>,
+    ) -> Result<Ticket> {
         let start = Instant::now();
         let id = self.next_ticket;
         self.next_ticket += 1;
@@ -122,14 +119,14 @@ impl NdpDevice {
         let mut pending = Pending {
             tag,
             staging: None,
-            req: req.owned(),
+            req,
             result_off: 0,
             result_len: 0,
             stats: NdpStats::default(),
             start,
             forced: None,
         };
-        match self.try_submit_score(req, tag)? {
+        match stage(self, tag)? {
             Ok((staging, result_off, result_len, sent)) => {
                 pending.staging = Some(staging);
                 pending.result_off = result_off;
@@ -140,11 +137,6 @@ impl NdpDevice {
         }
         self.pending.insert(id, pending);
         Ok(Ticket(id))
-    }
-
-    /// Whether the attached device advertises capability `cap` (`CXLKV_NDP_CAP_*`).
-    fn capable(&self, cap: u32) -> Result<bool> {
-        Ok(self.reg(reg::CAPABILITIES)? & u64::from(cap) != 0)
     }
 
     fn try_submit_score(
