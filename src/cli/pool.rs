@@ -229,7 +229,8 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
                 pool.superblock().participants
             );
             println!(
-                "  {:>3} {:>5} {:>8} {:>4} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7} {:>6}",
+                "  {:>3} {:>5} {:>8} {:>4} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7} {:>6} \
+                 {:>12} {:>12} {:>9} {:>8}",
                 "id",
                 "live",
                 "pid",
@@ -242,12 +243,17 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
                 "retries",
                 "evictions",
                 "deletes",
-                "pins"
+                "pins",
+                "bytes in",
+                "bytes out",
+                "fallbacks",
+                "pin full"
             );
             for p in &st.participants {
                 let c = p.counters;
                 println!(
-                    "  {:>3} {:>5} {:>8} {:>4} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7} {:>6}",
+                    "  {:>3} {:>5} {:>8} {:>4} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7} {:>6} \
+                     {:>12} {:>12} {:>9} {:>8}",
                     p.id,
                     match p.liveness {
                         Liveness::Live => "yes",
@@ -265,7 +271,11 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
                     c.retries,
                     c.evictions,
                     c.deletes,
-                    c.pins
+                    c.pins,
+                    c.bytes_in,
+                    c.bytes_out,
+                    c.fallbacks,
+                    c.pin_full
                 );
             }
             println!("partitions:");
