@@ -163,6 +163,23 @@ fn pool_stat_prometheus_counts_known_operations() {
     assert_eq!(after[&series("bytes_in_total")], 1350.0);
     assert_eq!(after[&series("bytes_out_total")], 350.0);
     assert_eq!(after[&series("fallbacks_total")], 0.0);
+    // The text table has the same counters as columns (puts .. pins, bytes in/out, fallbacks,
+    // pin full).
+    let out = Command::new(env!("CARGO_BIN_EXE_cxlkv"))
+        .args(["pool", "stat", &spec, "--watch-ms", "0"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains("bytes in") && text.contains("pin full"),
+        "{text}"
+    );
+    let row: Vec<&str> = text
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() == 17 && f[0] == id.to_string() && f[2] == pid.to_string())
+        .unwrap_or_else(|| panic!("no row for participant {id}: {text}"));
+    assert_eq!(row[6..].join(" "), "3 2 1 0 0 0 2 1350 350 0 1", "{text}");
     assert_eq!(after[&partition("blocks")], 3.0);
     assert_eq!(after[&partition("occupancy_ratio")], 3.0 / capacity);
     assert_eq!(after[&series("occupancy_ratio")], 3.0 / capacity);
