@@ -235,6 +235,36 @@ typedef struct cxlkv_ndp_stats {
   uint64_t elapsed_ns;
 } cxlkv_ndp_stats;
 
+// The counters one participant publishes in its pool slot (`cxlkv_pool_participant_counters`),
+// each its running total since it attached. Set `size` to `sizeof(cxlkv_participant_counters)`
+// before the call (as for `cxlkv_metrics`).
+typedef struct cxlkv_participant_counters {
+  // Bytes of this struct the caller provides; on return, the bytes written.
+  uint64_t size;
+  // Successful puts.
+  uint64_t puts;
+  // Gets that found their key.
+  uint64_t hits;
+  // Gets that did not.
+  uint64_t misses;
+  // Optimistic reads retried.
+  uint64_t retries;
+  // Blocks evicted to make room.
+  uint64_t evictions;
+  // Blocks deleted.
+  uint64_t deletes;
+  // Pins taken.
+  uint64_t pins;
+  // Payload bytes its puts wrote.
+  uint64_t bytes_in;
+  // Payload bytes its gets copied out.
+  uint64_t bytes_out;
+  // Device requests the host answered because the device was unavailable or unsupported.
+  uint64_t fallbacks;
+  // Pins refused because its pin table was full.
+  uint64_t pin_full;
+} cxlkv_participant_counters;
+
 // One operation's figures in `cxlkv_metrics`.
 typedef struct cxlkv_op_metrics {
   // Calls that succeeded.
@@ -483,6 +513,15 @@ cxlkv_result cxlkv_device_gather(const struct cxlkv_device *d,
                                  size_t values_cap,
                                  struct cxlkv_ndp_stats *stats);
 
+// Stores the counters participant slot `participant` of `pool` publishes in `*out` (read from
+// the pool's memory: any process's participants, as `cxlkv pool stat` shows them). The caller
+// sets `out->size` to `sizeof(cxlkv_participant_counters)` (at least 8); at most that many bytes
+// are written and their number stored in `size`. `CXLKV_ERR_NOT_FOUND` when the slot is free or
+// not a slot of the pool. Thread-safe.
+cxlkv_result cxlkv_pool_participant_counters(const struct cxlkv_pool *pool,
+                                             uint32_t participant,
+                                             struct cxlkv_participant_counters *out);
+
 // Stores this process's metrics in `*out`, whose `size` field the caller sets to
 // `sizeof(cxlkv_metrics)` (at least 8: `CXLKV_ERR_INVALID_ARG` otherwise); writes at most that
 // many bytes and stores the number written in `size`. Thread-safe.
@@ -493,6 +532,15 @@ cxlkv_result cxlkv_metrics_read(struct cxlkv_metrics *out);
 // is not above that length (the length is stored: retry with `*len + 1`); `buf` may be NULL when
 // `cap` is 0. Thread-safe.
 cxlkv_result cxlkv_metrics_text(char *buf, size_t cap, size_t *len);
+
+// `cxlkv_metrics_text` with the pool-wide metrics of `pool` added to the same exposition: every
+// held participant slot's counters (`cxlkv_pool_participant_*`, labelled by participant and pid,
+// read from the pool's memory) and each partition's occupancy, as `cxlkv pool stat --prometheus`
+// prints them. Same buffer rules. Thread-safe.
+cxlkv_result cxlkv_pool_metrics_text(const struct cxlkv_pool *pool,
+                                     char *buf,
+                                     size_t cap,
+                                     size_t *len);
 
 #ifdef __cplusplus
 }  // extern "C"
