@@ -150,7 +150,9 @@ static int ndp_topk(const char *spec, cxlkv_participant *a) {
             k[b][i] = f16_bits(sample(&x));
             v[b][i] = f16_bits(sample(&x));
         }
-        cxlkv_kv_shape shape = {CXLKV_DTYPE_F16, 5, 1, NDP_DIM, NDP_TOKENS, 42, (uint64_t)b * NDP_TOKENS};
+        cxlkv_kv_shape shape = {.struct_size = sizeof shape, .dtype = CXLKV_DTYPE_F16, .layer = 5, .kv_heads = 1,
+                                .head_dim = NDP_DIM, .tokens = NDP_TOKENS, .sequence = 42,
+                                .token_offset = (uint64_t)b * NDP_TOKENS};
         char name[32];
         snprintf(name, sizeof name, "seq42-block%d", b);
         CHECK(cxlkv_key_from_bytes((const uint8_t *)name, strlen(name), &blocks[b].key));
@@ -174,13 +176,15 @@ static int ndp_topk(const char *spec, cxlkv_participant *a) {
     }
     cxlkv_device *dev = NULL;
     CHECK(cxlkv_device_open(a, 2000, &dev));
-    cxlkv_score_request req = {q, NDP_GROUP, NDP_DIM, blocks, NDP_BLOCKS, 42, 5, 0, CXLKV_DTYPE_F16, NDP_K,
-                               CXLKV_SCORE_GATHER_V};
+    cxlkv_score_request req = {.struct_size = sizeof req, .group = NDP_GROUP, .queries = q, .dim = NDP_DIM,
+                               .layer = 5, .blocks = blocks, .nblocks = NDP_BLOCKS, .sequence = 42,
+                               .kv_head = 0, .dtype = CXLKV_DTYPE_F16, .k = NDP_K,
+                               .flags = CXLKV_SCORE_GATHER_V};
     uint32_t idx[NDP_GROUP * NDP_K], ref_idx[NDP_GROUP * NDP_K];
     float sc[NDP_GROUP * NDP_K], ref_sc[NDP_GROUP * NDP_K];
     static uint16_t vals[NDP_GROUP * NDP_K * NDP_DIM];
     size_t n = 0, ref_n = 0;
-    cxlkv_ndp_stats st, ref_st;
+    cxlkv_ndp_stats st = CXLKV_STRUCT_INIT(cxlkv_ndp_stats), ref_st = CXLKV_STRUCT_INIT(cxlkv_ndp_stats);
     /* The device needs a moment to come up; until then the client answers on the host. */
     for (int tries = 0; tries < 200; tries++) {
         CHECK(cxlkv_device_score_topk(dev, &req, idx, sc, NDP_GROUP * NDP_K, (uint8_t *)vals, sizeof vals, &n, &st));
@@ -223,7 +227,7 @@ int main(int argc, char **argv) {
     cfg.participants = 4;
     cxlkv_pool *pool = NULL;
     CHECK(cxlkv_pool_create(spec, 64ull << 20, &cfg, &pool));
-    cxlkv_pool_info info;
+    cxlkv_pool_info info = CXLKV_STRUCT_INIT(cxlkv_pool_info);
     CHECK(cxlkv_pool_describe(pool, &info));
     printf("pool: %u partitions x %u blocks of %llu KiB\n", info.partitions, info.blocks_per_partition,
            (unsigned long long)(info.block_size / 1024));
@@ -273,13 +277,11 @@ int main(int argc, char **argv) {
 
     if (ndp_topk(spec, a)) return 1;
 
-    cxlkv_stats st;
+    cxlkv_stats st = CXLKV_STRUCT_INIT(cxlkv_stats);
     CHECK(cxlkv_participant_stats(a, &st));
     printf("engine A counters: %llu puts\n", (unsigned long long)st.puts);
     /* This process's metrics: calls, bytes and latency per operation, device fallbacks. */
-    cxlkv_metrics m;
-    memset(&m, 0, sizeof m);
-    m.size = sizeof m;
+    cxlkv_metrics m = CXLKV_STRUCT_INIT(cxlkv_metrics);
     CHECK(cxlkv_metrics_read(&m));
     uint64_t puts = m.put.ok + m.put.error;
     printf("engine A metrics: %llu puts (%llu bytes, mean %.1f us), %llu device top-k, "

@@ -69,6 +69,7 @@
 
 mod args;
 mod handles;
+mod sized;
 
 // The modules with C items, in the order the header lists their functions (cbindgen reads them in
 // declaration order; the blank lines keep rustfmt from sorting them).
@@ -82,9 +83,13 @@ pub mod keys;
 
 pub mod participant;
 
+pub mod batch;
+
 pub mod kv;
 
 pub mod device;
+
+pub mod tickets;
 
 pub mod metrics;
 

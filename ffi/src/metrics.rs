@@ -5,8 +5,9 @@
 //! names the metrics.
 
 use crate::args::{need, put_out};
-use crate::errors::cxlkv_result::{self, CXLKV_ERR_BUFFER_TOO_SMALL, CXLKV_ERR_INVALID_ARG};
+use crate::errors::cxlkv_result::{self, CXLKV_ERR_BUFFER_TOO_SMALL};
 use crate::errors::{fail, guard};
+use crate::sized::{check_out, sized, write_out};
 use cxlkv_runtime::metrics::{global, Op, OpSnapshot, Outcome};
 use std::ffi::c_char;
 use std::time::Instant;
@@ -29,14 +30,17 @@ pub struct cxlkv_op_metrics {
     pub latency_ns: u64,
 }
 
-/// This process's metrics (`cxlkv_metrics_read`). Set `size` to `sizeof(cxlkv_metrics)` before
-/// the call: a library built with more fields writes only the first `size` bytes, and one with
-/// fewer writes what it has and stores that size back.
+/// This process's metrics (`cxlkv_metrics_read`). Set `struct_size` to `sizeof(cxlkv_metrics)`
+/// before the call: a library built with more fields writes only the first `struct_size` bytes,
+/// and one with fewer writes what it has and stores that size back. First layout: the 8 bytes of
+/// `struct_size` and `reserved` (any caller that sets its size gets what fits).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct cxlkv_metrics {
     /// Bytes of this struct the caller provides; on return, the bytes written.
-    pub size: u64,
+    pub struct_size: u32,
+    /// Zero.
+    pub reserved: u32,
     /// `cxlkv_participant_put`.
     pub put: cxlkv_op_metrics,
     /// `cxlkv_participant_get`.
@@ -57,6 +61,8 @@ pub struct cxlkv_metrics {
     pub host_link_bytes: u64,
 }
 
+sized!(cxlkv_metrics, 8);
+
 /// Records one call of `op` that started at `t0`.
 pub(crate) fn record(op: Op, outcome: Outcome, bytes_in: u64, bytes_out: u64, t0: Instant) {
     global().record(op, outcome, bytes_in, bytes_out, t0.elapsed());
@@ -73,48 +79,30 @@ fn op_out(s: OpSnapshot) -> cxlkv_op_metrics {
     }
 }
 
-/// Stores this process's metrics in `*out`, whose `size` field the caller sets to
+/// Stores this process's metrics in `*out`, whose `struct_size` field the caller sets to
 /// `sizeof(cxlkv_metrics)` (at least 8: `CXLKV_ERR_INVALID_ARG` otherwise); writes at most that
-/// many bytes and stores the number written in `size`. Thread-safe.
+/// many bytes and stores the number written in `struct_size`. Thread-safe.
 #[no_mangle]
 pub extern "C" fn cxlkv_metrics_read(out: *mut cxlkv_metrics) -> cxlkv_result {
     guard(|| {
-        need(out, "out")?;
-        // SAFETY: non-null; the caller promises at least the 8 bytes of `size` there.
-        let size = unsafe { out.cast::<u64>().read_unaligned() };
-        if size < 8 {
-            return Err(fail(
-                CXLKV_ERR_INVALID_ARG,
-                format!("out->size is {size}: set it to sizeof(cxlkv_metrics)"),
-            ));
-        }
+        check_out(out, "out")?;
         let s = global().snapshot();
-        let n = (size as usize).min(std::mem::size_of::<cxlkv_metrics>());
-        let m = cxlkv_metrics {
-            size: n as u64,
-            put: op_out(s.op(Op::Put)),
-            get: op_out(s.op(Op::Get)),
-            pin: op_out(s.op(Op::Pin)),
-            del: op_out(s.op(Op::Delete)),
-            score_topk: op_out(s.op(Op::ScoreTopk)),
-            gather: op_out(s.op(Op::Gather)),
-            device_fallbacks: s.device_fallbacks(),
-            device_link_bytes: s.device_link_bytes,
-            host_link_bytes: s.host_link_bytes,
-        };
-        if n == std::mem::size_of::<cxlkv_metrics>() {
-            put_out(out, m);
-        } else {
-            // SAFETY: `m` is a plain repr(C) struct of n ≥ 8 readable bytes and the caller promises
-            // `size` ≥ n writable bytes at `out`; the regions do not overlap.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    (&m as *const cxlkv_metrics).cast::<u8>(),
-                    out.cast::<u8>(),
-                    n,
-                )
-            };
-        }
+        write_out(
+            out,
+            cxlkv_metrics {
+                struct_size: 0,
+                reserved: 0,
+                put: op_out(s.op(Op::Put)),
+                get: op_out(s.op(Op::Get)),
+                pin: op_out(s.op(Op::Pin)),
+                del: op_out(s.op(Op::Delete)),
+                score_topk: op_out(s.op(Op::ScoreTopk)),
+                gather: op_out(s.op(Op::Gather)),
+                device_fallbacks: s.device_fallbacks(),
+                device_link_bytes: s.device_link_bytes,
+                host_link_bytes: s.host_link_bytes,
+            },
+        );
         Ok(())
     })
 }

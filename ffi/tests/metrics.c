@@ -42,11 +42,9 @@ int main(void) {
     OK(cxlkv_pool_create(spec, 8 << 20, &cfg, &pool));
     OK(cxlkv_participant_attach(pool, &me));
 
-    cxlkv_metrics m;
-    memset(&m, 0, sizeof m);
-    m.size = sizeof m;
+    cxlkv_metrics m = CXLKV_STRUCT_INIT(cxlkv_metrics);
     OK(cxlkv_metrics_read(&m));
-    CHECK(m.size == sizeof m);
+    CHECK(m.struct_size == sizeof m);
     CHECK(m.put.ok == 0 && m.get.ok == 0 && m.get.miss == 0);
 
     uint8_t payload[100], buf[256];
@@ -67,7 +65,7 @@ int main(void) {
     OK(cxlkv_participant_delete(me, &k0));
 
     memset(&m, 0, sizeof m);
-    m.size = sizeof m;
+    m.struct_size = sizeof m;
     OK(cxlkv_metrics_read(&m));
     CHECK(m.put.ok == 3 && m.put.error == 0 && m.put.bytes_in == 300);
     CHECK(m.get.ok == 2 && m.get.miss == 1 && m.get.bytes_out == 200);
@@ -79,16 +77,16 @@ int main(void) {
     /* A caller that knows only the size field and the put figures gets exactly those. */
     uint8_t small[8 + sizeof(cxlkv_op_metrics) + 8];
     memset(small, 0xee, sizeof small);
-    uint64_t want = 8 + sizeof(cxlkv_op_metrics);
-    memcpy(small, &want, 8);
+    uint32_t want = 8 + sizeof(cxlkv_op_metrics);
+    memcpy(small, &want, 4);
     OK(cxlkv_metrics_read((cxlkv_metrics *)small));
-    uint64_t got;
-    memcpy(&got, small, 8);
+    uint32_t got;
+    memcpy(&got, small, 4);
     CHECK(got == want);
     cxlkv_op_metrics put;
     memcpy(&put, small + 8, sizeof put);
     CHECK(put.ok == 3 && put.bytes_in == 300);
-    CHECK(small[want] == 0xee); /* nothing past `size` */
+    CHECK(small[want] == 0xee); /* nothing past `struct_size` */
 
     /* The text: ask for the length, then read it. */
     size_t tlen = 0;

@@ -90,7 +90,7 @@ int main(void) {
     EXPECT(cxlkv_pool_create(spec, 4 << 20, &cfg, &pool), CXLKV_ERR_IO); /* exists already */
 
     /* Pool queries. */
-    cxlkv_pool_info info;
+    cxlkv_pool_info info = CXLKV_STRUCT_INIT(cxlkv_pool_info);
     EXPECT(cxlkv_pool_describe(NULL, &info), CXLKV_ERR_INVALID_HANDLE);
     EXPECT(cxlkv_pool_describe(pool, NULL), CXLKV_ERR_NULL);
     EXPECT(cxlkv_pool_describe((cxlkv_pool *)buf, &info), CXLKV_ERR_INVALID_HANDLE); /* not a handle */
@@ -194,14 +194,15 @@ int main(void) {
     EXPECT(cxlkv_participant_delete(me, NULL), CXLKV_ERR_NULL);
     EXPECT(cxlkv_participant_delete(me, &key), CXLKV_OK);
     EXPECT(cxlkv_participant_delete(me, &key), CXLKV_ERR_NOT_FOUND);
-    cxlkv_stats st;
+    cxlkv_stats st = CXLKV_STRUCT_INIT(cxlkv_stats);
     EXPECT(cxlkv_participant_stats(NULL, &st), CXLKV_ERR_INVALID_HANDLE);
     EXPECT(cxlkv_participant_stats(me, NULL), CXLKV_ERR_NULL);
     EXPECT(cxlkv_participant_stats(me, &st), CXLKV_OK);
 
     /* Typed KV blocks and the near-data device (no device runs here: the host path answers). */
     uint16_t kv[2 * 16] = {0};
-    cxlkv_kv_shape shape = {CXLKV_DTYPE_F16, 0, 1, 16, 2, 7, 0};
+    cxlkv_kv_shape shape = {.struct_size = sizeof shape, .dtype = CXLKV_DTYPE_F16, .layer = 0, .kv_heads = 1,
+                            .head_dim = 16, .tokens = 2, .sequence = 7, .token_offset = 0};
     cxlkv_key kvkey = {77, 77};
     EXPECT(cxlkv_participant_put_kv(NULL, &kvkey, &shape, (uint8_t *)kv, sizeof kv, (uint8_t *)kv, sizeof kv), CXLKV_ERR_INVALID_HANDLE);
     EXPECT(cxlkv_participant_put_kv(me, &kvkey, NULL, (uint8_t *)kv, sizeof kv, (uint8_t *)kv, sizeof kv), CXLKV_ERR_NULL);
@@ -217,11 +218,13 @@ int main(void) {
     EXPECT(cxlkv_device_open(me, 100, &dev), CXLKV_OK);
     float qv[16] = {1};
     cxlkv_block_ref bref = {kvkey, 0};
-    cxlkv_score_request sr = {qv, 1, 16, &bref, 1, 7, 0, 0, CXLKV_DTYPE_F16, 2, 0};
+    cxlkv_score_request sr = {.struct_size = sizeof sr, .group = 1, .queries = qv, .dim = 16, .layer = 0,
+                              .blocks = &bref, .nblocks = 1, .sequence = 7, .kv_head = 0,
+                              .dtype = CXLKV_DTYPE_F16, .k = 2, .flags = 0};
     uint32_t hi[4];
     float hs[4];
     size_t per = 99;
-    cxlkv_ndp_stats nst;
+    cxlkv_ndp_stats nst = CXLKV_STRUCT_INIT(cxlkv_ndp_stats);
     EXPECT(cxlkv_device_score_topk(NULL, &sr, hi, hs, 4, NULL, 0, &per, &nst), CXLKV_ERR_INVALID_HANDLE);
     EXPECT(cxlkv_device_score_topk(dev, NULL, hi, hs, 4, NULL, 0, &per, &nst), CXLKV_ERR_NULL);
     EXPECT(cxlkv_device_score_topk(dev, &sr, NULL, hs, 4, NULL, 0, &per, &nst), CXLKV_ERR_NULL);
@@ -285,7 +288,7 @@ int main(void) {
     memset(&metrics, 0, sizeof metrics);
     EXPECT(cxlkv_metrics_read(NULL), CXLKV_ERR_NULL);
     EXPECT(cxlkv_metrics_read(&metrics), CXLKV_ERR_INVALID_ARG); /* size 0 */
-    metrics.size = sizeof metrics;
+    metrics.struct_size = sizeof metrics;
     EXPECT(cxlkv_metrics_read(&metrics), CXLKV_OK);
     size_t tlen = 0;
     EXPECT(cxlkv_metrics_text(NULL, 0, NULL), CXLKV_ERR_NULL);
