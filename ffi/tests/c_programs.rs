@@ -45,6 +45,7 @@ fn compile(src: &str, name: &str) -> PathBuf {
         .arg(libdir)
         .arg("-lcxlkv")
         .arg(format!("-Wl,-rpath,{}", libdir.display()))
+        .arg("-lm")
         .arg("-o")
         .arg(&out)
         .status()
@@ -127,6 +128,11 @@ fn engine_example_shares_a_prefix_and_runs_an_ndp_topk() {
     assert!(text.contains("reused 12 cached chunks"), "{text}");
     assert!(text.contains("computed on the device"), "{text}");
     assert!(text.contains("equal to the host reference"), "{text}");
+    assert!(text.contains("contains_batch found 4 of 5 keys"), "{text}");
+    assert!(text.contains("every pinned payload inside it"), "{text}");
+    assert!(text.contains("get_kv read back 8192 + 8192 bytes"), "{text}");
+    assert!(text.contains("4 tickets in flight at once"), "{text}");
+    assert!(text.contains("waited for 1 more (done=1)"), "{text}");
     assert!(text.contains("engine: OK"), "{text}");
     // Under valgrind the device process itself is not traced (--trace-children-skip).
     valgrind_env(&bin, "engine", &[("CXLKV_NDPD", ndpd())]);
