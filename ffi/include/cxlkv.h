@@ -453,11 +453,25 @@ cxlkv_result cxlkv_participant_id(const struct cxlkv_participant *p,
                                   uint32_t *partition);
 
 // Stores `data[0..len]` under `key` in the participant's partition (copying it), evicting least
-// recently used unpinned blocks if needed. Thread-safe.
+// recently used unpinned blocks if needed. A payload larger than a block is stored as a
+// multi-block object (its parts, then a manifest under `key`, published last): readers see it
+// only once whole, and get, delete and the batches treat it like a block;
+// `CXLKV_ERR_PAYLOAD_TOO_LARGE` beyond what one partition can hold. Thread-safe.
 cxlkv_result cxlkv_participant_put(const struct cxlkv_participant *p,
                                    const struct cxlkv_key *key,
                                    const uint8_t *data,
                                    size_t len);
+
+// Stores `data[0..len]` under `key` unless some participant already holds `key` in any
+// partition: `*stored` = 1 when this call stored it, 0 when the key was present (nothing
+// written). Two participants putting the same new key at the same instant may both store it
+// (each in its own partition); a reader then finds one of them, whole. Large payloads are stored
+// as multi-block objects, as by `cxlkv_participant_put`. Thread-safe.
+cxlkv_result cxlkv_participant_put_if_absent(const struct cxlkv_participant *p,
+                                             const struct cxlkv_key *key,
+                                             const uint8_t *data,
+                                             size_t len,
+                                             int32_t *stored);
 
 // Copies the block under `key` into `buf` (capacity `cap`) and stores its length in `*len`.
 // `CXLKV_ERR_NOT_FOUND` on a miss; `CXLKV_ERR_BUFFER_TOO_SMALL` stores the needed size in `*len`.

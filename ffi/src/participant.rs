@@ -17,7 +17,7 @@ use crate::metrics::record;
 use crate::pool::cxlkv_pool;
 use crate::sized::{check_out, sized, write_out};
 use cxlkv_runtime::metrics::{Op, Outcome};
-use cxlkv_runtime::{Key, Participant, PoolError, RawPin, RawReservation};
+use cxlkv_runtime::{Key, Participant, PoolError, PutOutcome, RawPin, RawReservation};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -123,7 +123,10 @@ pub extern "C" fn cxlkv_participant_id(
 }
 
 /// Stores `data[0..len]` under `key` in the participant's partition (copying it), evicting least
-/// recently used unpinned blocks if needed. Thread-safe.
+/// recently used unpinned blocks if needed. A payload larger than a block is stored as a
+/// multi-block object (its parts, then a manifest under `key`, published last): readers see it
+/// only once whole, and get, delete and the batches treat it like a block;
+/// `CXLKV_ERR_PAYLOAD_TOO_LARGE` beyond what one partition can hold. Thread-safe.
 #[no_mangle]
 pub extern "C" fn cxlkv_participant_put(
     p: *const cxlkv_participant,
@@ -151,6 +154,36 @@ pub(crate) fn put_one(me: &cxlkv_participant, key: Key, bytes: &[u8]) -> Result<
     record(Op::Put, outcome, bytes.len() as u64, 0, t0);
     r.map_err(map_err)?;
     Ok(())
+}
+
+/// Stores `data[0..len]` under `key` unless some participant already holds `key` in any
+/// partition: `*stored` = 1 when this call stored it, 0 when the key was present (nothing
+/// written). Two participants putting the same new key at the same instant may both store it
+/// (each in its own partition); a reader then finds one of them, whole. Large payloads are stored
+/// as multi-block objects, as by `cxlkv_participant_put`. Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_participant_put_if_absent(
+    p: *const cxlkv_participant,
+    key: *const cxlkv_key,
+    data: *const u8,
+    len: usize,
+    stored: *mut i32,
+) -> cxlkv_result {
+    guard(|| {
+        let me = borrow(p, Kind::Participant)?;
+        let key = key_arg(key)?;
+        let bytes = bytes_in(data, len, "data")?;
+        need(stored, "stored")?;
+        let t0 = Instant::now();
+        let r = me.inner.put_if_absent(key, bytes);
+        match &r {
+            Ok(PutOutcome::Stored(_)) => record(Op::Put, Outcome::Ok, bytes.len() as u64, 0, t0),
+            Ok(PutOutcome::Present(_)) => record(Op::Put, Outcome::Ok, 0, 0, t0),
+            Err(_) => record(Op::Put, Outcome::Error, bytes.len() as u64, 0, t0),
+        }
+        put_out(stored, i32::from(r.map_err(map_err)?.stored()));
+        Ok(())
+    })
 }
 
 /// Copies the block under `key` into `buf` (capacity `cap`) and stores its length in `*len`.

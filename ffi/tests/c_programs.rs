@@ -130,7 +130,18 @@ fn engine_example_shares_a_prefix_and_runs_an_ndp_topk() {
     assert!(text.contains("equal to the host reference"), "{text}");
     assert!(text.contains("contains_batch found 4 of 5 keys"), "{text}");
     assert!(text.contains("every pinned payload inside it"), "{text}");
-    assert!(text.contains("get_kv read back 8192 + 8192 bytes"), "{text}");
+    assert!(
+        text.contains("(5 blocks of 256 KiB) put and read back whole"),
+        "{text}"
+    );
+    assert!(
+        text.contains("put_if_absent stored 1, then found it present (0)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("get_kv read back 8192 + 8192 bytes"),
+        "{text}"
+    );
     assert!(text.contains("4 tickets in flight at once"), "{text}");
     assert!(text.contains("waited for 1 more (done=1)"), "{text}");
     assert!(text.contains("engine: OK"), "{text}");

@@ -3,6 +3,7 @@
  * crash, and leave out-parameters untouched on failure. Exit status 0 when all checks pass. */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -126,12 +127,19 @@ int main(void) {
     EXPECT(cxlkv_participant_id(me, NULL, NULL), CXLKV_OK);
 
     /* put */
-    uint8_t big[4097];
-    memset(big, 1, sizeof big);
+    /* Larger than a block is a multi-block object; larger than the partition is too large. */
+    enum { BIG_LEN = 8 << 20 };
+    uint8_t *big = malloc(BIG_LEN);
+    memset(big, 1, BIG_LEN);
     EXPECT(cxlkv_participant_put(NULL, &key, buf, 4), CXLKV_ERR_INVALID_HANDLE);
     EXPECT(cxlkv_participant_put(me, NULL, buf, 4), CXLKV_ERR_NULL);
     EXPECT(cxlkv_participant_put(me, &key, NULL, 4), CXLKV_ERR_NULL);
-    EXPECT(cxlkv_participant_put(me, &key, big, sizeof big), CXLKV_ERR_PAYLOAD_TOO_LARGE);
+    EXPECT(cxlkv_participant_put(me, &key, big, BIG_LEN), CXLKV_ERR_PAYLOAD_TOO_LARGE);
+    EXPECT(cxlkv_participant_put(me, &key, big, 4097), CXLKV_OK);
+    uint8_t two[4097];
+    EXPECT(cxlkv_participant_get(me, &key, two, sizeof two, &len), CXLKV_OK);
+    checks++;
+    if (len != 4097 || memcmp(two, big, 4097) != 0) { failures++; fprintf(stderr, "FAIL: two-block object\n"); }
     EXPECT(cxlkv_participant_put(me, &key, buf, SIZE_MAX), CXLKV_ERR_INVALID_ARG);
     EXPECT(cxlkv_participant_put(me, &key, NULL, 0), CXLKV_OK); /* empty payload is valid */
     memset(buf, 7, sizeof buf);
@@ -225,6 +233,24 @@ int main(void) {
     checks++;
     if (pool_bad != SENTINEL) failures++;
 
+    /* put_if_absent: NULLs; present keys are not overwritten; too large. */
+    int stored = 7;
+    cxlkv_key pia = {555, 5};
+    EXPECT(cxlkv_participant_put_if_absent(NULL, &pia, buf, 4, &stored), CXLKV_ERR_INVALID_HANDLE);
+    EXPECT(cxlkv_participant_put_if_absent(me, NULL, buf, 4, &stored), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_participant_put_if_absent(me, &pia, NULL, 4, &stored), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_participant_put_if_absent(me, &pia, buf, 4, NULL), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_participant_put_if_absent(me, &pia, buf, SIZE_MAX, &stored), CXLKV_ERR_INVALID_ARG);
+    checks++;
+    if (stored != 7) failures++;
+    EXPECT(cxlkv_participant_put_if_absent(me, &pia, (const uint8_t *)"first", 5, &stored), CXLKV_OK);
+    checks++;
+    if (stored != 1) failures++;
+    EXPECT(cxlkv_participant_put_if_absent(me, &pia, (const uint8_t *)"other", 5, &stored), CXLKV_OK);
+    EXPECT(cxlkv_participant_get(me, &pia, buf, sizeof buf, &len), CXLKV_OK);
+    checks++;
+    if (stored != 0 || len != 5 || memcmp(buf, "first", 5) != 0) { failures++; fprintf(stderr, "FAIL: put_if_absent overwrote\n"); }
+
     /* The pool's mapping. */
     void *mbase = SENTINEL;
     size_t mlen = 777;
@@ -241,7 +267,7 @@ int main(void) {
     /* Batches: n = 0 touches nothing; NULL arrays with n > 0; per-key codes and the first failure. */
     cxlkv_key bkeys[3] = {{301, 1}, {302, 1}, {303, 1}};
     const uint8_t *bin[3] = {buf, NULL, big};
-    size_t blen[3] = {8, 0, sizeof big};
+    size_t blen[3] = {8, 0, BIG_LEN};
     cxlkv_result bres[3] = {99, 99, 99};
     EXPECT(cxlkv_participant_put_batch(me, 0, NULL, NULL, NULL, NULL), CXLKV_OK);
     EXPECT(cxlkv_participant_put_batch(NULL, 3, bkeys, bin, blen, bres), CXLKV_ERR_INVALID_HANDLE);
@@ -497,6 +523,7 @@ int main(void) {
     checks++;
     if (tlen < 6) { failures++; fprintf(stderr, "FAIL: metrics text length %zu\n", tlen); }
 
+    free(big);
     printf("%d passed, %d failed\n", checks - failures, failures);
     return failures != 0;
 }
