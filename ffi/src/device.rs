@@ -9,6 +9,7 @@ use crate::errors::cxlkv_result::{
 };
 use crate::errors::{fail, guard, map_ndp};
 use crate::handles::{borrow, register, unregister, Kind};
+use crate::inflight::{Tickets, TopKOut};
 use crate::keys::cxlkv_key;
 use crate::kv::dtype_arg;
 use crate::metrics::record;
@@ -123,7 +124,7 @@ pub struct cxlkv_device {
 /// The client and the tickets of `cxlkv_device_submit_*` not yet collected.
 pub(crate) struct DeviceState {
     pub(crate) client: NdpDevice,
-    pub(crate) tickets: crate::tickets::Tickets,
+    pub(crate) tickets: Tickets,
 }
 
 impl cxlkv_device {
@@ -373,17 +374,6 @@ pub(crate) fn record_topk(
             Err(map_ndp(e))
         }
     }
-}
-
-/// Where a SCORE_TOPK answer goes: the caller's arrays.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct TopKOut {
-    pub(crate) indices: *mut u32,
-    pub(crate) scores: *mut f32,
-    pub(crate) cap: usize,
-    pub(crate) values: *mut u8,
-    pub(crate) values_cap: usize,
-    pub(crate) gather: bool,
 }
 
 /// Writes `top` into the caller's arrays (checked non-null, with the capacities the caller

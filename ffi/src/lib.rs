@@ -69,6 +69,7 @@
 
 mod args;
 mod handles;
+mod inflight;
 mod sized;
 
 // The modules with C items, in the order the header lists their functions (cbindgen reads them in

@@ -11,15 +11,15 @@
 use crate::args::{need, put_out, slice_in};
 use crate::device::{
     check_stats, cxlkv_block_ref, cxlkv_device, cxlkv_ndp_stats, cxlkv_score_request, record_topk,
-    stats_out, write_topk, ScoreArgs, TopKOut, CXLKV_SCORE_GATHER_V, CXLKV_SCORE_HOST,
+    stats_out, write_topk, ScoreArgs, CXLKV_SCORE_GATHER_V, CXLKV_SCORE_HOST,
 };
 use crate::errors::cxlkv_result::{self, CXLKV_ERR_BUFFER_TOO_SMALL, CXLKV_ERR_INVALID_ARG};
 use crate::errors::{fail, guard, map_ndp};
 use crate::handles::{borrow, Kind};
+use crate::inflight::{AttendOut, Inflight, TopKOut};
 use crate::kv::dtype_arg;
 use crate::sized::{read_in, sized};
-use cxlkv_runtime::ndp::{AttendRequest, Attended, NdpStats, Ticket};
-use std::collections::HashMap;
+use cxlkv_runtime::ndp::{AttendRequest, Attended, NdpStats};
 use std::time::{Duration, Instant};
 
 /// `cxlkv_device_wait`'s `timeout_ms` that waits until the ticket is answered (by the device
@@ -74,48 +74,6 @@ impl Default for cxlkv_attend_request {
             scale: 0.0,
             reserved: 0,
         }
-    }
-}
-
-/// Where an ATTEND answer goes: `out[group][dim]`, `max[group]`, `sum[group]`.
-#[derive(Clone, Copy, Debug)]
-struct AttendOut {
-    out: *mut f32,
-    max: *mut f32,
-    sum: *mut f32,
-    group: usize,
-    dim: usize,
-}
-
-/// A ticket not yet collected: the client's ticket (or an answer computed at submit time) and the
-/// caller's result arrays.
-enum Inflight {
-    TopK {
-        ticket: Option<Ticket>,
-        host: Option<cxlkv_runtime::ndp::TopK>,
-        out: TopKOut,
-        per_list: *mut usize,
-        nq: usize,
-        t0: Instant,
-    },
-    Attend {
-        ticket: Ticket,
-        out: AttendOut,
-    },
-}
-
-/// The tickets of one device handle, by the number the caller holds.
-#[derive(Default)]
-pub(crate) struct Tickets {
-    next: u64,
-    live: HashMap<u64, Inflight>,
-}
-
-impl Tickets {
-    fn file(&mut self, t: Inflight) -> u64 {
-        self.next += 1;
-        self.live.insert(self.next, t);
-        self.next
     }
 }
 
@@ -190,7 +148,7 @@ pub extern "C" fn cxlkv_device_submit_score_topk(
                 &request,
                 cxlkv_runtime::ndp::NdpOptions::default().kernel,
             );
-            (None, Some(top.map_err(map_ndp)?))
+            (None, Some(Box::new(top.map_err(map_ndp)?)))
         } else {
             (
                 Some(st.client.submit_score(&request).map_err(map_ndp)?),
@@ -333,7 +291,7 @@ fn collect(dev: &cxlkv_device, id: u64, block: bool) -> Result<Option<NdpStats>,
             t0,
         } => {
             let top = match (host, ticket) {
-                (Some(top), _) => Ok(top),
+                (Some(top), _) => Ok(*top),
                 (None, Some(t)) if block => st.client.wait(t),
                 (None, Some(t)) => match st.client.poll(&t) {
                     Ok(Some(top)) => Ok(top),
