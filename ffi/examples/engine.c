@@ -300,7 +300,11 @@ static int ndp_topk(const char *spec, cxlkv_participant *a) {
         }
     }
     cxlkv_device *dev = NULL;
-    CHECK(cxlkv_device_open(a, 2000, &dev));
+    /* Four staging blocks: up to four commands on the device at once (ndp_async below). */
+    cxlkv_device_config dcfg = CXLKV_STRUCT_INIT(cxlkv_device_config);
+    dcfg.timeout_ms = 2000;
+    dcfg.staging = NDP_TICKETS + 1;
+    CHECK(cxlkv_device_open_with(a, &dcfg, &dev));
     cxlkv_score_request req = {.struct_size = sizeof req, .group = NDP_GROUP, .queries = q, .dim = NDP_DIM,
                                .layer = 5, .blocks = blocks, .nblocks = NDP_BLOCKS, .sequence = 42,
                                .kv_head = 0, .dtype = CXLKV_DTYPE_F16, .k = NDP_K,

@@ -216,6 +216,22 @@ typedef struct cxlkv_kv_shape {
   uint64_t token_offset;
 } cxlkv_kv_shape;
 
+// Options of `cxlkv_device_open_with`; start from `CXLKV_STRUCT_INIT(cxlkv_device_config)` (every
+// 0 is a default). First layout: all of it (16 bytes).
+typedef struct cxlkv_device_config {
+  // `sizeof(cxlkv_device_config)` as the caller's header declares it.
+  uint32_t struct_size;
+  // How long a command may take before the client computes it on the host instead, in
+  // milliseconds (0: 2000).
+  uint32_t timeout_ms;
+  // Commands that may be on the device at once, each with a staging block of the
+  // participant's partition held for the life of the handle (0: 2). Tickets beyond it are
+  // computed on the host when collected.
+  uint32_t staging;
+  // Zero.
+  uint32_t reserved;
+} cxlkv_device_config;
+
 // A typed block named in a device request: its key and the position of its first token.
 typedef struct cxlkv_block_ref {
   // The block's key.
@@ -585,6 +601,14 @@ cxlkv_result cxlkv_participant_get_kv(const struct cxlkv_participant *p,
 cxlkv_result cxlkv_device_open(const struct cxlkv_participant *p,
                                uint32_t timeout_ms,
                                struct cxlkv_device **out);
+
+// `cxlkv_device_open` with options (`config` NULL: the defaults), e.g. more commands on the
+// device at once for asynchronous tickets. `CXLKV_ERR_INVALID_ARG` for more than 16 staging blocks
+// or nonzero `reserved`; `CXLKV_ERR_FULL` when the partition cannot spare the staging blocks.
+// Thread-safe.
+cxlkv_result cxlkv_device_open_with(const struct cxlkv_participant *p,
+                                    const struct cxlkv_device_config *config,
+                                    struct cxlkv_device **out);
 
 // Closes a device client. NULL is accepted and ignored. Tickets not yet collected are dropped:
 // their result buffers are never written after this returns, and a command still on the device

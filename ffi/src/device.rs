@@ -178,6 +178,25 @@ pub(crate) fn block_specs(
         .collect())
 }
 
+/// Options of `cxlkv_device_open_with`; start from `CXLKV_STRUCT_INIT(cxlkv_device_config)` (every
+/// 0 is a default). First layout: all of it (16 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct cxlkv_device_config {
+    /// `sizeof(cxlkv_device_config)` as the caller's header declares it.
+    pub struct_size: u32,
+    /// How long a command may take before the client computes it on the host instead, in
+    /// milliseconds (0: 2000).
+    pub timeout_ms: u32,
+    /// Commands that may be on the device at once, each with a staging block of the
+    /// participant's partition held for the life of the handle (0: 2). Tickets beyond it are
+    /// computed on the host when collected.
+    pub staging: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+sized!(cxlkv_device_config, 16);
+
 /// Opens a client of the pool's NDP device for this participant (its queue pair); `timeout_ms` is
 /// how long a command may take before the client computes it on the host instead (0: 2000 ms).
 /// Works, falling back to the host, when no device runs. Release with `cxlkv_device_close`. A
@@ -191,27 +210,70 @@ pub extern "C" fn cxlkv_device_open(
     guard(|| {
         let me = borrow(p, Kind::Participant)?;
         need(out, "out")?;
-        let participant = me.inner.clone();
-        let mut opts = NdpOptions::default();
-        if timeout_ms > 0 {
-            opts.timeout = Duration::from_millis(u64::from(timeout_ms));
-        }
-        let dev = NdpDevice::open(participant.clone(), opts).map_err(map_ndp)?;
-        put_out(
-            out,
-            register(
-                Box::new(cxlkv_device {
-                    dev: Mutex::new(DeviceState {
-                        client: dev,
-                        tickets: Default::default(),
-                    }),
-                    participant,
-                }),
-                Kind::Device,
-            ),
-        );
-        Ok(())
+        open(me, timeout_ms, 0, out)
     })
+}
+
+/// `cxlkv_device_open` with options (`config` NULL: the defaults), e.g. more commands on the
+/// device at once for asynchronous tickets. `CXLKV_ERR_INVALID_ARG` for more than 16 staging blocks
+/// or nonzero `reserved`; `CXLKV_ERR_FULL` when the partition cannot spare the staging blocks.
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_device_open_with(
+    p: *const cxlkv_participant,
+    config: *const cxlkv_device_config,
+    out: *mut *mut cxlkv_device,
+) -> cxlkv_result {
+    guard(|| {
+        let me = borrow(p, Kind::Participant)?;
+        let c = if config.is_null() {
+            cxlkv_device_config::default()
+        } else {
+            read_in(config, cxlkv_device_config::default(), "config")?
+        };
+        need(out, "out")?;
+        if c.staging > 16 || c.reserved != 0 {
+            return Err(fail(
+                CXLKV_ERR_INVALID_ARG,
+                format!(
+                    "staging {} (at most 16, the ring's depth) and reserved {} (must be 0)",
+                    c.staging, c.reserved
+                ),
+            ));
+        }
+        open(me, c.timeout_ms, c.staging, out)
+    })
+}
+
+fn open(
+    me: &cxlkv_participant,
+    timeout_ms: u32,
+    staging: u32,
+    out: *mut *mut cxlkv_device,
+) -> Result<(), cxlkv_result> {
+    let participant = me.inner.clone();
+    let mut opts = NdpOptions::default();
+    if timeout_ms > 0 {
+        opts.timeout = Duration::from_millis(u64::from(timeout_ms));
+    }
+    if staging > 0 {
+        opts.staging = staging as usize;
+    }
+    let dev = NdpDevice::open(participant.clone(), opts).map_err(map_ndp)?;
+    put_out(
+        out,
+        register(
+            Box::new(cxlkv_device {
+                dev: Mutex::new(DeviceState {
+                    client: dev,
+                    tickets: Default::default(),
+                }),
+                participant,
+            }),
+            Kind::Device,
+        ),
+    );
+    Ok(())
 }
 
 /// Closes a device client. NULL is accepted and ignored. Tickets not yet collected are dropped:

@@ -101,6 +101,7 @@ fn sized_structs_have_no_padding() {
         4 + 4 + 8 + 4 + 4 + 8 + 8 + 8 + 4 * 4
     );
     assert_eq!(size_of::<cxlkv_ndp_stats>(), 4 * 4 + 3 * 8);
+    assert_eq!(size_of::<crate::device::cxlkv_device_config>(), 4 * 4);
     assert_eq!(
         size_of::<cxlkv_metrics>(),
         8 + 6 * size_of::<cxlkv_op_metrics>() + 3 * 8

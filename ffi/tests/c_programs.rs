@@ -143,6 +143,7 @@ fn engine_example_shares_a_prefix_and_runs_an_ndp_topk() {
         "{text}"
     );
     assert!(text.contains("4 tickets in flight at once"), "{text}");
+    assert!(text.contains(", 4 on the device;"), "{text}");
     assert!(text.contains("waited for 1 more (done=1)"), "{text}");
     assert!(text.contains("engine: OK"), "{text}");
     // Under valgrind the device process itself is not traced (--trace-children-skip).
