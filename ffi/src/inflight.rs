@@ -4,6 +4,7 @@
 
 use cxlkv_runtime::ndp::{Ticket, TopK};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 /// Where a SCORE_TOPK answer goes: the caller's arrays.
@@ -44,17 +45,19 @@ pub(crate) enum Inflight {
     },
 }
 
-/// The tickets of one device handle, by the number the caller holds.
+/// The tickets of one device handle, by the number the caller holds. Numbers are unique in the
+/// process (never 0), so a ticket of one handle passed to another is unknown there, not another
+/// command's.
 #[derive(Default)]
 pub(crate) struct Tickets {
-    next: u64,
     pub(crate) live: HashMap<u64, Inflight>,
 }
 
 impl Tickets {
     pub(crate) fn file(&mut self, t: Inflight) -> u64 {
-        self.next += 1;
-        self.live.insert(self.next, t);
-        self.next
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        self.live.insert(id, t);
+        id
     }
 }

@@ -493,6 +493,21 @@ int main(void) {
     if (dn != 1 || aper != 2 || nst.on_device != 0) { failures++; fprintf(stderr, "FAIL: waited ticket done=%d per_list=%zu\n", dn, aper); }
     EXPECT(cxlkv_device_poll(dev, tk, &dn, NULL), CXLKV_ERR_INVALID_ARG); /* collected */
     EXPECT(cxlkv_device_wait(dev, tk, 10, &dn, NULL), CXLKV_ERR_INVALID_ARG);
+    /* A command that fails (its block is of another sequence) fails the call that collects it,
+     * and the ticket is gone. */
+    uint64_t tk4 = 0;
+    sr.sequence = 8;
+    EXPECT(cxlkv_device_submit_score_topk(dev, &sr, ai, as, 4, NULL, 0, &aper, &tk4), CXLKV_OK);
+    sr.sequence = 7;
+    EXPECT(cxlkv_device_wait(dev, tk4, CXLKV_WAIT_FOREVER, &dn, NULL), CXLKV_ERR_INVALID_ARG);
+    char wm[200];
+    cxlkv_last_error_message(wm, sizeof wm);
+    checks++;
+    if (strstr(wm, "sequence") == NULL && strstr(wm, "layout") == NULL) { failures++; fprintf(stderr, "FAIL: failed ticket message: %s\n", wm); }
+    EXPECT(cxlkv_device_poll(dev, tk4, &dn, NULL), CXLKV_ERR_INVALID_ARG); /* gone */
+    cxlkv_last_error_message(wm, sizeof wm);
+    checks++;
+    if (strstr(wm, "unknown or already collected") == NULL) { failures++; fprintf(stderr, "FAIL: message %s\n", wm); }
     EXPECT(cxlkv_device_wait(dev, tk2, 5000, &dn, NULL), CXLKV_OK);
     checks++;
     if (dn != 1 || !(asum[0] >= 1.0f)) { failures++; fprintf(stderr, "FAIL: attend done=%d sum=%f\n", dn, (double)asum[0]); }
