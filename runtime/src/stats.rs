@@ -64,10 +64,11 @@ pub struct PoolStats {
 pub fn pool_stats(pool: &Pool) -> Result<PoolStats> {
     let sb = pool.superblock();
     let mem = pool.mem();
+    let layout = *pool.slot_layout();
     let mut participants = Vec::new();
     for q in 0..sb.participants {
         let base = pool.slot_off(q);
-        mem.acquire(base, crate::format::PARTICIPANT_SLOT_SIZE);
+        mem.acquire(base, layout.size);
         if mem.load_u64(base + slot::TOKEN, Ordering::Acquire)? == 0 {
             continue;
         }
@@ -75,7 +76,7 @@ pub fn pool_stats(pool: &Pool) -> Result<PoolStats> {
         let part = mem.load_u64(base + slot::PARTITION, Ordering::Relaxed)?;
         let mut c = [0u64; counters::COUNT as usize];
         for (i, v) in c.iter_mut().enumerate() {
-            *v = mem.load_u64(base + slot::COUNTERS + 8 * i as u64, Ordering::Relaxed)?;
+            *v = mem.load_u64(base + layout.counter(i as u64), Ordering::Relaxed)?;
         }
         participants.push(ParticipantInfo {
             id: q,

@@ -341,6 +341,8 @@ impl NdpDevice {
     /// Computes `p`'s request on the host because of `why`: the answer's stats are `p`'s (what
     /// the device path already cost) with the host scan's costs and counts.
     fn on_host(&self, p: Pending, why: FallbackReason) -> Result<Answer> {
+        // Published in the participant's slot (`fallbacks`), so `cxlkv pool stat` sees it.
+        self.participant.count_fallbacks(1);
         if p.req.attend {
             let mut a = host_attend_with(&self.pool, &p.req.borrow_attend(), self.opts.kernel)?;
             let mut stats = p.stats;
@@ -604,6 +606,7 @@ impl NdpDevice {
                 Ok((d.values, stats))
             }
             Err(NdpError::Unavailable(why)) => {
+                self.participant.count_fallbacks(1);
                 let (v, mut stats) = host_gather(&self.pool, blocks, &want, tokens)?;
                 stats.path = Some(NdpPath::Host(why));
                 Ok((v, stats))
