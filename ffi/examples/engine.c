@@ -464,12 +464,14 @@ int main(int argc, char **argv) {
     cxlkv_pool_config cfg = cxlkv_pool_config_default();
     cfg.block_size = 256 * 1024;
     cfg.participants = 4;
+    cfg.pins_per_participant = 256; /* an engine that pins a whole batch's blocks at once */
     cxlkv_pool *pool = NULL;
     CHECK(cxlkv_pool_create(spec, 64ull << 20, &cfg, &pool));
     cxlkv_pool_info info = CXLKV_STRUCT_INIT(cxlkv_pool_info);
     CHECK(cxlkv_pool_describe(pool, &info));
-    printf("pool: %u partitions x %u blocks of %llu KiB\n", info.partitions, info.blocks_per_partition,
-           (unsigned long long)(info.block_size / 1024));
+    printf("pool: %u partitions x %u blocks of %llu KiB, %u pins per participant\n", info.partitions,
+           info.blocks_per_partition, (unsigned long long)(info.block_size / 1024), info.pins_per_participant);
+    if (info.pins_per_participant != 256) return 1;
 
     cxlkv_participant *a = NULL;
     CHECK(cxlkv_participant_attach(pool, &a));

@@ -135,6 +135,7 @@ typedef struct cxlkv_pool_config {
   // still for longer than this, on the observer's own clock, is dead.
   uint32_t lease_ms;
   // Size of each participant's pin table (pins it may hold at once); 0 = the default (64).
+  // More pins make each participant slot larger (docs/FORMAT.md §3).
   uint32_t pins_per_participant;
 } cxlkv_pool_config;
 
@@ -163,6 +164,10 @@ typedef struct cxlkv_pool_info {
   void *map_base;
   // Bytes of that mapping (the pool size; 0 with a NULL `map_base`).
   uint64_t map_len;
+  // Pins each participant may hold at once (its pin table's size).
+  uint32_t pins_per_participant;
+  // Zero.
+  uint32_t reserved2;
 } cxlkv_pool_info;
 
 // A 128-bit block key (see `cxlkv_key_chain`).

@@ -28,6 +28,7 @@ pub struct cxlkv_pool_config {
     /// still for longer than this, on the observer's own clock, is dead.
     pub lease_ms: u32,
     /// Size of each participant's pin table (pins it may hold at once); 0 = the default (64).
+    /// More pins make each participant slot larger (docs/FORMAT.md §3).
     pub pins_per_participant: u32,
 }
 sized!(cxlkv_pool_config, 20);
@@ -59,6 +60,10 @@ pub struct cxlkv_pool_info {
     pub map_base: *mut c_void,
     /// Bytes of that mapping (the pool size; 0 with a NULL `map_base`).
     pub map_len: u64,
+    /// Pins each participant may hold at once (its pin table's size).
+    pub pins_per_participant: u32,
+    /// Zero.
+    pub reserved2: u32,
 }
 sized!(cxlkv_pool_info, 40);
 
@@ -76,6 +81,8 @@ impl Default for cxlkv_pool_info {
             reserved: 0,
             map_base: std::ptr::null_mut(),
             map_len: 0,
+            pins_per_participant: 0,
+            reserved2: 0,
         }
     }
 }
@@ -124,16 +131,11 @@ pub extern "C" fn cxlkv_pool_create(
         } else {
             read_in(config, cxlkv_pool_config_default(), "config")?
         };
-        if c.pins_per_participant != 0 {
-            return Err(fail(
-                CXLKV_ERR_INVALID_ARG,
-                "pins_per_participant: this build has a fixed pin table of 64 (leave it 0)",
-            ));
-        }
         let cfg = PoolConfig {
             block_size: c.block_size,
             participants: c.participants,
             lease: Duration::from_millis(u64::from(c.lease_ms)),
+            pins_per_participant: c.pins_per_participant,
             ..Default::default()
         };
         let pool = Pool::create_on(&b, size, &cfg, &RegionOptions::default()).map_err(map_err)?;
@@ -217,6 +219,8 @@ pub extern "C" fn cxlkv_pool_describe(
                 reserved: 0,
                 map_base,
                 map_len,
+                pins_per_participant: sb.pins(),
+                reserved2: 0,
             },
         );
         Ok(())

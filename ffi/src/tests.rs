@@ -126,7 +126,7 @@ fn old_and_new_callers_get_what_fits() {
     let spec =
         std::ffi::CString::new(format!("shm:cxlkv-ffi-sized-{}", std::process::id())).unwrap();
     // An "old" config: 20 bytes, without pins_per_participant; bytes past it are garbage that the
-    // library must not read (a nonzero pin table would be refused by this build).
+    // library must not read (0xffffffff pins would be refused).
     let mut old = [0xffu8; 24];
     let c = cxlkv_pool_config {
         struct_size: 20,
@@ -147,7 +147,7 @@ fn old_and_new_callers_get_what_fits() {
     assert_eq!(r, CXLKV_OK, "{}", last_error());
 
     // An "old" info: the 40 bytes of the first layout; the 16 after it stay untouched.
-    let mut small = [0xeeu8; 56];
+    let mut small = [0xeeu8; 64];
     small[..4].copy_from_slice(&40u32.to_le_bytes());
     assert_eq!(
         cxlkv_pool_describe(pool, small.as_mut_ptr().cast()),
@@ -181,9 +181,13 @@ fn old_and_new_callers_get_what_fits() {
     let info: cxlkv_pool_info = unsafe { big.as_ptr().cast::<cxlkv_pool_info>().read_unaligned() };
     assert!(!info.map_base.is_null());
     assert_eq!(info.map_len, info.pool_size);
+    assert_eq!(
+        info.pins_per_participant, 64,
+        "the old config's default pin table"
+    );
 
     // Below the first layout: refused, nothing written.
-    let mut tiny = [0xccu8; 56];
+    let mut tiny = [0xccu8; 64];
     tiny[..4].copy_from_slice(&39u32.to_le_bytes());
     assert_eq!(
         cxlkv_pool_describe(pool, tiny.as_mut_ptr().cast()),

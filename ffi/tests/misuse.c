@@ -228,10 +228,44 @@ int main(void) {
     EXPECT(cxlkv_pool_create("shm:cxlkv-misuse-never", 4 << 20, &cfg_bad, &pool_bad), CXLKV_ERR_INVALID_ARG);
     cfg_bad.struct_size = sizeof cfg_bad;
     cfg_bad.block_size = 4096;
-    cfg_bad.pins_per_participant = 7; /* a fixed pin table in this build */
+    cfg_bad.pins_per_participant = 65537; /* above the largest pin table */
     EXPECT(cxlkv_pool_create("shm:cxlkv-misuse-never", 4 << 20, &cfg_bad, &pool_bad), CXLKV_ERR_INVALID_ARG);
     checks++;
     if (pool_bad != SENTINEL) failures++;
+
+    /* A pool with a pin table of 2: the third pin is refused until one is released. */
+    char pinspec[64];
+    snprintf(pinspec, sizeof pinspec, "shm:cxlkv-misuse-pins-%d", (int)getpid());
+    cxlkv_pool_config pcfg = cxlkv_pool_config_default();
+    pcfg.block_size = 4096;
+    pcfg.participants = 1;
+    pcfg.pins_per_participant = 2;
+    cxlkv_pool *ppool = NULL;
+    cxlkv_participant *pme = NULL;
+    EXPECT(cxlkv_pool_create(pinspec, 4 << 20, &pcfg, &ppool), CXLKV_OK);
+    cxlkv_pool_info pinfo = CXLKV_STRUCT_INIT(cxlkv_pool_info);
+    EXPECT(cxlkv_pool_describe(ppool, &pinfo), CXLKV_OK);
+    checks++;
+    if (pinfo.pins_per_participant != 2) { failures++; fprintf(stderr, "FAIL: pin table %u\n", pinfo.pins_per_participant); }
+    EXPECT(cxlkv_participant_attach(ppool, &pme), CXLKV_OK);
+    cxlkv_pinned *pp[3] = {NULL, NULL, NULL};
+    const uint8_t *pd = NULL;
+    size_t pl = 0;
+    for (uint64_t i = 0; i < 3; i++) {
+        cxlkv_key pk = {900 + i, 9};
+        EXPECT(cxlkv_participant_put(pme, &pk, buf, 16), CXLKV_OK);
+    }
+    cxlkv_key pk0 = {900, 9}, pk1 = {901, 9}, pk2 = {902, 9};
+    EXPECT(cxlkv_participant_pin(pme, &pk0, &pp[0], &pd, &pl), CXLKV_OK);
+    EXPECT(cxlkv_participant_pin(pme, &pk1, &pp[1], &pd, &pl), CXLKV_OK);
+    EXPECT(cxlkv_participant_pin(pme, &pk2, &pp[2], &pd, &pl), CXLKV_ERR_PIN_TABLE_FULL);
+    EXPECT(cxlkv_pinned_release(pp[0]), CXLKV_OK);
+    EXPECT(cxlkv_participant_pin(pme, &pk2, &pp[2], &pd, &pl), CXLKV_OK);
+    EXPECT(cxlkv_pinned_release(pp[1]), CXLKV_OK);
+    EXPECT(cxlkv_pinned_release(pp[2]), CXLKV_OK);
+    EXPECT(cxlkv_participant_detach(pme), CXLKV_OK);
+    EXPECT(cxlkv_pool_close(ppool), CXLKV_OK);
+    EXPECT(cxlkv_pool_unlink(pinspec), CXLKV_OK);
 
     /* put_if_absent: NULLs; present keys are not overwritten; too large. */
     int stored = 7;
