@@ -24,7 +24,7 @@
 // Initializer of a struct that carries its size: `cxlkv_ndp_stats st = CXLKV_STRUCT_INIT(cxlkv_ndp_stats);`
 // sets `struct_size = sizeof(T)` and zeroes every other field (docs/ABI.md, "How structs grow").
 #ifdef __cplusplus
-#define CXLKV_STRUCT_INIT(T) T{static_cast<uint32_t>(sizeof(T))}
+#define CXLKV_STRUCT_INIT(T) ([] { T v_{}; v_.struct_size = static_cast<uint32_t>(sizeof(T)); return v_; }())
 #else
 #define CXLKV_STRUCT_INIT(T) {.struct_size = (uint32_t)sizeof(T)}
 #endif

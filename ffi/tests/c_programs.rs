@@ -190,3 +190,42 @@ fn exports_only_cxlkv_symbols() {
         .collect();
     assert!(foreign.is_empty(), "symbols outside cxlkv_*: {foreign:?}");
 }
+
+#[test]
+fn header_compiles_as_cpp_with_struct_init() {
+    // The header promises C++ compatibility; CXLKV_STRUCT_INIT has a C++ branch of its own.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = std::env::temp_dir().join(format!("cxlkv-cpp-{}.cpp", std::process::id()));
+    std::fs::write(
+        &src,
+        "#include \"cxlkv.h\"\n\
+         static_assert(sizeof(cxlkv_ndp_stats) == 40, \"layout\");\n\
+         int main() {\n\
+             cxlkv_ndp_stats st = CXLKV_STRUCT_INIT(cxlkv_ndp_stats);\n\
+             cxlkv_pool_info info = CXLKV_STRUCT_INIT(cxlkv_pool_info);\n\
+             return st.struct_size == sizeof st && info.struct_size == sizeof info && st.link_bytes == 0 ? 0 : 1;\n\
+         }\n",
+    )
+    .unwrap();
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let Ok(status) = Command::new(&cxx)
+        .args([
+            "-std=c++11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-fsyntax-only",
+            "-I",
+        ])
+        .arg(root.join("include"))
+        .arg(&src)
+        .status()
+    else {
+        // scripts/setup.sh installs g++ with build-essential; say so if it is missing.
+        eprintln!("skipped: no C++ compiler ({cxx})");
+        let _ = std::fs::remove_file(&src);
+        return;
+    };
+    let _ = std::fs::remove_file(&src);
+    assert!(status.success(), "cxlkv.h does not compile as C++11");
+}
