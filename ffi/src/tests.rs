@@ -88,7 +88,7 @@ fn sized_structs_have_no_padding() {
     assert_eq!(size_of::<cxlkv_pool_config>(), 4 + 4 + 8 + 4 + 4);
     assert_eq!(
         size_of::<cxlkv_pool_info>(),
-        4 + 4 + 8 + 8 + 4 + 4 + 2 + 2 + 4 + 8 + 8
+        4 + 4 + 8 + 8 + 4 + 4 + 2 + 2 + 4 + 8 + 8 + 4 + 4
     );
     assert_eq!(size_of::<cxlkv_stats>(), 8 + 7 * 8);
     assert_eq!(size_of::<cxlkv_kv_shape>(), 6 * 4 + 2 * 8);
