@@ -8,7 +8,9 @@
  * (cxlkv_pool_create/_open -> cxlkv_pool_close; cxlkv_participant_attach -> _detach;
  * cxlkv_participant_pin -> cxlkv_pinned_release; cxlkv_participant_reserve ->
  * cxlkv_reservation_commit/_abort; cxlkv_device_open -> cxlkv_device_close). Out-parameters are written only on success, except the
- * needed size stored with CXLKV_ERR_BUFFER_TOO_SMALL. Released or foreign handles are detected
+ * needed size stored with CXLKV_ERR_BUFFER_TOO_SMALL and the per-key results of the batches. Every
+ * struct a caller passes in or has filled starts with `struct_size` (CXLKV_STRUCT_INIT; docs/ABI.md,
+ * "How structs grow"). Released or foreign handles are detected
  * and return CXLKV_ERR_INVALID_HANDLE. No call aborts the process. */
 
 #ifndef CXLKV_H
