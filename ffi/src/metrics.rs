@@ -9,10 +9,11 @@
 //! numbers, `cxlkv_pool_metrics_text` as this process's metrics plus the pool's in one exposition.
 
 use crate::args::{need, put_out};
-use crate::errors::cxlkv_result::{self, CXLKV_ERR_BUFFER_TOO_SMALL, CXLKV_ERR_INVALID_ARG};
+use crate::errors::cxlkv_result::{self, CXLKV_ERR_BUFFER_TOO_SMALL};
 use crate::errors::{fail, guard, map_err};
 use crate::handles::{borrow, Kind};
 use crate::pool::cxlkv_pool;
+use crate::sized::{check_out, sized, write_out};
 use cxlkv_runtime::metrics::{global, Op, OpSnapshot, Outcome};
 use std::ffi::c_char;
 use std::time::Instant;
@@ -35,14 +36,17 @@ pub struct cxlkv_op_metrics {
     pub latency_ns: u64,
 }
 
-/// This process's metrics (`cxlkv_metrics_read`). Set `size` to `sizeof(cxlkv_metrics)` before
-/// the call: a library built with more fields writes only the first `size` bytes, and one with
-/// fewer writes what it has and stores that size back.
+/// This process's metrics (`cxlkv_metrics_read`). Set `struct_size` to `sizeof(cxlkv_metrics)`
+/// before the call: a library built with more fields writes only the first `struct_size` bytes,
+/// and one with fewer writes what it has and stores that size back. First layout: the 8 bytes of
+/// `struct_size` and `reserved` (any caller that sets its size gets what fits).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct cxlkv_metrics {
     /// Bytes of this struct the caller provides; on return, the bytes written.
-    pub size: u64,
+    pub struct_size: u32,
+    /// Zero.
+    pub reserved: u32,
     /// `cxlkv_participant_put`.
     pub put: cxlkv_op_metrics,
     /// `cxlkv_participant_get`.
@@ -63,14 +67,18 @@ pub struct cxlkv_metrics {
     pub host_link_bytes: u64,
 }
 
+sized!(cxlkv_metrics, 8);
+
 /// The counters one participant publishes in its pool slot (`cxlkv_pool_participant_counters`),
-/// each its running total since it attached. Set `size` to `sizeof(cxlkv_participant_counters)`
-/// before the call (as for `cxlkv_metrics`).
+/// each its running total since it attached. Set `struct_size` to
+/// `sizeof(cxlkv_participant_counters)` before the call (the sized-struct rule of `cxlkv_metrics`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct cxlkv_participant_counters {
     /// Bytes of this struct the caller provides; on return, the bytes written.
-    pub size: u64,
+    pub struct_size: u32,
+    /// Zero.
+    pub reserved: u32,
     /// Successful puts.
     pub puts: u64,
     /// Gets that found their key.
@@ -95,39 +103,13 @@ pub struct cxlkv_participant_counters {
     pub pin_full: u64,
 }
 
-/// Copies the first `size` bytes of `m` (whose `size` field says how many) to `out`.
-fn write_sized<T: Copy>(out: *mut T, m: T, n: usize) {
-    if n == std::mem::size_of::<T>() {
-        put_out(out, m);
-    } else {
-        // SAFETY: `m` is a plain repr(C) struct of at least n readable bytes and the caller
-        // promises `size` ≥ n writable bytes at `out`; the regions do not overlap.
-        unsafe {
-            std::ptr::copy_nonoverlapping((&m as *const T).cast::<u8>(), out.cast::<u8>(), n)
-        };
-    }
-}
-
-/// The `size` a caller stored at the start of `out` (≥ 8, else `CXLKV_ERR_INVALID_ARG`), capped at
-/// `T`'s size: the bytes to write.
-fn size_in<T>(out: *mut T, what: &str) -> Result<usize, cxlkv_result> {
-    need(out, "out")?;
-    // SAFETY: non-null; the caller promises at least the 8 bytes of `size` there.
-    let size = unsafe { out.cast::<u64>().read_unaligned() };
-    if size < 8 {
-        return Err(fail(
-            CXLKV_ERR_INVALID_ARG,
-            format!("out->size is {size}: set it to sizeof({what})"),
-        ));
-    }
-    Ok((size as usize).min(std::mem::size_of::<T>()))
-}
+sized!(cxlkv_participant_counters, 8);
 
 /// Stores the counters participant slot `participant` of `pool` publishes in `*out` (read from
 /// the pool's memory: any process's participants, as `cxlkv pool stat` shows them). The caller
-/// sets `out->size` to `sizeof(cxlkv_participant_counters)` (at least 8); at most that many bytes
-/// are written and their number stored in `size`. `CXLKV_ERR_NOT_FOUND` when the slot is free or
-/// not a slot of the pool. Thread-safe.
+/// sets `out->struct_size` to `sizeof(cxlkv_participant_counters)` (at least 8); at most that many
+/// bytes are written and their number stored in `struct_size`. `CXLKV_ERR_NOT_FOUND` when the slot
+/// is free or not a slot of the pool. Thread-safe.
 #[no_mangle]
 pub extern "C" fn cxlkv_pool_participant_counters(
     pool: *const cxlkv_pool,
@@ -136,7 +118,7 @@ pub extern "C" fn cxlkv_pool_participant_counters(
 ) -> cxlkv_result {
     guard(|| {
         let pool = borrow(pool, Kind::Pool)?;
-        let n = size_in(out, "cxlkv_participant_counters")?;
+        check_out(out, "out")?;
         let Some(c) =
             cxlkv_runtime::participant_counters(&pool.pool, participant).map_err(map_err)?
         else {
@@ -148,21 +130,24 @@ pub extern "C" fn cxlkv_pool_participant_counters(
                 ),
             ));
         };
-        let m = cxlkv_participant_counters {
-            size: n as u64,
-            puts: c.puts,
-            hits: c.hits,
-            misses: c.misses,
-            retries: c.retries,
-            evictions: c.evictions,
-            deletes: c.deletes,
-            pins: c.pins,
-            bytes_in: c.bytes_in,
-            bytes_out: c.bytes_out,
-            fallbacks: c.fallbacks,
-            pin_full: c.pin_full,
-        };
-        write_sized(out, m, n);
+        write_out(
+            out,
+            cxlkv_participant_counters {
+                struct_size: 0,
+                reserved: 0,
+                puts: c.puts,
+                hits: c.hits,
+                misses: c.misses,
+                retries: c.retries,
+                evictions: c.evictions,
+                deletes: c.deletes,
+                pins: c.pins,
+                bytes_in: c.bytes_in,
+                bytes_out: c.bytes_out,
+                fallbacks: c.fallbacks,
+                pin_full: c.pin_full,
+            },
+        );
         Ok(())
     })
 }
@@ -183,27 +168,30 @@ fn op_out(s: OpSnapshot) -> cxlkv_op_metrics {
     }
 }
 
-/// Stores this process's metrics in `*out`, whose `size` field the caller sets to
+/// Stores this process's metrics in `*out`, whose `struct_size` field the caller sets to
 /// `sizeof(cxlkv_metrics)` (at least 8: `CXLKV_ERR_INVALID_ARG` otherwise); writes at most that
-/// many bytes and stores the number written in `size`. Thread-safe.
+/// many bytes and stores the number written in `struct_size`. Thread-safe.
 #[no_mangle]
 pub extern "C" fn cxlkv_metrics_read(out: *mut cxlkv_metrics) -> cxlkv_result {
     guard(|| {
-        let n = size_in(out, "cxlkv_metrics")?;
+        check_out(out, "out")?;
         let s = global().snapshot();
-        let m = cxlkv_metrics {
-            size: n as u64,
-            put: op_out(s.op(Op::Put)),
-            get: op_out(s.op(Op::Get)),
-            pin: op_out(s.op(Op::Pin)),
-            del: op_out(s.op(Op::Delete)),
-            score_topk: op_out(s.op(Op::ScoreTopk)),
-            gather: op_out(s.op(Op::Gather)),
-            device_fallbacks: s.device_fallbacks(),
-            device_link_bytes: s.device_link_bytes,
-            host_link_bytes: s.host_link_bytes,
-        };
-        write_sized(out, m, n);
+        write_out(
+            out,
+            cxlkv_metrics {
+                struct_size: 0,
+                reserved: 0,
+                put: op_out(s.op(Op::Put)),
+                get: op_out(s.op(Op::Get)),
+                pin: op_out(s.op(Op::Pin)),
+                del: op_out(s.op(Op::Delete)),
+                score_topk: op_out(s.op(Op::ScoreTopk)),
+                gather: op_out(s.op(Op::Gather)),
+                device_fallbacks: s.device_fallbacks(),
+                device_link_bytes: s.device_link_bytes,
+                host_link_bytes: s.host_link_bytes,
+            },
+        );
         Ok(())
     })
 }

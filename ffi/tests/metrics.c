@@ -44,11 +44,9 @@ int main(void) {
     OK(cxlkv_pool_create(spec, 8 << 20, &cfg, &pool));
     OK(cxlkv_participant_attach(pool, &me));
 
-    cxlkv_metrics m;
-    memset(&m, 0, sizeof m);
-    m.size = sizeof m;
+    cxlkv_metrics m = CXLKV_STRUCT_INIT(cxlkv_metrics);
     OK(cxlkv_metrics_read(&m));
-    CHECK(m.size == sizeof m);
+    CHECK(m.struct_size == sizeof m);
     CHECK(m.put.ok == 0 && m.get.ok == 0 && m.get.miss == 0);
 
     uint8_t payload[100], buf[256];
@@ -69,7 +67,7 @@ int main(void) {
     OK(cxlkv_participant_delete(me, &k0));
 
     memset(&m, 0, sizeof m);
-    m.size = sizeof m;
+    m.struct_size = sizeof m;
     OK(cxlkv_metrics_read(&m));
     CHECK(m.put.ok == 3 && m.put.error == 0 && m.put.bytes_in == 300);
     CHECK(m.get.ok == 2 && m.get.miss == 1 && m.get.bytes_out == 200);
@@ -81,16 +79,16 @@ int main(void) {
     /* A caller that knows only the size field and the put figures gets exactly those. */
     uint8_t small[8 + sizeof(cxlkv_op_metrics) + 8];
     memset(small, 0xee, sizeof small);
-    uint64_t want = 8 + sizeof(cxlkv_op_metrics);
-    memcpy(small, &want, 8);
+    uint32_t want = 8 + sizeof(cxlkv_op_metrics);
+    memcpy(small, &want, 4);
     OK(cxlkv_metrics_read((cxlkv_metrics *)small));
-    uint64_t got;
-    memcpy(&got, small, 8);
+    uint32_t got;
+    memcpy(&got, small, 4);
     CHECK(got == want);
     cxlkv_op_metrics put;
     memcpy(&put, small + 8, sizeof put);
     CHECK(put.ok == 3 && put.bytes_in == 300);
-    CHECK(small[want] == 0xee); /* nothing past `size` */
+    CHECK(small[want] == 0xee); /* nothing past `struct_size` */
 
     /* The text: ask for the length, then read it. */
     size_t tlen = 0;
@@ -116,14 +114,14 @@ int main(void) {
     OK(cxlkv_participant_id(me, &id, NULL));
     cxlkv_participant_counters pc;
     memset(&pc, 0, sizeof pc);
-    pc.size = sizeof pc;
+    pc.struct_size = sizeof pc;
     OK(cxlkv_pool_participant_counters(other, id, &pc));
-    CHECK(pc.size == sizeof pc);
+    CHECK(pc.struct_size == sizeof pc);
     CHECK(pc.puts == 3 && pc.bytes_in == 300 && pc.hits == 2 && pc.misses == 1);
     CHECK(pc.bytes_out == 200 && pc.pins == 1 && pc.deletes == 1 && pc.fallbacks == 0);
     CHECK(pc.pin_full == 0);
     memset(&pc, 0, sizeof pc);
-    pc.size = sizeof pc;
+    pc.struct_size = sizeof pc;
     CHECK(cxlkv_pool_participant_counters(other, id + 1, &pc) == CXLKV_ERR_NOT_FOUND);
     tlen = 0;
     CHECK(cxlkv_pool_metrics_text(other, NULL, 0, &tlen) == CXLKV_ERR_BUFFER_TOO_SMALL);

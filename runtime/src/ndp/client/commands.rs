@@ -82,6 +82,14 @@ impl NdpDevice {
             .attended()
     }
 
+    /// The answer of an ATTEND ticket if it is ready (computed on the host if the device gave up
+    /// on it or its deadline passed), else `None`: [`NdpDevice::poll`] for ATTEND.
+    pub fn poll_attend(&mut self, ticket: &Ticket) -> Result<Option<Attended>> {
+        self.settle(ticket, false)?
+            .map(Answer::attended)
+            .transpose()
+    }
+
     /// Submits and waits: [`NdpDevice::submit_attend`] then [`NdpDevice::wait_attend`].
     pub fn attend(&mut self, req: &AttendRequest<'_>) -> Result<Attended> {
         let t = self.submit_attend(req)?;
