@@ -150,6 +150,7 @@ fn pause_case(coherence: CoherenceMode, write: &str, site: &str, case: usize) {
         partitions: Some(1),
         lease: LEASE,
         coherence,
+        ..Default::default()
     };
     let pool = Pool::create_on(&backend, 2 << 20, &cfg, &RegionOptions::default()).unwrap();
     let blocks = u64::from(pool.superblock().blocks_per_partition);

@@ -113,6 +113,7 @@ fn pool_stat_prometheus_counts_known_operations() {
     let cfg = PoolConfig {
         block_size: 4096,
         participants: 2,
+        pins_per_participant: 2,
         ..Default::default()
     };
     let pool = Pool::create_on(&backend, 16 << 20, &cfg, &RegionOptions::default()).unwrap();
@@ -123,7 +124,16 @@ fn pool_stat_prometheus_counts_known_operations() {
     let partition = |m: &str| format!("cxlkv_pool_partition_{m}{{partition=\"{part}\"}}");
 
     let before = prometheus(&spec);
-    for m in ["puts_total", "hits_total", "misses_total", "pins_total"] {
+    for m in [
+        "puts_total",
+        "hits_total",
+        "misses_total",
+        "pins_total",
+        "bytes_in_total",
+        "bytes_out_total",
+        "fallbacks_total",
+        "pin_full_total",
+    ] {
         assert_eq!(before[&series(m)], 0.0, "{m}");
     }
     assert_eq!(before[&partition("blocks")], 0.0);
@@ -131,19 +141,45 @@ fn pool_stat_prometheus_counts_known_operations() {
     assert!(capacity > 0.0);
 
     let key = |i: u64| cxlkv::runtime::Key::from_parts(i, 7);
-    for i in 0..3 {
-        me.put(key(i), &[i as u8; 100]).unwrap();
+    let sizes = [100usize, 250, 1000];
+    for (i, n) in sizes.iter().enumerate() {
+        me.put(key(i as u64), &vec![i as u8; *n]).unwrap();
     }
     assert!(me.get(key(0)).unwrap().is_some());
     assert!(me.get(key(1)).unwrap().is_some());
     assert!(me.get(key(9)).unwrap().is_none());
-    drop(me.pin(key(2)).unwrap());
+    // The pool's pin table holds two: the third pin is refused and counted.
+    let held = [me.pin(key(2)).unwrap(), me.pin(key(2)).unwrap()];
+    assert!(me.pin(key(2)).is_err());
+    drop(held);
 
     let after = prometheus(&spec);
     assert_eq!(after[&series("puts_total")], 3.0);
     assert_eq!(after[&series("hits_total")], 2.0);
     assert_eq!(after[&series("misses_total")], 1.0);
-    assert_eq!(after[&series("pins_total")], 1.0);
+    assert_eq!(after[&series("pins_total")], 2.0);
+    assert_eq!(after[&series("pin_full_total")], 1.0);
+    // Payload bytes, as another process reads them from the slot: every put, the gets that hit.
+    assert_eq!(after[&series("bytes_in_total")], 1350.0);
+    assert_eq!(after[&series("bytes_out_total")], 350.0);
+    assert_eq!(after[&series("fallbacks_total")], 0.0);
+    // The text table has the same counters as columns (puts .. pins, bytes in/out, fallbacks,
+    // pin full).
+    let out = Command::new(env!("CARGO_BIN_EXE_cxlkv"))
+        .args(["pool", "stat", &spec, "--watch-ms", "0"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains("bytes in") && text.contains("pin full"),
+        "{text}"
+    );
+    let row: Vec<&str> = text
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() == 17 && f[0] == id.to_string() && f[2] == pid.to_string())
+        .unwrap_or_else(|| panic!("no row for participant {id}: {text}"));
+    assert_eq!(row[6..].join(" "), "3 2 1 0 0 0 2 1350 350 0 1", "{text}");
     assert_eq!(after[&partition("blocks")], 3.0);
     assert_eq!(after[&partition("occupancy_ratio")], 3.0 / capacity);
     assert_eq!(after[&series("occupancy_ratio")], 3.0 / capacity);

@@ -5,9 +5,16 @@
 //! (a few tokens, small blocks so that several are stored and the open block is not empty); the
 //! full run: `CXLKV_GREEDY_TOKENS=128 cargo test --release -p cxlkv-decode --test greedy`
 //! (`CXLKV_GREEDY_BLOCK` sets the block size, default 16).
+//!
+//! Every prompt runs exactly `CXLKV_GREEDY_TOKENS` tokens: the comparison greedy-decodes past an
+//! end-of-sequence token instead of stopping there (the printed line says where one came).
+//! An identity test compares the backends' attention over a fixed, known number of positions;
+//! after EOS the model's argmax is still a deterministic function of the same growing K/V, so the
+//! tokens past it test the backends exactly as the ones before it do, while a stop would make the
+//! length (and so what is compared) depend on the prompt and the model.
 
 use cxlkv_decode::{find_ndpd, DeviceChoice, Env, EnvOptions, ModeSpec};
-use cxlkv_model::{generate, Attention, AttentionStats, Model, WeightFormat};
+use cxlkv_model::{argmax, Attention, AttentionStats, Model, WeightFormat};
 use std::path::PathBuf;
 
 const PROMPTS: [&str; 3] = [
@@ -53,16 +60,31 @@ fn model_path() -> Option<PathBuf> {
     }
 }
 
-/// Greedy tokens of `prompt` and the backend's statistics of the decode steps.
+/// Exactly `new_tokens()` greedy tokens of `prompt` (through end-of-sequence tokens: see the
+/// module docs) and the backend's statistics of the prefill and decode steps.
 fn tokens(model: &Model, attn: &mut dyn Attention, prompt: &[u32]) -> (Vec<u32>, AttentionStats) {
-    let mut out = Vec::new();
+    let n = new_tokens();
     let before = attn.stats();
-    generate(model, attn, prompt, new_tokens(), |id| {
-        out.push(id);
-        Ok(())
-    })
-    .unwrap();
+    let mut out = Vec::with_capacity(n);
+    let mut next = argmax(&model.forward(prompt, attn).unwrap()) as u32;
+    while out.len() < n {
+        out.push(next);
+        if out.len() < n {
+            next = argmax(&model.forward(&[next], attn).unwrap()) as u32;
+        }
+    }
     (out, attn.stats().since(&before))
+}
+
+/// Where the first end-of-sequence token of `got` is, for the printed lines.
+fn eos_note(model: &Model, got: &[u32]) -> String {
+    match model.tokenizer().eos() {
+        Some(eos) => match got.iter().position(|&t| t == eos) {
+            Some(i) => format!(", EOS at token {} (decoded on past it)", i + 1),
+            None => ", no EOS".into(),
+        },
+        None => String::new(),
+    }
 }
 
 #[test]
@@ -110,14 +132,16 @@ fn greedy_tokens_are_identical_across_modes_and_devices() {
                 let spec = ModeSpec::parse(mode).unwrap();
                 let mut b = env.backend(&spec, (i * modes.len() + m) as u64).unwrap();
                 let (got, st) = tokens(&model, b.as_mut(), prompt);
+                assert_eq!(got.len(), new, "{mode} on {device:?}, prompt {i}");
                 assert_eq!(
                     got, dense[i],
                     "{mode} on {device:?}, prompt {i}: greedy tokens differ from dense"
                 );
                 eprintln!(
-                    "{mode} on {device:?}, prompt {i} ({} tokens): {} tokens identical to dense",
+                    "{mode} on {device:?}, prompt {i} ({} tokens): {} tokens identical to dense{}",
                     prompt.len(),
-                    got.len()
+                    got.len(),
+                    eos_note(&model, &got)
                 );
                 *link.entry(*mode).or_insert(0) += st.link_read_bytes;
                 if *mode != "pool" {

@@ -8,7 +8,9 @@
  * (cxlkv_pool_create/_open -> cxlkv_pool_close; cxlkv_participant_attach -> _detach;
  * cxlkv_participant_pin -> cxlkv_pinned_release; cxlkv_participant_reserve ->
  * cxlkv_reservation_commit/_abort; cxlkv_device_open -> cxlkv_device_close). Out-parameters are written only on success, except the
- * needed size stored with CXLKV_ERR_BUFFER_TOO_SMALL. Released or foreign handles are detected
+ * needed size stored with CXLKV_ERR_BUFFER_TOO_SMALL and the per-key results of the batches. Every
+ * struct a caller passes in or has filled starts with `struct_size` (CXLKV_STRUCT_INIT; docs/ABI.md,
+ * "How structs grow"). Released or foreign handles are detected
  * and return CXLKV_ERR_INVALID_HANDLE. No call aborts the process. */
 
 #ifndef CXLKV_H
@@ -21,9 +23,17 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+// Initializer of a struct that carries its size: `cxlkv_ndp_stats st = CXLKV_STRUCT_INIT(cxlkv_ndp_stats);`
+// sets `struct_size = sizeof(T)` and zeroes every other field (docs/ABI.md, "How structs grow").
+#ifdef __cplusplus
+#define CXLKV_STRUCT_INIT(T) ([] { T v_{}; v_.struct_size = static_cast<uint32_t>(sizeof(T)); return v_; }())
+#else
+#define CXLKV_STRUCT_INIT(T) {.struct_size = (uint32_t)sizeof(T)}
+#endif
 
-// Version of this C ABI; bumped on any incompatible change.
-#define CXLKV_ABI_VERSION 1
+// Version of this C ABI; bumped on any incompatible change. 2: every struct a caller passes in or
+// has filled starts with `struct_size` (docs/ABI.md, "How structs grow").
+#define CXLKV_ABI_VERSION 2
 
 // Element types (`cxlkv_kv_shape::dtype`, `cxlkv_score_request::dtype`).
 #define CXLKV_DTYPE_F16 1
@@ -45,6 +55,10 @@
 
 // `cxlkv_score_request::flags`: compute on the host (the reference path), not on the device.
 #define CXLKV_SCORE_HOST 8
+
+// `cxlkv_device_wait`'s `timeout_ms` that waits until the ticket is answered (by the device
+// within the handle's timeout, else by the host).
+#define CXLKV_WAIT_FOREVER UINT32_MAX
 
 // Result codes. The numbers are stable.
 enum cxlkv_result
@@ -110,25 +124,33 @@ typedef struct cxlkv_pool cxlkv_pool;
 // A reservation awaiting commit (opaque).
 typedef struct cxlkv_reservation cxlkv_reservation;
 
-// Parameters of `cxlkv_pool_create`; start from `cxlkv_pool_config_default`.
+// Parameters of `cxlkv_pool_create`; start from `cxlkv_pool_config_default` (which sets
+// `struct_size`). The first layout ends before `pins_per_participant` (20 bytes).
 typedef struct cxlkv_pool_config {
-  // Payload capacity of a block (a multiple of 4096).
-  uint64_t block_size;
+  // `sizeof(cxlkv_pool_config)` as the caller's header declares it.
+  uint32_t struct_size;
   // Participant slots (and partitions).
   uint32_t participants;
+  // Payload capacity of a block (a multiple of 4096).
+  uint64_t block_size;
   // Lease in milliseconds: a participant whose heartbeat counter an observer watched stand
   // still for longer than this, on the observer's own clock, is dead.
   uint32_t lease_ms;
+  // Size of each participant's pin table (pins it may hold at once); 0 = the default (64).
+  // More pins make each participant slot larger (docs/FORMAT.md §3).
+  uint32_t pins_per_participant;
 } cxlkv_pool_config;
 
-// What `cxlkv_pool_info` reports.
+// What `cxlkv_pool_describe` reports. The first layout ends before `map_base` (40 bytes).
 typedef struct cxlkv_pool_info {
+  // `sizeof(cxlkv_pool_info)` as the caller's header declares it; on return, the bytes written.
+  uint32_t struct_size;
+  // Participant slots.
+  uint32_t participants;
   // Pool bytes.
   uint64_t pool_size;
   // Payload capacity of a block.
   uint64_t block_size;
-  // Participant slots.
-  uint32_t participants;
   // Partitions.
   uint32_t partitions;
   // Blocks per partition.
@@ -137,6 +159,17 @@ typedef struct cxlkv_pool_info {
   uint16_t version_major;
   // Format minor version.
   uint16_t version_minor;
+  // Zero.
+  uint32_t reserved;
+  // Address of the pool's mapping in this process (as `cxlkv_pool_mapping`), NULL when the
+  // memory has no stable address.
+  void *map_base;
+  // Bytes of that mapping (the pool size; 0 with a NULL `map_base`).
+  uint64_t map_len;
+  // Pins each participant may hold at once (its pin table's size).
+  uint32_t pins_per_participant;
+  // Zero.
+  uint32_t reserved2;
 } cxlkv_pool_info;
 
 // A 128-bit block key (see `cxlkv_key_chain`).
@@ -147,8 +180,12 @@ typedef struct cxlkv_key {
   uint64_t hi;
 } cxlkv_key;
 
-// A participant's counters (`cxlkv_participant_stats`).
+// A participant's counters (`cxlkv_participant_stats`). First layout: all of it (64 bytes).
 typedef struct cxlkv_stats {
+  // `sizeof(cxlkv_stats)` as the caller's header declares it; on return, the bytes written.
+  uint32_t struct_size;
+  // Zero.
+  uint32_t reserved;
   // Successful puts.
   uint64_t puts;
   // Gets that found the key.
@@ -165,8 +202,11 @@ typedef struct cxlkv_stats {
   uint64_t pins;
 } cxlkv_stats;
 
-// Shape of a typed KV block (`cxlkv_participant_put_kv`).
+// Shape of a typed KV block (`cxlkv_participant_put_kv`, `cxlkv_participant_get_kv`). First
+// layout: all of it (40 bytes).
 typedef struct cxlkv_kv_shape {
+  // `sizeof(cxlkv_kv_shape)` as the caller's header declares it (on output: the bytes written).
+  uint32_t struct_size;
   // `CXLKV_DTYPE_*` of K and V.
   uint32_t dtype;
   // Model layer.
@@ -183,6 +223,22 @@ typedef struct cxlkv_kv_shape {
   uint64_t token_offset;
 } cxlkv_kv_shape;
 
+// Options of `cxlkv_device_open_with`; start from `CXLKV_STRUCT_INIT(cxlkv_device_config)` (every
+// 0 is a default). First layout: all of it (16 bytes).
+typedef struct cxlkv_device_config {
+  // `sizeof(cxlkv_device_config)` as the caller's header declares it.
+  uint32_t struct_size;
+  // How long a command may take before the client computes it on the host instead, in
+  // milliseconds (0: 2000).
+  uint32_t timeout_ms;
+  // Commands that may be on the device at once, each with a staging block of the
+  // participant's partition held for the life of the handle (0: 2). Tickets beyond it are
+  // computed on the host when collected.
+  uint32_t staging;
+  // Zero.
+  uint32_t reserved;
+} cxlkv_device_config;
+
 // A typed block named in a device request: its key and the position of its first token.
 typedef struct cxlkv_block_ref {
   // The block's key.
@@ -191,22 +247,25 @@ typedef struct cxlkv_block_ref {
   uint64_t token_offset;
 } cxlkv_block_ref;
 
-// A SCORE_TOPK request (`cxlkv_device_score_topk`).
+// A SCORE_TOPK request (`cxlkv_device_score_topk`, `cxlkv_device_submit_score_topk`). First
+// layout: all of it (64 bytes).
 typedef struct cxlkv_score_request {
-  // `group × dim` f32 query vectors of one GQA group.
-  const float *queries;
+  // `sizeof(cxlkv_score_request)` as the caller's header declares it.
+  uint32_t struct_size;
   // Queries in the group.
   uint32_t group;
+  // `group × dim` f32 query vectors of one GQA group.
+  const float *queries;
   // Head dimension.
   uint32_t dim;
+  // Layer the blocks must carry.
+  uint32_t layer;
   // Blocks of one sequence, in any order.
   const struct cxlkv_block_ref *blocks;
   // Number of blocks.
   size_t nblocks;
   // Sequence id the blocks must carry.
   uint64_t sequence;
-  // Layer the blocks must carry.
-  uint32_t layer;
   // KV head to score.
   uint32_t kv_head;
   // `CXLKV_DTYPE_*` of the blocks.
@@ -217,16 +276,16 @@ typedef struct cxlkv_score_request {
   uint32_t flags;
 } cxlkv_score_request;
 
-// What a device call cost and who computed it.
+// What a device call cost and who computed it. First layout: all of it (40 bytes).
 typedef struct cxlkv_ndp_stats {
+  // `sizeof(cxlkv_ndp_stats)` as the caller's header declares it; on return, the bytes written.
+  uint32_t struct_size;
   // 1 when the device computed the result, 0 when the host did.
   uint32_t on_device;
   // Blocks whose keys were read.
   uint32_t blocks_scanned;
   // Blocks skipped on their bounds.
   uint32_t blocks_pruned;
-  // Zero.
-  uint32_t reserved;
   // Bytes that crossed the link, either path (commands, results, or a host scan's reads).
   uint64_t link_bytes;
   // Key bytes the scanner read.
@@ -234,6 +293,67 @@ typedef struct cxlkv_ndp_stats {
   // Wall time from submit to result, nanoseconds.
   uint64_t elapsed_ns;
 } cxlkv_ndp_stats;
+
+// An ATTEND request (`cxlkv_device_submit_attend`): the partial attention of `group` queries over
+// every token of the blocks. First layout: all of it (64 bytes).
+typedef struct cxlkv_attend_request {
+  // `sizeof(cxlkv_attend_request)` as the caller's header declares it.
+  uint32_t struct_size;
+  // Queries in the group.
+  uint32_t group;
+  // `group × dim` f32 query vectors of one GQA group.
+  const float *queries;
+  // Head dimension.
+  uint32_t dim;
+  // Layer the blocks must carry.
+  uint32_t layer;
+  // Blocks of one sequence.
+  const struct cxlkv_block_ref *blocks;
+  // Number of blocks.
+  size_t nblocks;
+  // Sequence id the blocks must carry.
+  uint64_t sequence;
+  // KV head to read.
+  uint32_t kv_head;
+  // `CXLKV_DTYPE_*` of the blocks.
+  uint32_t dtype;
+  // Applied to `q·k` before `exp`; 0 means `1/sqrt(dim)`.
+  float scale;
+  // Zero.
+  uint32_t reserved;
+} cxlkv_attend_request;
+
+// The counters one participant publishes in its pool slot (`cxlkv_pool_participant_counters`),
+// each its running total since it attached. Set `struct_size` to
+// `sizeof(cxlkv_participant_counters)` before the call (the sized-struct rule of `cxlkv_metrics`).
+typedef struct cxlkv_participant_counters {
+  // Bytes of this struct the caller provides; on return, the bytes written.
+  uint32_t struct_size;
+  // Zero.
+  uint32_t reserved;
+  // Successful puts.
+  uint64_t puts;
+  // Gets that found their key.
+  uint64_t hits;
+  // Gets that did not.
+  uint64_t misses;
+  // Optimistic reads retried.
+  uint64_t retries;
+  // Blocks evicted to make room.
+  uint64_t evictions;
+  // Blocks deleted.
+  uint64_t deletes;
+  // Pins taken.
+  uint64_t pins;
+  // Payload bytes its puts wrote.
+  uint64_t bytes_in;
+  // Payload bytes its gets copied out.
+  uint64_t bytes_out;
+  // Device requests the host answered because the device was unavailable or unsupported.
+  uint64_t fallbacks;
+  // Pins refused because its pin table was full.
+  uint64_t pin_full;
+} cxlkv_participant_counters;
 
 // One operation's figures in `cxlkv_metrics`.
 typedef struct cxlkv_op_metrics {
@@ -251,12 +371,15 @@ typedef struct cxlkv_op_metrics {
   uint64_t latency_ns;
 } cxlkv_op_metrics;
 
-// This process's metrics (`cxlkv_metrics_read`). Set `size` to `sizeof(cxlkv_metrics)` before
-// the call: a library built with more fields writes only the first `size` bytes, and one with
-// fewer writes what it has and stores that size back.
+// This process's metrics (`cxlkv_metrics_read`). Set `struct_size` to `sizeof(cxlkv_metrics)`
+// before the call: a library built with more fields writes only the first `struct_size` bytes,
+// and one with fewer writes what it has and stores that size back. First layout: the 8 bytes of
+// `struct_size` and `reserved` (any caller that sets its size gets what fits).
 typedef struct cxlkv_metrics {
   // Bytes of this struct the caller provides; on return, the bytes written.
-  uint64_t size;
+  uint32_t struct_size;
+  // Zero.
+  uint32_t reserved;
   // `cxlkv_participant_put`.
   struct cxlkv_op_metrics put;
   // `cxlkv_participant_get`.
@@ -298,11 +421,13 @@ size_t cxlkv_result_message(uint32_t result, char *buf, size_t len);
 // (1 for the empty string). Thread-safe (per thread).
 size_t cxlkv_last_error_message(char *buf, size_t len);
 
-// Default pool parameters (256 KiB blocks, 8 participants, 2 s lease). Thread-safe.
+// Default pool parameters (256 KiB blocks, 8 participants, 2 s lease, the default pin table),
+// with `struct_size = sizeof(cxlkv_pool_config)`. Thread-safe.
 struct cxlkv_pool_config cxlkv_pool_config_default(void);
 
 // Creates a pool of `size` bytes on `spec` (`shm:NAME`, `file:PATH`, `dax:PATH`, `numa:N[:NAME]`).
-// `config` may be NULL for defaults. On success stores a new handle in `*out`; release it with
+// `config` may be NULL for defaults; its `struct_size` must be set (`cxlkv_pool_config_default`
+// does). On success stores a new handle in `*out`; release it with
 // `cxlkv_pool_close`. Thread-safe.
 cxlkv_result cxlkv_pool_create(const char *spec,
                                uint64_t size,
@@ -321,8 +446,18 @@ cxlkv_result cxlkv_pool_close(struct cxlkv_pool *pool);
 // Thread-safe.
 cxlkv_result cxlkv_pool_unlink(const char *spec);
 
-// Stores the pool's geometry in `*out`. Thread-safe.
+// Stores the pool's geometry and mapping in `*info`, whose `struct_size` the caller sets (at
+// least the 40 bytes of the first layout; at most that many bytes are written, and their number
+// is stored in `struct_size`). Thread-safe.
 cxlkv_result cxlkv_pool_describe(const struct cxlkv_pool *pool, struct cxlkv_pool_info *info);
+
+// The pool's mapped address range in this process: `*base` and `*len` (the whole pool: every
+// block payload a pin or reservation hands out lies inside it). Register it once with a GPU
+// runtime or an RDMA NIC instead of registering each pinned block (docs/ABI.md, "Registering the
+// pool with a GPU"). The range stays mapped while any handle of this pool (pool, participant,
+// pin, reservation, device) is open. `CXLKV_ERR_UNAVAILABLE` when the memory has no stable
+// address. Thread-safe.
+cxlkv_result cxlkv_pool_mapping(const struct cxlkv_pool *pool, void **base, size_t *len);
 
 // Number of leading keys of `keys[0..n]` present in the pool (the cached prefix), in `*out`.
 // `n` must be positive. Thread-safe.
@@ -373,11 +508,25 @@ cxlkv_result cxlkv_participant_id(const struct cxlkv_participant *p,
                                   uint32_t *partition);
 
 // Stores `data[0..len]` under `key` in the participant's partition (copying it), evicting least
-// recently used unpinned blocks if needed. Thread-safe.
+// recently used unpinned blocks if needed. A payload larger than a block is stored as a
+// multi-block object (its parts, then a manifest under `key`, published last): readers see it
+// only once whole, and get, delete and the batches treat it like a block;
+// `CXLKV_ERR_PAYLOAD_TOO_LARGE` beyond what one partition can hold. Thread-safe.
 cxlkv_result cxlkv_participant_put(const struct cxlkv_participant *p,
                                    const struct cxlkv_key *key,
                                    const uint8_t *data,
                                    size_t len);
+
+// Stores `data[0..len]` under `key` unless some participant already holds `key` in any
+// partition: `*stored` = 1 when this call stored it, 0 when the key was present (nothing
+// written). Two participants putting the same new key at the same instant may both store it
+// (each in its own partition); a reader then finds one of them, whole. Large payloads are stored
+// as multi-block objects, as by `cxlkv_participant_put`. Thread-safe.
+cxlkv_result cxlkv_participant_put_if_absent(const struct cxlkv_participant *p,
+                                             const struct cxlkv_key *key,
+                                             const uint8_t *data,
+                                             size_t len,
+                                             int32_t *stored);
 
 // Copies the block under `key` into `buf` (capacity `cap`) and stores its length in `*len`.
 // `CXLKV_ERR_NOT_FOUND` on a miss; `CXLKV_ERR_BUFFER_TOO_SMALL` stores the needed size in `*len`.
@@ -393,7 +542,8 @@ cxlkv_result cxlkv_participant_get(const struct cxlkv_participant *p,
 cxlkv_result cxlkv_participant_delete(const struct cxlkv_participant *p,
                                       const struct cxlkv_key *key);
 
-// The participant's counters in `*out`. Thread-safe.
+// The participant's counters in `*stats`, whose `struct_size` the caller sets (at most that many
+// bytes are written; their number is stored back). Thread-safe.
 cxlkv_result cxlkv_participant_stats(const struct cxlkv_participant *p, struct cxlkv_stats *stats);
 
 // Pins the block under `key`: stores a handle in `*out`, and the payload's read-only address
@@ -426,6 +576,36 @@ cxlkv_result cxlkv_reservation_commit(struct cxlkv_reservation *r);
 // Abandons a reservation and frees its block; releases the handle. NULL is accepted and ignored.
 cxlkv_result cxlkv_reservation_abort(struct cxlkv_reservation *r);
 
+// Stores `n` blocks: `bufs[i][0..lens[i]]` under `keys[i]` (as `cxlkv_participant_put`; a
+// `bufs[i]` may be NULL when `lens[i]` is 0). `results[i]` receives each key's code; the call
+// returns the first failure or `CXLKV_OK` (docs/ABI.md, "Batches"). Thread-safe.
+cxlkv_result cxlkv_participant_put_batch(const struct cxlkv_participant *p,
+                                         size_t n,
+                                         const struct cxlkv_key *keys,
+                                         const uint8_t *const *bufs,
+                                         const size_t *lens,
+                                         cxlkv_result *results);
+
+// Reads `n` blocks: the block under `keys[i]` into `bufs[i]` (capacity `caps[i]`; NULL when 0),
+// its length into `lens[i]` (as `cxlkv_participant_get`: the needed size with
+// `CXLKV_ERR_BUFFER_TOO_SMALL`, untouched on a miss). `results[i]` receives each key's code
+// (`CXLKV_ERR_NOT_FOUND` for a miss); the call returns the first failure or `CXLKV_OK`.
+// Thread-safe.
+cxlkv_result cxlkv_participant_get_batch(const struct cxlkv_participant *p,
+                                         size_t n,
+                                         const struct cxlkv_key *keys,
+                                         uint8_t *const *bufs,
+                                         const size_t *caps,
+                                         size_t *lens,
+                                         cxlkv_result *results);
+
+// Whether each of `keys[0..n]` is in the pool (index only, no payload read): `present[i]` = 1 or
+// 0. `n = 0` is a success; NULL arrays with `n > 0` are `CXLKV_ERR_NULL`. Thread-safe.
+cxlkv_result cxlkv_pool_contains_batch(const struct cxlkv_pool *pool,
+                                       size_t n,
+                                       const struct cxlkv_key *keys,
+                                       uint8_t *present);
+
 // Stores a typed KV block under `key`: K and V are `[kv_heads][tokens][head_dim]` elements of
 // `shape->dtype` (`k_len` and `v_len` bytes each); per-head key bounds are computed here so the
 // device can prune. Thread-safe.
@@ -437,6 +617,22 @@ cxlkv_result cxlkv_participant_put_kv(const struct cxlkv_participant *p,
                                       const uint8_t *v,
                                       size_t v_len);
 
+// Reads the typed KV block under `key` (stored by `cxlkv_participant_put_kv`): K into `k` and V
+// into `v` (`[kv_heads][tokens][head_dim]` elements each, `k_cap` and `v_cap` bytes of room), its
+// shape into `*shape` (whose `struct_size` the caller sets) and the bytes of K (= of V) into
+// `*kv_len`. `CXLKV_ERR_NOT_FOUND` on a miss; `CXLKV_ERR_BUFFER_TOO_SMALL` when either buffer is
+// smaller than the block's K or V, with the needed size stored in `*kv_len` (call with 0
+// capacities to learn it); `CXLKV_ERR_INVALID_ARG` when the block is not a typed KV block (a
+// plain `cxlkv_participant_put`) or its layout does not validate. Thread-safe.
+cxlkv_result cxlkv_participant_get_kv(const struct cxlkv_participant *p,
+                                      const struct cxlkv_key *key,
+                                      struct cxlkv_kv_shape *shape,
+                                      uint8_t *k,
+                                      size_t k_cap,
+                                      uint8_t *v,
+                                      size_t v_cap,
+                                      size_t *kv_len);
+
 // Opens a client of the pool's NDP device for this participant (its queue pair); `timeout_ms` is
 // how long a command may take before the client computes it on the host instead (0: 2000 ms).
 // Works, falling back to the host, when no device runs. Release with `cxlkv_device_close`. A
@@ -445,8 +641,18 @@ cxlkv_result cxlkv_device_open(const struct cxlkv_participant *p,
                                uint32_t timeout_ms,
                                struct cxlkv_device **out);
 
-// Closes a device client. NULL is accepted and ignored. Not thread-safe with other calls on the
-// same handle.
+// `cxlkv_device_open` with options (`config` NULL: the defaults), e.g. more commands on the
+// device at once for asynchronous tickets. `CXLKV_ERR_INVALID_ARG` for more than 16 staging blocks
+// or nonzero `reserved`; `CXLKV_ERR_FULL` when the partition cannot spare the staging blocks.
+// Thread-safe.
+cxlkv_result cxlkv_device_open_with(const struct cxlkv_participant *p,
+                                    const struct cxlkv_device_config *config,
+                                    struct cxlkv_device **out);
+
+// Closes a device client. NULL is accepted and ignored. Tickets not yet collected are dropped:
+// their result buffers are never written after this returns, and a command still on the device
+// keeps its staging block out of use until the device is done. Not thread-safe with other calls
+// on the same handle.
 cxlkv_result cxlkv_device_close(struct cxlkv_device *d);
 
 // Top-k attention scores over typed blocks, computed by the near-data device (or by the host
@@ -483,9 +689,75 @@ cxlkv_result cxlkv_device_gather(const struct cxlkv_device *d,
                                  size_t values_cap,
                                  struct cxlkv_ndp_stats *stats);
 
-// Stores this process's metrics in `*out`, whose `size` field the caller sets to
+// Submits a SCORE_TOPK (`req` as for `cxlkv_device_score_topk`) and stores its ticket in
+// `*ticket` without waiting. The answer goes, when the ticket is collected by
+// `cxlkv_device_poll` or `cxlkv_device_wait`, to the caller's arrays named here, which must stay
+// valid until then (or until `cxlkv_device_close`): `indices` and `scores` (`cap` entries each,
+// at least lists × k), `values` (`values_cap` bytes, at least lists × k × dim × element size,
+// with `CXLKV_SCORE_GATHER_V`), and `*per_list` (hits per list). Too-small capacities are refused
+// here with `CXLKV_ERR_BUFFER_TOO_SMALL`. With `CXLKV_SCORE_HOST` the host computes the answer in
+// this call and the ticket is ready at once. Thread-safe.
+cxlkv_result cxlkv_device_submit_score_topk(const struct cxlkv_device *d,
+                                            const struct cxlkv_score_request *req,
+                                            uint32_t *indices,
+                                            float *scores,
+                                            size_t cap,
+                                            uint8_t *values,
+                                            size_t values_cap,
+                                            size_t *per_list,
+                                            uint64_t *ticket);
+
+// Submits an ATTEND and stores its ticket in `*ticket` without waiting. When the ticket is
+// collected, per query `g`: `max[g]` = the largest `scale·q·k`, `sum[g]` = Σ exp(scale·q·k −
+// max), and `out[g * dim ..]` = Σ exp(scale·q·k − max)·v (f32; `out / sum` is the attention
+// output), over every token of the blocks (docs/ABI.md, ATTEND). `out` holds `out_cap` floats, at
+// least group × dim; `max` and `sum` hold `group` floats each; all stay valid until the ticket is
+// collected or the device closed. Computed on the host when the device lacks ATTEND. Thread-safe.
+cxlkv_result cxlkv_device_submit_attend(const struct cxlkv_device *d,
+                                        const struct cxlkv_attend_request *req,
+                                        float *out,
+                                        size_t out_cap,
+                                        float *max,
+                                        float *sum,
+                                        uint64_t *ticket);
+
+// Collects `ticket` if it is answered, without blocking: `*done = 1` and the answer written to the
+// arrays named at submit (and its cost to `*stats` unless NULL), or `*done = 0` and nothing
+// written. A ticket is collected once: after `*done = 1`, or after a call that failed on it (the
+// command's own error, e.g. a block missing), it is unknown (`CXLKV_ERR_INVALID_ARG`). A command
+// the device has not answered within the handle's timeout is computed on the host by the call
+// that notices. Thread-safe.
+cxlkv_result cxlkv_device_poll(const struct cxlkv_device *d,
+                               uint64_t ticket,
+                               int32_t *done,
+                               struct cxlkv_ndp_stats *stats);
+
+// Waits up to `timeout_ms` for `ticket` and collects it as `cxlkv_device_poll` does: `*done = 1`
+// with the answer written, or `*done = 0` when the time ran out (the ticket stays in flight).
+// `CXLKV_WAIT_FOREVER` waits until it is answered, which always happens: by the device within the
+// handle's timeout (`cxlkv_device_open`), else by the host. Other calls on the same handle wait
+// meanwhile. Thread-safe.
+cxlkv_result cxlkv_device_wait(const struct cxlkv_device *d,
+                               uint64_t ticket,
+                               uint32_t timeout_ms,
+                               int32_t *done,
+                               struct cxlkv_ndp_stats *stats);
+
+// The tickets still in flight on `d` in `*count` (submitted, not yet collected). Thread-safe.
+cxlkv_result cxlkv_device_in_flight(const struct cxlkv_device *d, size_t *count);
+
+// Stores the counters participant slot `participant` of `pool` publishes in `*out` (read from
+// the pool's memory: any process's participants, as `cxlkv pool stat` shows them). The caller
+// sets `out->struct_size` to `sizeof(cxlkv_participant_counters)` (at least 8); at most that many
+// bytes are written and their number stored in `struct_size`. `CXLKV_ERR_NOT_FOUND` when the slot
+// is free or not a slot of the pool. Thread-safe.
+cxlkv_result cxlkv_pool_participant_counters(const struct cxlkv_pool *pool,
+                                             uint32_t participant,
+                                             struct cxlkv_participant_counters *out);
+
+// Stores this process's metrics in `*out`, whose `struct_size` field the caller sets to
 // `sizeof(cxlkv_metrics)` (at least 8: `CXLKV_ERR_INVALID_ARG` otherwise); writes at most that
-// many bytes and stores the number written in `size`. Thread-safe.
+// many bytes and stores the number written in `struct_size`. Thread-safe.
 cxlkv_result cxlkv_metrics_read(struct cxlkv_metrics *out);
 
 // Writes this process's metrics as Prometheus text (NUL-terminated) into `buf` (capacity `cap`)
@@ -493,6 +765,15 @@ cxlkv_result cxlkv_metrics_read(struct cxlkv_metrics *out);
 // is not above that length (the length is stored: retry with `*len + 1`); `buf` may be NULL when
 // `cap` is 0. Thread-safe.
 cxlkv_result cxlkv_metrics_text(char *buf, size_t cap, size_t *len);
+
+// `cxlkv_metrics_text` with the pool-wide metrics of `pool` added to the same exposition: every
+// held participant slot's counters (`cxlkv_pool_participant_*`, labelled by participant and pid,
+// read from the pool's memory) and each partition's occupancy, as `cxlkv pool stat --prometheus`
+// prints them. Same buffer rules. Thread-safe.
+cxlkv_result cxlkv_pool_metrics_text(const struct cxlkv_pool *pool,
+                                     char *buf,
+                                     size_t cap,
+                                     size_t *len);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -58,3 +58,29 @@ pub(crate) fn slice_in<'a, T>(p: *const T, n: usize, what: &str) -> Result<&'a [
     // SAFETY: non-null, bounded; the caller promises `n` readable, initialized elements.
     Ok(unsafe { std::slice::from_raw_parts(p, n) })
 }
+
+/// A caller's writable buffer of `cap` bytes at `p` (NULL allowed when `cap` is 0).
+pub(crate) fn bytes_out<'a>(
+    p: *mut u8,
+    cap: usize,
+    what: &str,
+) -> Result<&'a mut [u8], cxlkv_result> {
+    if cap == 0 {
+        return Ok(&mut []);
+    }
+    if p.is_null() {
+        return Err(fail(
+            CXLKV_ERR_NULL,
+            format!("{what} is NULL with capacity {cap}"),
+        ));
+    }
+    if cap > isize::MAX as usize {
+        return Err(fail(
+            CXLKV_ERR_INVALID_ARG,
+            format!("{what}: capacity too large"),
+        ));
+    }
+    // SAFETY: non-null, bounded; the caller promises `cap` writable bytes at `p`, which no one
+    // else accesses during the call.
+    Ok(unsafe { std::slice::from_raw_parts_mut(p, cap) })
+}

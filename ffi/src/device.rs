@@ -5,16 +5,20 @@
 
 use crate::args::{need, put_out, slice_in};
 use crate::errors::cxlkv_result::{
-    self, CXLKV_ERR_BUFFER_TOO_SMALL, CXLKV_ERR_INVALID_ARG, CXLKV_ERR_NULL, CXLKV_ERR_UNAVAILABLE,
+    self, CXLKV_ERR_BUFFER_TOO_SMALL, CXLKV_ERR_INVALID_ARG, CXLKV_ERR_UNAVAILABLE,
 };
 use crate::errors::{fail, guard, map_ndp};
 use crate::handles::{borrow, register, unregister, Kind};
+use crate::inflight::{Tickets, TopKOut};
 use crate::keys::cxlkv_key;
 use crate::kv::dtype_arg;
 use crate::metrics::record;
 use crate::participant::cxlkv_participant;
+use crate::sized::{check_out, read_in, sized, write_out};
 use cxlkv_runtime::metrics::{global, Op, Outcome};
-use cxlkv_runtime::ndp::{BlockSpec, NdpDevice, NdpOptions, NdpPath, NdpStats, ScoreRequest};
+use cxlkv_runtime::ndp::{
+    BlockSpec, NdpDevice, NdpError, NdpOptions, NdpPath, NdpStats, ScoreRequest, TopK,
+};
 use cxlkv_runtime::Participant;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -38,24 +42,27 @@ pub struct cxlkv_block_ref {
     pub token_offset: u64,
 }
 
-/// A SCORE_TOPK request (`cxlkv_device_score_topk`).
+/// A SCORE_TOPK request (`cxlkv_device_score_topk`, `cxlkv_device_submit_score_topk`). First
+/// layout: all of it (64 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct cxlkv_score_request {
-    /// `group × dim` f32 query vectors of one GQA group.
-    pub queries: *const f32,
+    /// `sizeof(cxlkv_score_request)` as the caller's header declares it.
+    pub struct_size: u32,
     /// Queries in the group.
     pub group: u32,
+    /// `group × dim` f32 query vectors of one GQA group.
+    pub queries: *const f32,
     /// Head dimension.
     pub dim: u32,
+    /// Layer the blocks must carry.
+    pub layer: u32,
     /// Blocks of one sequence, in any order.
     pub blocks: *const cxlkv_block_ref,
     /// Number of blocks.
     pub nblocks: usize,
     /// Sequence id the blocks must carry.
     pub sequence: u64,
-    /// Layer the blocks must carry.
-    pub layer: u32,
     /// KV head to score.
     pub kv_head: u32,
     /// `CXLKV_DTYPE_*` of the blocks.
@@ -65,19 +72,39 @@ pub struct cxlkv_score_request {
     /// `CXLKV_SCORE_*` flags.
     pub flags: u32,
 }
+sized!(cxlkv_score_request, 64);
 
-/// What a device call cost and who computed it.
+impl Default for cxlkv_score_request {
+    fn default() -> Self {
+        cxlkv_score_request {
+            struct_size: 0,
+            group: 0,
+            queries: std::ptr::null(),
+            dim: 0,
+            layer: 0,
+            blocks: std::ptr::null(),
+            nblocks: 0,
+            sequence: 0,
+            kv_head: 0,
+            dtype: 0,
+            k: 0,
+            flags: 0,
+        }
+    }
+}
+
+/// What a device call cost and who computed it. First layout: all of it (40 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct cxlkv_ndp_stats {
+    /// `sizeof(cxlkv_ndp_stats)` as the caller's header declares it; on return, the bytes written.
+    pub struct_size: u32,
     /// 1 when the device computed the result, 0 when the host did.
     pub on_device: u32,
     /// Blocks whose keys were read.
     pub blocks_scanned: u32,
     /// Blocks skipped on their bounds.
     pub blocks_pruned: u32,
-    /// Zero.
-    pub reserved: u32,
     /// Bytes that crossed the link, either path (commands, results, or a host scan's reads).
     pub link_bytes: u64,
     /// Key bytes the scanner read.
@@ -86,22 +113,46 @@ pub struct cxlkv_ndp_stats {
     pub elapsed_ns: u64,
 }
 
+sized!(cxlkv_ndp_stats, 40);
+
 /// An open NDP device client (opaque); owns a reference to its participant.
 pub struct cxlkv_device {
-    dev: Mutex<NdpDevice>,
+    pub(crate) dev: Mutex<DeviceState>,
     participant: Arc<Participant>,
 }
 
-/// Writes a call's cost to `p` unless it is NULL.
-fn stats_out(p: *mut cxlkv_ndp_stats, s: &NdpStats) {
+/// The client and the tickets of `cxlkv_device_submit_*` not yet collected.
+pub(crate) struct DeviceState {
+    pub(crate) client: NdpDevice,
+    pub(crate) tickets: Tickets,
+}
+
+impl cxlkv_device {
+    /// The client, locked (calls on one handle are serialized).
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, DeviceState> {
+        self.dev.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Checks an optional stats out-pointer (NULL is fine) before any work.
+pub(crate) fn check_stats(p: *mut cxlkv_ndp_stats) -> Result<(), cxlkv_result> {
+    if p.is_null() {
+        Ok(())
+    } else {
+        check_out(p, "stats")
+    }
+}
+
+/// Writes a call's cost to `p` (checked with `check_stats`) unless it is NULL.
+pub(crate) fn stats_out(p: *mut cxlkv_ndp_stats, s: &NdpStats) {
     if !p.is_null() {
-        put_out(
+        write_out(
             p,
             cxlkv_ndp_stats {
+                struct_size: 0,
                 on_device: u32::from(s.path == Some(NdpPath::Device)),
                 blocks_scanned: s.blocks_scanned,
                 blocks_pruned: s.blocks_pruned,
-                reserved: 0,
                 link_bytes: s.link_bytes(),
                 bytes_scanned: s.bytes_scanned,
                 elapsed_ns: u64::try_from(s.elapsed.as_nanos()).unwrap_or(u64::MAX),
@@ -111,7 +162,10 @@ fn stats_out(p: *mut cxlkv_ndp_stats, s: &NdpStats) {
 }
 
 /// A non-empty block list argument.
-fn block_specs(blocks: *const cxlkv_block_ref, n: usize) -> Result<Vec<BlockSpec>, cxlkv_result> {
+pub(crate) fn block_specs(
+    blocks: *const cxlkv_block_ref,
+    n: usize,
+) -> Result<Vec<BlockSpec>, cxlkv_result> {
     if n == 0 {
         return Err(fail(CXLKV_ERR_INVALID_ARG, "no blocks"));
     }
@@ -123,6 +177,25 @@ fn block_specs(blocks: *const cxlkv_block_ref, n: usize) -> Result<Vec<BlockSpec
         })
         .collect())
 }
+
+/// Options of `cxlkv_device_open_with`; start from `CXLKV_STRUCT_INIT(cxlkv_device_config)` (every
+/// 0 is a default). First layout: all of it (16 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct cxlkv_device_config {
+    /// `sizeof(cxlkv_device_config)` as the caller's header declares it.
+    pub struct_size: u32,
+    /// How long a command may take before the client computes it on the host instead, in
+    /// milliseconds (0: 2000).
+    pub timeout_ms: u32,
+    /// Commands that may be on the device at once, each with a staging block of the
+    /// participant's partition held for the life of the handle (0: 2). Tickets beyond it are
+    /// computed on the host when collected.
+    pub staging: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+sized!(cxlkv_device_config, 16);
 
 /// Opens a client of the pool's NDP device for this participant (its queue pair); `timeout_ms` is
 /// how long a command may take before the client computes it on the host instead (0: 2000 ms).
@@ -137,28 +210,76 @@ pub extern "C" fn cxlkv_device_open(
     guard(|| {
         let me = borrow(p, Kind::Participant)?;
         need(out, "out")?;
-        let participant = me.inner.clone();
-        let mut opts = NdpOptions::default();
-        if timeout_ms > 0 {
-            opts.timeout = Duration::from_millis(u64::from(timeout_ms));
-        }
-        let dev = NdpDevice::open(participant.clone(), opts).map_err(map_ndp)?;
-        put_out(
-            out,
-            register(
-                Box::new(cxlkv_device {
-                    dev: Mutex::new(dev),
-                    participant,
-                }),
-                Kind::Device,
-            ),
-        );
-        Ok(())
+        open(me, timeout_ms, 0, out)
     })
 }
 
-/// Closes a device client. NULL is accepted and ignored. Not thread-safe with other calls on the
-/// same handle.
+/// `cxlkv_device_open` with options (`config` NULL: the defaults), e.g. more commands on the
+/// device at once for asynchronous tickets. `CXLKV_ERR_INVALID_ARG` for more than 16 staging blocks
+/// or nonzero `reserved`; `CXLKV_ERR_FULL` when the partition cannot spare the staging blocks.
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_device_open_with(
+    p: *const cxlkv_participant,
+    config: *const cxlkv_device_config,
+    out: *mut *mut cxlkv_device,
+) -> cxlkv_result {
+    guard(|| {
+        let me = borrow(p, Kind::Participant)?;
+        let c = if config.is_null() {
+            cxlkv_device_config::default()
+        } else {
+            read_in(config, cxlkv_device_config::default(), "config")?
+        };
+        need(out, "out")?;
+        if c.staging > 16 || c.reserved != 0 {
+            return Err(fail(
+                CXLKV_ERR_INVALID_ARG,
+                format!(
+                    "staging {} (at most 16, the ring's depth) and reserved {} (must be 0)",
+                    c.staging, c.reserved
+                ),
+            ));
+        }
+        open(me, c.timeout_ms, c.staging, out)
+    })
+}
+
+fn open(
+    me: &cxlkv_participant,
+    timeout_ms: u32,
+    staging: u32,
+    out: *mut *mut cxlkv_device,
+) -> Result<(), cxlkv_result> {
+    let participant = me.inner.clone();
+    let mut opts = NdpOptions::default();
+    if timeout_ms > 0 {
+        opts.timeout = Duration::from_millis(u64::from(timeout_ms));
+    }
+    if staging > 0 {
+        opts.staging = staging as usize;
+    }
+    let dev = NdpDevice::open(participant.clone(), opts).map_err(map_ndp)?;
+    put_out(
+        out,
+        register(
+            Box::new(cxlkv_device {
+                dev: Mutex::new(DeviceState {
+                    client: dev,
+                    tickets: Default::default(),
+                }),
+                participant,
+            }),
+            Kind::Device,
+        ),
+    );
+    Ok(())
+}
+
+/// Closes a device client. NULL is accepted and ignored. Tickets not yet collected are dropped:
+/// their result buffers are never written after this returns, and a command still on the device
+/// keeps its staging block out of use until the device is done. Not thread-safe with other calls
+/// on the same handle.
 #[no_mangle]
 pub extern "C" fn cxlkv_device_close(d: *mut cxlkv_device) -> cxlkv_result {
     guard(|| {
@@ -191,14 +312,52 @@ pub extern "C" fn cxlkv_device_score_topk(
 ) -> cxlkv_result {
     guard(|| {
         let dev = borrow(d, Kind::Device)?;
-        if req.is_null() {
-            return Err(fail(CXLKV_ERR_NULL, "req is NULL"));
-        }
-        // SAFETY: non-null; the caller promises a valid request for the call.
-        let r = unsafe { req.read_unaligned() };
+        let r = read_in(req, cxlkv_score_request::default(), "req")?;
         need(indices, "indices")?;
         need(scores, "scores")?;
         need(per_list, "per_list")?;
+        check_stats(stats)?;
+        let args = ScoreArgs::parse(&r)?;
+        let request = args.request();
+        let t0 = Instant::now();
+        let top = if r.flags & CXLKV_SCORE_HOST != 0 {
+            cxlkv_runtime::ndp::host_score_topk(
+                dev.participant.pool(),
+                &request,
+                NdpOptions::default().kernel,
+            )
+        } else {
+            dev.lock().client.score_topk(&request)
+        };
+        let top = record_topk(top, args.queries.len(), t0)?;
+        let n = write_topk(
+            &top,
+            &TopKOut {
+                indices,
+                scores,
+                cap,
+                values,
+                values_cap,
+                gather: request.gather_values,
+            },
+        )?;
+        put_out(per_list, n);
+        stats_out(stats, &top.stats);
+        Ok(())
+    })
+}
+
+/// A checked SCORE_TOPK request, owning its block list.
+pub(crate) struct ScoreArgs<'a> {
+    pub(crate) queries: &'a [f32],
+    blocks: Vec<BlockSpec>,
+    r: cxlkv_score_request,
+    dtype: cxlkv_kernels::DType,
+}
+
+impl<'a> ScoreArgs<'a> {
+    /// Checks `r`'s fields and arrays.
+    pub(crate) fn parse(r: &cxlkv_score_request) -> Result<ScoreArgs<'a>, cxlkv_result> {
         if r.group == 0 || r.dim == 0 || r.k == 0 {
             return Err(fail(
                 CXLKV_ERR_INVALID_ARG,
@@ -217,89 +376,108 @@ pub extern "C" fn cxlkv_device_score_topk(
         let nq = (r.group as usize)
             .checked_mul(r.dim as usize)
             .ok_or(CXLKV_ERR_INVALID_ARG)?;
-        let queries = slice_in(r.queries, nq, "queries")?;
-        let blocks = block_specs(r.blocks, r.nblocks)?;
-        let dtype = dtype_arg(r.dtype)?;
-        let mode = if r.flags & CXLKV_SCORE_GROUP_MAX != 0 {
-            cxlkv_kernels::GroupMode::GroupMax
+        Ok(ScoreArgs {
+            queries: slice_in(r.queries, nq, "queries")?,
+            blocks: block_specs(r.blocks, r.nblocks)?,
+            r: *r,
+            dtype: dtype_arg(r.dtype)?,
+        })
+    }
+
+    /// Lists the answer will have.
+    pub(crate) fn lists(&self) -> usize {
+        if self.r.flags & CXLKV_SCORE_GROUP_MAX != 0 {
+            1
         } else {
-            cxlkv_kernels::GroupMode::PerQuery
-        };
-        let request = ScoreRequest {
-            queries,
+            self.r.group as usize
+        }
+    }
+
+    /// The runtime's request.
+    pub(crate) fn request(&self) -> ScoreRequest<'_> {
+        let r = &self.r;
+        ScoreRequest {
+            queries: self.queries,
             dim: r.dim as usize,
-            blocks: &blocks,
+            blocks: &self.blocks,
             sequence: r.sequence,
             layer: r.layer,
             kv_head: r.kv_head,
-            dtype,
+            dtype: self.dtype,
             k: r.k as usize,
-            mode,
+            mode: if r.flags & CXLKV_SCORE_GROUP_MAX != 0 {
+                cxlkv_kernels::GroupMode::GroupMax
+            } else {
+                cxlkv_kernels::GroupMode::PerQuery
+            },
             prune: r.flags & CXLKV_SCORE_PRUNE != 0,
             gather_values: r.flags & CXLKV_SCORE_GATHER_V != 0,
             scale: 1.0 / (r.dim as f32).sqrt(),
             select: Default::default(),
-        };
-        let t0 = Instant::now();
-        let top = if r.flags & CXLKV_SCORE_HOST != 0 {
-            cxlkv_runtime::ndp::host_score_topk(
-                dev.participant.pool(),
-                &request,
-                NdpOptions::default().kernel,
-            )
-        } else {
-            dev.dev
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .score_topk(&request)
-        };
-        let top = match top {
-            Ok(top) => {
-                let hits: usize = top.indices.iter().map(Vec::len).sum();
-                let out = hits * 8 + top.values.len();
-                global().record_device(Op::ScoreTopk, &top.stats, 4 * nq as u64, out as u64);
-                top
+        }
+    }
+}
+
+/// Records a SCORE_TOPK's outcome in this process's metrics.
+pub(crate) fn record_topk(
+    top: Result<TopK, NdpError>,
+    nq: usize,
+    t0: Instant,
+) -> Result<TopK, cxlkv_result> {
+    match top {
+        Ok(top) => {
+            let hits: usize = top.indices.iter().map(Vec::len).sum();
+            let out = hits * 8 + top.values.len();
+            global().record_device(Op::ScoreTopk, &top.stats, 4 * nq as u64, out as u64);
+            Ok(top)
+        }
+        Err(e) => {
+            record(Op::ScoreTopk, Outcome::Error, 0, 0, t0);
+            Err(map_ndp(e))
+        }
+    }
+}
+
+/// Writes `top` into the caller's arrays (checked non-null, with the capacities the caller
+/// promises); returns the hits per list. Too-small arrays: `CXLKV_ERR_BUFFER_TOO_SMALL`, nothing
+/// written.
+pub(crate) fn write_topk(top: &TopK, o: &TopKOut) -> Result<usize, cxlkv_result> {
+    let n = top.indices.first().map_or(0, Vec::len);
+    let lists = top.indices.len();
+    let need_entries = lists * n;
+    if need_entries > o.cap {
+        return Err(fail(
+            CXLKV_ERR_BUFFER_TOO_SMALL,
+            format!("{need_entries} hits need room, capacity {}", o.cap),
+        ));
+    }
+    if o.gather
+        && (top.values.len() > o.values_cap || (o.values.is_null() && !top.values.is_empty()))
+    {
+        return Err(fail(
+            CXLKV_ERR_BUFFER_TOO_SMALL,
+            format!(
+                "{} value bytes, capacity {}",
+                top.values.len(),
+                o.values_cap
+            ),
+        ));
+    }
+    for (l, (idx, sc)) in top.indices.iter().zip(&top.scores).enumerate() {
+        for (i, (&ix, &s)) in idx.iter().zip(sc).enumerate() {
+            // SAFETY: l * n + i < lists * n ≤ cap, and the caller promises `cap` writable
+            // entries in each array.
+            unsafe {
+                o.indices.add(l * n + i).write_unaligned(ix);
+                o.scores.add(l * n + i).write_unaligned(s);
             }
-            Err(e) => {
-                record(Op::ScoreTopk, Outcome::Error, 0, 0, t0);
-                return Err(map_ndp(e));
-            }
-        };
-        let n = top.indices.first().map_or(0, Vec::len);
-        let lists = top.indices.len();
-        let need_entries = lists * n;
-        if need_entries > cap {
-            return Err(fail(
-                CXLKV_ERR_BUFFER_TOO_SMALL,
-                format!("{need_entries} hits need room, capacity {cap}"),
-            ));
         }
-        if request.gather_values
-            && (top.values.len() > values_cap || (values.is_null() && !top.values.is_empty()))
-        {
-            return Err(fail(
-                CXLKV_ERR_BUFFER_TOO_SMALL,
-                format!("{} value bytes, capacity {values_cap}", top.values.len()),
-            ));
-        }
-        for (l, (idx, sc)) in top.indices.iter().zip(&top.scores).enumerate() {
-            for (i, (&ix, &s)) in idx.iter().zip(sc).enumerate() {
-                // SAFETY: l * n + i < lists * n ≤ cap, and the caller promises `cap` writable
-                // entries in each array.
-                unsafe {
-                    indices.add(l * n + i).write_unaligned(ix);
-                    scores.add(l * n + i).write_unaligned(s);
-                }
-            }
-        }
-        if request.gather_values && !top.values.is_empty() {
-            // SAFETY: values is non-null with at least values_cap ≥ len writable bytes (checked).
-            unsafe { std::ptr::copy_nonoverlapping(top.values.as_ptr(), values, top.values.len()) };
-        }
-        put_out(per_list, n);
-        stats_out(stats, &top.stats);
-        Ok(())
-    })
+    }
+    if o.gather && !top.values.is_empty() {
+        // SAFETY: values is non-null with at least values_cap ≥ len writable bytes (checked).
+        unsafe { std::ptr::copy_nonoverlapping(top.values.as_ptr(), o.values, top.values.len()) };
+    }
+    Ok(n)
 }
 
 /// Gathers the value rows of `tokens[0..ntokens]` (`dim` elements of `dtype` each, token order)
@@ -324,6 +502,7 @@ pub extern "C" fn cxlkv_device_gather(
 ) -> cxlkv_result {
     guard(|| {
         let dev = borrow(d, Kind::Device)?;
+        check_stats(stats)?;
         let blocks = block_specs(blocks, nblocks)?;
         let dtype = dtype_arg(dtype)?;
         if ntokens == 0 || dim == 0 {
@@ -344,15 +523,10 @@ pub extern "C" fn cxlkv_device_gather(
             ));
         }
         let t0 = Instant::now();
-        let got = dev.dev.lock().unwrap_or_else(|e| e.into_inner()).gather(
-            &blocks,
-            sequence,
-            layer,
-            kv_head,
-            dtype,
-            dim as usize,
-            toks,
-        );
+        let got =
+            dev.lock()
+                .client
+                .gather(&blocks, sequence, layer, kv_head, dtype, dim as usize, toks);
         let (rows, st) = match got {
             Ok((rows, st)) => {
                 let tokens_in = 4 * toks.len() as u64;

@@ -109,6 +109,11 @@ fn set_last(msg: String) {
     LAST_ERROR.with(|l| *l.borrow_mut() = msg);
 }
 
+/// This thread's current error message (batches collect the message of their first failure).
+pub(crate) fn last_message() -> String {
+    LAST_ERROR.with(|l| l.borrow().clone())
+}
+
 /// Records `msg` as this call's error message and returns `code`.
 pub(crate) fn fail(code: cxlkv_result, msg: impl Into<String>) -> cxlkv_result {
     set_last(msg.into());

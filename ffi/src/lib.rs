@@ -35,6 +35,15 @@
 //!   the needed size or count with `CXLKV_ERR_BUFFER_TOO_SMALL` (`cxlkv_participant_get`,
 //!   `cxlkv_key_chain`).
 //!
+//! - **Structs carry their size** (`sized`): every struct a caller passes in or has filled starts
+//!   with `struct_size`; the library reads and writes only what fits in it and refuses a size
+//!   below the struct's first layout (docs/ABI.md, "How structs grow"). A new field is appended
+//!   and its struct's `sized!` line keeps the first layout's size.
+//! - **Batches** ([`batch`]): one call, a result per key, the first failure returned.
+//! - **Asynchronous device commands** ([`tickets`], table in `inflight`): submit returns a
+//!   ticket; the caller's result arrays, named at submit, are written only by the poll or wait
+//!   that collects it.
+//!
 //! - **Metrics** ([`metrics`]): every put, get, pin, delete and device command is counted in
 //!   this process's metrics (outcome, bytes, latency, fallbacks); `cxlkv_metrics_read` and
 //!   `cxlkv_metrics_text` read them.
@@ -69,6 +78,8 @@
 
 mod args;
 mod handles;
+mod inflight;
+mod sized;
 
 // The modules with C items, in the order the header lists their functions (cbindgen reads them in
 // declaration order; the blank lines keep rustfmt from sorting them).
@@ -82,9 +93,13 @@ pub mod keys;
 
 pub mod participant;
 
+pub mod batch;
+
 pub mod kv;
 
 pub mod device;
+
+pub mod tickets;
 
 pub mod metrics;
 

@@ -5,25 +5,30 @@
 //! (put, get, delete, stats). Pins and reservations hold an `Arc` of their participant, so a
 //! detach while they are held leaves it attached until the last of them is released.
 
-use crate::args::{bytes_in, need, put_out};
+use crate::args::{bytes_in, bytes_out, need, put_out};
 use crate::errors::cxlkv_result::{
-    self, CXLKV_ERR_BUFFER_TOO_SMALL, CXLKV_ERR_INVALID_ARG, CXLKV_ERR_INVALID_HANDLE,
-    CXLKV_ERR_NOT_FOUND, CXLKV_ERR_NULL, CXLKV_ERR_UNAVAILABLE,
+    self, CXLKV_ERR_BUFFER_TOO_SMALL, CXLKV_ERR_INVALID_HANDLE, CXLKV_ERR_NOT_FOUND,
+    CXLKV_ERR_UNAVAILABLE,
 };
 use crate::errors::{fail, guard, map_err};
 use crate::handles::{borrow, register, unregister, Kind};
 use crate::keys::{cxlkv_key, key_arg};
 use crate::metrics::record;
 use crate::pool::cxlkv_pool;
+use crate::sized::{check_out, sized, write_out};
 use cxlkv_runtime::metrics::{Op, Outcome};
-use cxlkv_runtime::{Participant, PoolError, RawPin, RawReservation};
+use cxlkv_runtime::{Key, Participant, PoolError, PutOutcome, RawPin, RawReservation};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// A participant's counters (`cxlkv_participant_stats`).
+/// A participant's counters (`cxlkv_participant_stats`). First layout: all of it (64 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct cxlkv_stats {
+    /// `sizeof(cxlkv_stats)` as the caller's header declares it; on return, the bytes written.
+    pub struct_size: u32,
+    /// Zero.
+    pub reserved: u32,
     /// Successful puts.
     pub puts: u64,
     /// Gets that found the key.
@@ -39,6 +44,8 @@ pub struct cxlkv_stats {
     /// Pins taken.
     pub pins: u64,
 }
+
+sized!(cxlkv_stats, 64);
 
 /// An attached participant (opaque).
 pub struct cxlkv_participant {
@@ -116,7 +123,10 @@ pub extern "C" fn cxlkv_participant_id(
 }
 
 /// Stores `data[0..len]` under `key` in the participant's partition (copying it), evicting least
-/// recently used unpinned blocks if needed. Thread-safe.
+/// recently used unpinned blocks if needed. A payload larger than a block is stored as a
+/// multi-block object (its parts, then a manifest under `key`, published last): readers see it
+/// only once whole, and get, delete and the batches treat it like a block;
+/// `CXLKV_ERR_PAYLOAD_TOO_LARGE` beyond what one partition can hold. Thread-safe.
 #[no_mangle]
 pub extern "C" fn cxlkv_participant_put(
     p: *const cxlkv_participant,
@@ -128,15 +138,50 @@ pub extern "C" fn cxlkv_participant_put(
         let me = borrow(p, Kind::Participant)?;
         let key = key_arg(key)?;
         let bytes = bytes_in(data, len, "data")?;
+        put_one(me, key, bytes)
+    })
+}
+
+/// One put, recorded in the metrics.
+pub(crate) fn put_one(me: &cxlkv_participant, key: Key, bytes: &[u8]) -> Result<(), cxlkv_result> {
+    let t0 = Instant::now();
+    let r = me.inner.put(key, bytes);
+    let outcome = if r.is_ok() {
+        Outcome::Ok
+    } else {
+        Outcome::Error
+    };
+    record(Op::Put, outcome, bytes.len() as u64, 0, t0);
+    r.map_err(map_err)?;
+    Ok(())
+}
+
+/// Stores `data[0..len]` under `key` unless some participant already holds `key` in any
+/// partition: `*stored` = 1 when this call stored it, 0 when the key was present (nothing
+/// written). Two participants putting the same new key at the same instant may both store it
+/// (each in its own partition); a reader then finds one of them, whole. Large payloads are stored
+/// as multi-block objects, as by `cxlkv_participant_put`. Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_participant_put_if_absent(
+    p: *const cxlkv_participant,
+    key: *const cxlkv_key,
+    data: *const u8,
+    len: usize,
+    stored: *mut i32,
+) -> cxlkv_result {
+    guard(|| {
+        let me = borrow(p, Kind::Participant)?;
+        let key = key_arg(key)?;
+        let bytes = bytes_in(data, len, "data")?;
+        need(stored, "stored")?;
         let t0 = Instant::now();
-        let r = me.inner.put(key, bytes);
-        let outcome = if r.is_ok() {
-            Outcome::Ok
-        } else {
-            Outcome::Error
-        };
-        record(Op::Put, outcome, bytes.len() as u64, 0, t0);
-        r.map_err(map_err)?;
+        let r = me.inner.put_if_absent(key, bytes);
+        match &r {
+            Ok(PutOutcome::Stored(_)) => record(Op::Put, Outcome::Ok, bytes.len() as u64, 0, t0),
+            Ok(PutOutcome::Present(_)) => record(Op::Put, Outcome::Ok, 0, 0, t0),
+            Err(_) => record(Op::Put, Outcome::Error, bytes.len() as u64, 0, t0),
+        }
+        put_out(stored, i32::from(r.map_err(map_err)?.stored()));
         Ok(())
     })
 }
@@ -156,45 +201,41 @@ pub extern "C" fn cxlkv_participant_get(
         let me = borrow(p, Kind::Participant)?;
         let key = key_arg(key)?;
         need(len, "len")?;
-        if buf.is_null() && cap > 0 {
-            return Err(fail(
-                CXLKV_ERR_NULL,
-                format!("buf is NULL with capacity {cap}"),
-            ));
-        }
-        if cap > isize::MAX as usize {
-            return Err(fail(CXLKV_ERR_INVALID_ARG, "capacity too large"));
-        }
-        let dst: &mut [u8] = if cap == 0 {
-            &mut []
-        } else {
-            // SAFETY: non-null, bounded; the caller promises `cap` writable bytes at `buf`, which
-            // no one else accesses during the call.
-            unsafe { std::slice::from_raw_parts_mut(buf, cap) }
-        };
-        let t0 = Instant::now();
-        let r = me.inner.get_into(key, dst);
-        match &r {
-            Ok(Some(info)) => record(Op::Get, Outcome::Ok, 0, info.len, t0),
-            Ok(None) => record(Op::Get, Outcome::Miss, 0, 0, t0),
-            Err(_) => record(Op::Get, Outcome::Error, 0, 0, t0),
-        }
-        match r {
-            Ok(Some(info)) => {
-                put_out(len, info.len as usize);
-                Ok(())
-            }
-            Ok(None) => Err(fail(CXLKV_ERR_NOT_FOUND, format!("key {key} not found"))),
-            Err(PoolError::BufferTooSmall { needed, capacity }) => {
-                put_out(len, needed as usize);
-                Err(fail(
-                    CXLKV_ERR_BUFFER_TOO_SMALL,
-                    format!("block of {needed} bytes, buffer of {capacity}"),
-                ))
-            }
-            Err(e) => Err(map_err(e)),
-        }
+        let dst = bytes_out(buf, cap, "buf")?;
+        get_one(me, key, dst, len)
     })
+}
+
+/// One get into `dst`, recorded in the metrics: the length goes to `len` on success, the needed
+/// size with `CXLKV_ERR_BUFFER_TOO_SMALL`.
+pub(crate) fn get_one(
+    me: &cxlkv_participant,
+    key: Key,
+    dst: &mut [u8],
+    len: *mut usize,
+) -> Result<(), cxlkv_result> {
+    let t0 = Instant::now();
+    let r = me.inner.get_into(key, dst);
+    match &r {
+        Ok(Some(info)) => record(Op::Get, Outcome::Ok, 0, info.len, t0),
+        Ok(None) => record(Op::Get, Outcome::Miss, 0, 0, t0),
+        Err(_) => record(Op::Get, Outcome::Error, 0, 0, t0),
+    }
+    match r {
+        Ok(Some(info)) => {
+            put_out(len, info.len as usize);
+            Ok(())
+        }
+        Ok(None) => Err(fail(CXLKV_ERR_NOT_FOUND, format!("key {key} not found"))),
+        Err(PoolError::BufferTooSmall { needed, capacity }) => {
+            put_out(len, needed as usize);
+            Err(fail(
+                CXLKV_ERR_BUFFER_TOO_SMALL,
+                format!("block of {needed} bytes, buffer of {capacity}"),
+            ))
+        }
+        Err(e) => Err(map_err(e)),
+    }
 }
 
 /// Deletes `key` from the participant's partition. `CXLKV_ERR_NOT_FOUND` if absent,
@@ -222,7 +263,8 @@ pub extern "C" fn cxlkv_participant_delete(
     })
 }
 
-/// The participant's counters in `*out`. Thread-safe.
+/// The participant's counters in `*stats`, whose `struct_size` the caller sets (at most that many
+/// bytes are written; their number is stored back). Thread-safe.
 #[no_mangle]
 pub extern "C" fn cxlkv_participant_stats(
     p: *const cxlkv_participant,
@@ -230,11 +272,13 @@ pub extern "C" fn cxlkv_participant_stats(
 ) -> cxlkv_result {
     guard(|| {
         let me = borrow(p, Kind::Participant)?;
-        need(stats, "stats")?;
+        check_out(stats, "stats")?;
         let s = me.inner.stats();
-        put_out(
+        write_out(
             stats,
             cxlkv_stats {
+                struct_size: 0,
+                reserved: 0,
                 puts: s.puts,
                 hits: s.hits,
                 misses: s.misses,

@@ -3,38 +3,48 @@
 //! pool (describe, prefix lookup, unlink).
 
 use crate::args::{cstr, need, put_out};
-use crate::errors::cxlkv_result::{self, CXLKV_ERR_INVALID_ARG};
+use crate::errors::cxlkv_result::{self, CXLKV_ERR_INVALID_ARG, CXLKV_ERR_UNAVAILABLE};
 use crate::errors::{fail, guard, map_err};
 use crate::handles::{borrow, register, unregister, Kind};
 use crate::keys::{cxlkv_key, key_slice};
+use crate::sized::{check_out, read_in, sized, write_out};
 use cxlkv_runtime::region::{Backend, RegionError, RegionOptions};
 use cxlkv_runtime::{Pool, PoolConfig};
-use std::ffi::c_char;
+use std::ffi::{c_char, c_void};
 use std::time::Duration;
 
-/// Parameters of `cxlkv_pool_create`; start from `cxlkv_pool_config_default`.
+/// Parameters of `cxlkv_pool_create`; start from `cxlkv_pool_config_default` (which sets
+/// `struct_size`). The first layout ends before `pins_per_participant` (20 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct cxlkv_pool_config {
-    /// Payload capacity of a block (a multiple of 4096).
-    pub block_size: u64,
+    /// `sizeof(cxlkv_pool_config)` as the caller's header declares it.
+    pub struct_size: u32,
     /// Participant slots (and partitions).
     pub participants: u32,
+    /// Payload capacity of a block (a multiple of 4096).
+    pub block_size: u64,
     /// Lease in milliseconds: a participant whose heartbeat counter an observer watched stand
     /// still for longer than this, on the observer's own clock, is dead.
     pub lease_ms: u32,
+    /// Size of each participant's pin table (pins it may hold at once); 0 = the default (64).
+    /// More pins make each participant slot larger (docs/FORMAT.md §3).
+    pub pins_per_participant: u32,
 }
+sized!(cxlkv_pool_config, 20);
 
-/// What `cxlkv_pool_info` reports.
+/// What `cxlkv_pool_describe` reports. The first layout ends before `map_base` (40 bytes).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct cxlkv_pool_info {
+    /// `sizeof(cxlkv_pool_info)` as the caller's header declares it; on return, the bytes written.
+    pub struct_size: u32,
+    /// Participant slots.
+    pub participants: u32,
     /// Pool bytes.
     pub pool_size: u64,
     /// Payload capacity of a block.
     pub block_size: u64,
-    /// Participant slots.
-    pub participants: u32,
     /// Partitions.
     pub partitions: u32,
     /// Blocks per partition.
@@ -43,6 +53,38 @@ pub struct cxlkv_pool_info {
     pub version_major: u16,
     /// Format minor version.
     pub version_minor: u16,
+    /// Zero.
+    pub reserved: u32,
+    /// Address of the pool's mapping in this process (as `cxlkv_pool_mapping`), NULL when the
+    /// memory has no stable address.
+    pub map_base: *mut c_void,
+    /// Bytes of that mapping (the pool size; 0 with a NULL `map_base`).
+    pub map_len: u64,
+    /// Pins each participant may hold at once (its pin table's size).
+    pub pins_per_participant: u32,
+    /// Zero.
+    pub reserved2: u32,
+}
+sized!(cxlkv_pool_info, 40);
+
+impl Default for cxlkv_pool_info {
+    fn default() -> Self {
+        cxlkv_pool_info {
+            struct_size: std::mem::size_of::<cxlkv_pool_info>() as u32,
+            participants: 0,
+            pool_size: 0,
+            block_size: 0,
+            partitions: 0,
+            blocks_per_partition: 0,
+            version_major: 0,
+            version_minor: 0,
+            reserved: 0,
+            map_base: std::ptr::null_mut(),
+            map_len: 0,
+            pins_per_participant: 0,
+            reserved2: 0,
+        }
+    }
 }
 
 /// An open pool (opaque).
@@ -50,14 +92,17 @@ pub struct cxlkv_pool {
     pub(crate) pool: Pool,
 }
 
-/// Default pool parameters (256 KiB blocks, 8 participants, 2 s lease). Thread-safe.
+/// Default pool parameters (256 KiB blocks, 8 participants, 2 s lease, the default pin table),
+/// with `struct_size = sizeof(cxlkv_pool_config)`. Thread-safe.
 #[no_mangle]
 pub extern "C" fn cxlkv_pool_config_default() -> cxlkv_pool_config {
     let d = PoolConfig::default();
     cxlkv_pool_config {
-        block_size: d.block_size,
+        struct_size: std::mem::size_of::<cxlkv_pool_config>() as u32,
         participants: d.participants,
+        block_size: d.block_size,
         lease_ms: d.lease.as_millis() as u32,
+        pins_per_participant: 0,
     }
 }
 
@@ -68,7 +113,8 @@ fn backend(spec: *const c_char) -> Result<Backend, cxlkv_result> {
 }
 
 /// Creates a pool of `size` bytes on `spec` (`shm:NAME`, `file:PATH`, `dax:PATH`, `numa:N[:NAME]`).
-/// `config` may be NULL for defaults. On success stores a new handle in `*out`; release it with
+/// `config` may be NULL for defaults; its `struct_size` must be set (`cxlkv_pool_config_default`
+/// does). On success stores a new handle in `*out`; release it with
 /// `cxlkv_pool_close`. Thread-safe.
 #[no_mangle]
 pub extern "C" fn cxlkv_pool_create(
@@ -83,13 +129,13 @@ pub extern "C" fn cxlkv_pool_create(
         let c = if config.is_null() {
             cxlkv_pool_config_default()
         } else {
-            // SAFETY: non-null; the caller promises a valid config for the call.
-            unsafe { config.read_unaligned() }
+            read_in(config, cxlkv_pool_config_default(), "config")?
         };
         let cfg = PoolConfig {
             block_size: c.block_size,
             participants: c.participants,
             lease: Duration::from_millis(u64::from(c.lease_ms)),
+            pins_per_participant: c.pins_per_participant,
             ..Default::default()
         };
         let pool = Pool::create_on(&b, size, &cfg, &RegionOptions::default()).map_err(map_err)?;
@@ -133,7 +179,22 @@ pub extern "C" fn cxlkv_pool_unlink(spec: *const c_char) -> cxlkv_result {
     })
 }
 
-/// Stores the pool's geometry in `*out`. Thread-safe.
+/// The pool's mapping in this process: base address and length, or (NULL, 0) for memory without
+/// a stable address.
+fn mapping(p: &cxlkv_pool) -> Result<(*mut c_void, u64), cxlkv_result> {
+    let mem = p.pool.memory();
+    match mem
+        .raw_range(0, mem.size())
+        .map_err(|e| map_err(e.into()))?
+    {
+        Some(base) => Ok((base.cast(), mem.size())),
+        None => Ok((std::ptr::null_mut(), 0)),
+    }
+}
+
+/// Stores the pool's geometry and mapping in `*info`, whose `struct_size` the caller sets (at
+/// least the 40 bytes of the first layout; at most that many bytes are written, and their number
+/// is stored in `struct_size`). Thread-safe.
 #[no_mangle]
 pub extern "C" fn cxlkv_pool_describe(
     pool: *const cxlkv_pool,
@@ -141,20 +202,56 @@ pub extern "C" fn cxlkv_pool_describe(
 ) -> cxlkv_result {
     guard(|| {
         let p = borrow(pool, Kind::Pool)?;
-        need(info, "info")?;
+        check_out(info, "info")?;
         let sb = p.pool.superblock();
-        put_out(
+        let (map_base, map_len) = mapping(p)?;
+        write_out(
             info,
             cxlkv_pool_info {
+                struct_size: 0,
+                participants: sb.participants,
                 pool_size: sb.pool_size,
                 block_size: sb.block_size,
-                participants: sb.participants,
                 partitions: sb.partitions,
                 blocks_per_partition: sb.blocks_per_partition,
                 version_major: sb.version_major,
                 version_minor: sb.version_minor,
+                reserved: 0,
+                map_base,
+                map_len,
+                pins_per_participant: sb.pins(),
+                reserved2: 0,
             },
         );
+        Ok(())
+    })
+}
+
+/// The pool's mapped address range in this process: `*base` and `*len` (the whole pool: every
+/// block payload a pin or reservation hands out lies inside it). Register it once with a GPU
+/// runtime or an RDMA NIC instead of registering each pinned block (docs/ABI.md, "Registering the
+/// pool with a GPU"). The range stays mapped while any handle of this pool (pool, participant,
+/// pin, reservation, device) is open. `CXLKV_ERR_UNAVAILABLE` when the memory has no stable
+/// address. Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_pool_mapping(
+    pool: *const cxlkv_pool,
+    base: *mut *mut c_void,
+    len: *mut usize,
+) -> cxlkv_result {
+    guard(|| {
+        let p = borrow(pool, Kind::Pool)?;
+        need(base, "base")?;
+        need(len, "len")?;
+        let (b, n) = mapping(p)?;
+        if b.is_null() {
+            return Err(fail(
+                CXLKV_ERR_UNAVAILABLE,
+                "pool memory has no stable address",
+            ));
+        }
+        put_out(base, b);
+        put_out(len, n as usize);
         Ok(())
     })
 }

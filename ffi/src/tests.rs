@@ -72,3 +72,148 @@ fn reading_messages_leaves_the_last_error_alone() {
         "reading the message twice gives it twice"
     );
 }
+
+/// Every struct that carries its size is laid out without padding (the byte copies of
+/// `sized` rely on it) and starts with its `struct_size`.
+#[test]
+fn sized_structs_have_no_padding() {
+    use crate::device::{cxlkv_ndp_stats, cxlkv_score_request};
+    use crate::kv::cxlkv_kv_shape;
+    use crate::metrics::{cxlkv_metrics, cxlkv_op_metrics};
+    use crate::participant::cxlkv_stats;
+    use crate::pool::{cxlkv_pool_config, cxlkv_pool_info};
+    use crate::tickets::cxlkv_attend_request;
+    use std::mem::size_of;
+    // Sum of the field sizes = the struct size: no padding anywhere.
+    assert_eq!(size_of::<cxlkv_pool_config>(), 4 + 4 + 8 + 4 + 4);
+    assert_eq!(
+        size_of::<cxlkv_pool_info>(),
+        4 + 4 + 8 + 8 + 4 + 4 + 2 + 2 + 4 + 8 + 8 + 4 + 4
+    );
+    assert_eq!(size_of::<cxlkv_stats>(), 8 + 7 * 8);
+    assert_eq!(size_of::<cxlkv_kv_shape>(), 6 * 4 + 2 * 8);
+    assert_eq!(
+        size_of::<cxlkv_score_request>(),
+        4 + 4 + 8 + 4 + 4 + 8 + 8 + 8 + 4 * 4
+    );
+    assert_eq!(
+        size_of::<cxlkv_attend_request>(),
+        4 + 4 + 8 + 4 + 4 + 8 + 8 + 8 + 4 * 4
+    );
+    assert_eq!(size_of::<cxlkv_ndp_stats>(), 4 * 4 + 3 * 8);
+    assert_eq!(size_of::<crate::device::cxlkv_device_config>(), 4 * 4);
+    assert_eq!(
+        size_of::<cxlkv_metrics>(),
+        8 + 6 * size_of::<cxlkv_op_metrics>() + 3 * 8
+    );
+    assert_eq!(
+        size_of::<crate::metrics::cxlkv_participant_counters>(),
+        8 + 11 * 8
+    );
+    assert_eq!(
+        std::mem::offset_of!(cxlkv_pool_config, pins_per_participant),
+        20
+    );
+    assert_eq!(std::mem::offset_of!(cxlkv_pool_info, map_base), 40);
+}
+
+/// An older caller's smaller struct is read only as far as it reaches (the rest keeps the
+/// library's defaults) and written only as far as it reaches; a newer caller's bigger one gets
+/// what the library has, with `struct_size` saying how much; one below the first layout is refused.
+#[test]
+fn old_and_new_callers_get_what_fits() {
+    use crate::pool::{
+        cxlkv_pool_config, cxlkv_pool_config_default, cxlkv_pool_create, cxlkv_pool_describe,
+        cxlkv_pool_info, cxlkv_pool_unlink,
+    };
+    use std::mem::size_of;
+    let spec =
+        std::ffi::CString::new(format!("shm:cxlkv-ffi-sized-{}", std::process::id())).unwrap();
+    // An "old" config: 20 bytes, without pins_per_participant; bytes past it are garbage that the
+    // library must not read (0xffffffff pins would be refused).
+    let mut old = [0xffu8; 24];
+    let c = cxlkv_pool_config {
+        struct_size: 20,
+        block_size: 4096,
+        participants: 2,
+        ..cxlkv_pool_config_default()
+    };
+    // SAFETY: `c` is a plain repr(C) struct of 24 bytes; `old` has 24.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (&c as *const cxlkv_pool_config).cast::<u8>(),
+            old.as_mut_ptr(),
+            20,
+        )
+    };
+    let mut pool = null_mut();
+    let r = cxlkv_pool_create(spec.as_ptr(), 4 << 20, old.as_ptr().cast(), &mut pool);
+    assert_eq!(r, CXLKV_OK, "{}", last_error());
+
+    // An "old" info: the 40 bytes of the first layout; the 16 after it stay untouched.
+    let mut small = [0xeeu8; 64];
+    small[..4].copy_from_slice(&40u32.to_le_bytes());
+    assert_eq!(
+        cxlkv_pool_describe(pool, small.as_mut_ptr().cast()),
+        CXLKV_OK
+    );
+    assert_eq!(u32::from_le_bytes(small[..4].try_into().unwrap()), 40);
+    assert_eq!(
+        u32::from_le_bytes(small[4..8].try_into().unwrap()),
+        2,
+        "participants"
+    );
+    assert_eq!(
+        u64::from_le_bytes(small[16..24].try_into().unwrap()),
+        4096,
+        "block size"
+    );
+    assert!(
+        small[40..].iter().all(|&b| b == 0xee),
+        "written past struct_size"
+    );
+
+    // A "newer" info: 16 bytes more than this library knows; they stay untouched and
+    // struct_size says how much was written.
+    let n = size_of::<cxlkv_pool_info>();
+    let mut big = vec![0xddu8; n + 16];
+    big[..4].copy_from_slice(&((n + 16) as u32).to_le_bytes());
+    assert_eq!(cxlkv_pool_describe(pool, big.as_mut_ptr().cast()), CXLKV_OK);
+    assert_eq!(u32::from_le_bytes(big[..4].try_into().unwrap()) as usize, n);
+    assert!(big[n..].iter().all(|&b| b == 0xdd));
+    // SAFETY: the first n bytes are a cxlkv_pool_info the library wrote.
+    let info: cxlkv_pool_info = unsafe { big.as_ptr().cast::<cxlkv_pool_info>().read_unaligned() };
+    assert!(!info.map_base.is_null());
+    assert_eq!(info.map_len, info.pool_size);
+    assert_eq!(
+        info.pins_per_participant, 64,
+        "the old config's default pin table"
+    );
+
+    // Below the first layout: refused, nothing written.
+    let mut tiny = [0xccu8; 64];
+    tiny[..4].copy_from_slice(&39u32.to_le_bytes());
+    assert_eq!(
+        cxlkv_pool_describe(pool, tiny.as_mut_ptr().cast()),
+        CXLKV_ERR_INVALID_ARG
+    );
+    assert!(
+        last_error().contains("struct_size is 39"),
+        "{}",
+        last_error()
+    );
+    assert!(tiny[4..].iter().all(|&b| b == 0xcc));
+    let mut cfg = cxlkv_pool_config_default();
+    cfg.struct_size = 16;
+    let mut other = null_mut();
+    let spec2 =
+        std::ffi::CString::new(format!("shm:cxlkv-ffi-sized2-{}", std::process::id())).unwrap();
+    assert_eq!(
+        cxlkv_pool_create(spec2.as_ptr(), 4 << 20, &cfg, &mut other),
+        CXLKV_ERR_INVALID_ARG
+    );
+    assert!(other.is_null());
+
+    assert_eq!(cxlkv_pool_close(pool), CXLKV_OK);
+    assert_eq!(cxlkv_pool_unlink(spec.as_ptr()), CXLKV_OK);
+}

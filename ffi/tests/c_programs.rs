@@ -45,6 +45,7 @@ fn compile(src: &str, name: &str) -> PathBuf {
         .arg(libdir)
         .arg("-lcxlkv")
         .arg(format!("-Wl,-rpath,{}", libdir.display()))
+        .arg("-lm")
         .arg("-o")
         .arg(&out)
         .status()
@@ -127,6 +128,23 @@ fn engine_example_shares_a_prefix_and_runs_an_ndp_topk() {
     assert!(text.contains("reused 12 cached chunks"), "{text}");
     assert!(text.contains("computed on the device"), "{text}");
     assert!(text.contains("equal to the host reference"), "{text}");
+    assert!(text.contains("contains_batch found 4 of 5 keys"), "{text}");
+    assert!(text.contains("every pinned payload inside it"), "{text}");
+    assert!(
+        text.contains("(5 blocks of 256 KiB) put and read back whole"),
+        "{text}"
+    );
+    assert!(
+        text.contains("put_if_absent stored 1, then found it present (0)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("get_kv read back 8192 + 8192 bytes"),
+        "{text}"
+    );
+    assert!(text.contains("4 tickets in flight at once"), "{text}");
+    assert!(text.contains(", 4 on the device;"), "{text}");
+    assert!(text.contains("waited for 1 more (done=1)"), "{text}");
     assert!(text.contains("engine: OK"), "{text}");
     // Under valgrind the device process itself is not traced (--trace-children-skip).
     valgrind_env(&bin, "engine", &[("CXLKV_NDPD", ndpd())]);
@@ -171,4 +189,43 @@ fn exports_only_cxlkv_symbols() {
         .filter(|s| !s.starts_with("cxlkv_") && **s != "CXLKV_1")
         .collect();
     assert!(foreign.is_empty(), "symbols outside cxlkv_*: {foreign:?}");
+}
+
+#[test]
+fn header_compiles_as_cpp_with_struct_init() {
+    // The header promises C++ compatibility; CXLKV_STRUCT_INIT has a C++ branch of its own.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = std::env::temp_dir().join(format!("cxlkv-cpp-{}.cpp", std::process::id()));
+    std::fs::write(
+        &src,
+        "#include \"cxlkv.h\"\n\
+         static_assert(sizeof(cxlkv_ndp_stats) == 40, \"layout\");\n\
+         int main() {\n\
+             cxlkv_ndp_stats st = CXLKV_STRUCT_INIT(cxlkv_ndp_stats);\n\
+             cxlkv_pool_info info = CXLKV_STRUCT_INIT(cxlkv_pool_info);\n\
+             return st.struct_size == sizeof st && info.struct_size == sizeof info && st.link_bytes == 0 ? 0 : 1;\n\
+         }\n",
+    )
+    .unwrap();
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let Ok(status) = Command::new(&cxx)
+        .args([
+            "-std=c++11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-fsyntax-only",
+            "-I",
+        ])
+        .arg(root.join("include"))
+        .arg(&src)
+        .status()
+    else {
+        // scripts/setup.sh installs g++ with build-essential; say so if it is missing.
+        eprintln!("skipped: no C++ compiler ({cxx})");
+        let _ = std::fs::remove_file(&src);
+        return;
+    };
+    let _ = std::fs::remove_file(&src);
+    assert!(status.success(), "cxlkv.h does not compile as C++11");
 }

@@ -106,13 +106,17 @@ fn score_gather_and_friends(engine: Engine) {
     bad.sequence = 43;
     assert!(ndp.score_topk(&bad).is_err());
     dev.stop();
-    // No device: the host answers, and says so.
+    // No device: the host answers, says so, and counts it in the participant's slot.
     let want = reference(&s, 0, &q, 5, GroupMode::PerQuery);
+    let fallbacks = p.stats().fallbacks;
     let got = ndp
         .score_topk(&request(&s, 0, &q, 5, GroupMode::PerQuery, true, false))
         .unwrap();
     assert_eq!(got.stats.path, Some(NdpPath::Host(FallbackReason::Absent)));
     assert_eq!(hits_of(&got), want);
+    assert_eq!(p.stats().fallbacks, fallbacks + 1);
+    let slot = cxlkv_runtime::participant_counters(p.pool(), p.id()).unwrap();
+    assert_eq!(slot.map(|c| c.fallbacks), Some(fallbacks + 1));
     assert!(ndp.nop().is_err());
 }
 

@@ -1,6 +1,7 @@
 //! `cxlkv-ndpd --metrics 127.0.0.1:0` serves the device's Prometheus metrics over HTTP: scraped
 //! with a plain GET before and after N SCORE_TOPK commands, the command counter grew by N, the
-//! bytes scanned grew, and the score_topk latency histogram counted N more.
+//! bytes scanned grew, and the score_topk latency histogram counted N more. The same scrape carries
+//! the pool's per-participant counters: the client's payload bytes, read from its pool slot.
 
 mod common;
 use common::*;
@@ -131,6 +132,21 @@ fn daemon_serves_prometheus_metrics_that_follow_the_commands() {
     assert_eq!(delta(count), N);
     let inf = "cxlkv_ndp_command_latency_seconds_bucket{le=\"+Inf\",opcode=\"score_topk\"}";
     assert_eq!(after[inf], after[count]);
+
+    // The client's slot counters, as the daemon's process reads them from the pool.
+    let me = |m: &str| {
+        let series = format!(
+            "cxlkv_pool_participant_{m}_total{{participant=\"{}\",pid=\"{}\"}}",
+            p.id(),
+            std::process::id()
+        );
+        after[&series]
+    };
+    let mine = p.stats();
+    assert!(mine.bytes_in > 0 && mine.puts == 6);
+    assert_eq!(me("puts"), 6.0);
+    assert_eq!(me("bytes_in"), mine.bytes_in as f64);
+    assert_eq!(me("fallbacks"), 0.0);
 }
 
 #[test]

@@ -1,16 +1,19 @@
 //! The `Device` class: the near-data device client of one participant (`Participant.device()`):
-//! `score_topk` and `gather` over typed KV blocks, on the device or, when it is absent, dead or
-//! late, on the host with the same answer. The GIL is released while a command runs; calls from
-//! several threads are serialized on the client.
+//! `score_topk` (plain top-k, or a selection: sinks, window, exclusion, top-p with a `k_max` cap),
+//! `attend` (per-query attention partials) and `gather` over typed KV blocks, on the device or,
+//! when it is absent, dead, late or lacks the capability, on the host with the same answer; and
+//! `Device.merge_partials`, the merge of `attend` partials. The GIL is released while a command
+//! runs; calls from several threads are serialized on the client.
 
 use crate::buffer::{numpy, Bytes};
 use crate::errors::{code, Fail};
 use crate::keys::key_of;
 use crate::metrics::record;
-use cxlkv_kernels::{DType, GroupMode};
+use cxlkv_kernels::{DType, GroupMode, Partial};
 use cxlkv_runtime::metrics::{global, Op, Outcome};
 use cxlkv_runtime::ndp::{
-    host_score_topk, BlockSpec, NdpDevice, NdpOptions, NdpPath, NdpStats, ScoreRequest,
+    host_attend_with, host_score_topk, AttendRequest, BlockSpec, NdpDevice, NdpOptions, NdpPath,
+    NdpStats, ScoreRequest, Select,
 };
 use cxlkv_runtime::Participant;
 use pyo3::prelude::*;
@@ -123,16 +126,155 @@ fn elem(d: DType) -> &'static str {
     }
 }
 
+/// The float32 query vectors of `obj` (a float32 array, or raw little-endian bytes), `G × dim`.
+fn queries_of(obj: &Bound<'_, PyAny>, dim: usize) -> Result<Vec<f32>, Fail> {
+    let q = Bytes::get(obj, "queries")?;
+    let fmt = q.format();
+    let raw = matches!(fmt.as_str(), "B" | "b" | "c");
+    if !(raw || matches!(fmt.trim_start_matches(['<', '=', '@']), "f")) {
+        return Err(Fail::bad(format!(
+            "queries must be float32 (found buffer format {fmt:?}: convert with .astype(np.float32))"
+        )));
+    }
+    if !q.len().is_multiple_of(4) {
+        return Err(Fail::bad("queries must be float32 values"));
+    }
+    let qs: Vec<f32> = q
+        .as_slice()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    if dim == 0 || qs.is_empty() || !qs.len().is_multiple_of(dim) {
+        return Err(Fail::bad(format!(
+            "{} query floats are not whole queries of dim {dim}",
+            qs.len()
+        )));
+    }
+    Ok(qs)
+}
+
+/// The scale applied to `q·k` before `exp`: `scale`, or `1/sqrt(dim)`.
+fn scale_of(scale: Option<f32>, dim: usize) -> Result<f32, Fail> {
+    let s = scale.unwrap_or(1.0 / (dim.max(1) as f32).sqrt());
+    if !s.is_finite() {
+        return Err(Fail::bad(format!("scale {s} is not finite")));
+    }
+    Ok(s)
+}
+
+/// A `[start, end)` token range argument.
+fn range_of(name: &str, r: Option<(u64, u64)>) -> Result<Option<(u64, u64)>, Fail> {
+    match r {
+        Some((a, b)) if a > b => Err(Fail::bad(format!(
+            "{name} = ({a}, {b}) is reversed (a [start, end) token range)"
+        ))),
+        r => Ok(r),
+    }
+}
+
+/// Little-endian f32 values as bytes.
+fn f32_bytes(v: impl IntoIterator<Item = f32>) -> Vec<u8> {
+    v.into_iter().flat_map(f32::to_le_bytes).collect()
+}
+
+/// A float32 numpy array (any shape, C order) as values.
+fn f32s_of(obj: &Bound<'_, PyAny>, what: &str) -> Result<(Vec<f32>, Vec<usize>), Fail> {
+    let py = obj.py();
+    let bad = |e: PyErr| Fail::bad(format!("{what}: {e}"));
+    let a = numpy(py)
+        .map_err(bad)?
+        .call_method1("ascontiguousarray", (obj, "<f4"))
+        .map_err(bad)?;
+    let shape: Vec<usize> = a.getattr("shape").and_then(|s| s.extract()).map_err(bad)?;
+    let vals: Vec<f32> = a
+        .call_method0("ravel")
+        .and_then(|r| r.call_method0("tolist"))
+        .and_then(|l| l.extract())
+        .map_err(bad)?;
+    Ok((vals, shape))
+}
+
+/// The partials of an `attend` answer (a dict with `out` `[G, dim]`, `max` `[G]`, `sum` `[G]`).
+fn partials_of(d: &Bound<'_, PyAny>, i: usize) -> Result<Vec<Partial>, Fail> {
+    let get = |name: &str| -> Result<(Vec<f32>, Vec<usize>), Fail> {
+        let item = d
+            .get_item(name)
+            .map_err(|_| Fail::bad(format!("partials[{i}] has no {name:?} (an attend answer)")))?;
+        f32s_of(&item, &format!("partials[{i}][{name:?}]"))
+    };
+    let (out, shape) = get("out")?;
+    let (max, _) = get("max")?;
+    let (sum, _) = get("sum")?;
+    let g = max.len();
+    if shape.len() != 2 || shape[0] != g || sum.len() != g || g == 0 {
+        return Err(Fail::bad(format!(
+            "partials[{i}]: out {shape:?}, max [{g}] and sum [{}] are not [G, dim], [G], [G]",
+            sum.len()
+        )));
+    }
+    let dim = shape[1];
+    Ok((0..g)
+        .map(|q| Partial {
+            out: out[q * dim..(q + 1) * dim].to_vec(),
+            max: max[q],
+            sum: sum[q],
+        })
+        .collect())
+}
+
+/// An ATTEND answer as a dict: `out`, `max`, `sum`, `output` (normalized) and, given, `stats`.
+fn attend_dict<'py>(
+    py: Python<'py>,
+    parts: &[Partial],
+    dim: usize,
+    stats: Option<&NdpStats>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let g = parts.len();
+    let out = f32_bytes(parts.iter().flat_map(|p| p.out.iter().copied()));
+    let norm = f32_bytes(parts.iter().flat_map(Partial::finish));
+    let d = PyDict::new(py);
+    d.set_item("out", array(py, &out, "<f4", vec![g, dim])?)?;
+    d.set_item(
+        "max",
+        array(py, &f32_bytes(parts.iter().map(|p| p.max)), "<f4", vec![g])?,
+    )?;
+    d.set_item(
+        "sum",
+        array(py, &f32_bytes(parts.iter().map(|p| p.sum)), "<f4", vec![g])?,
+    )?;
+    d.set_item("output", array(py, &norm, "<f4", vec![g, dim])?)?;
+    if let Some(s) = stats {
+        d.set_item("stats", stats_dict(py, s)?)?;
+    }
+    Ok(d)
+}
+
+/// Index that pads the lists of a selected SCORE_TOPK past their length.
+const NO_TOKEN: u32 = u32::MAX;
+
 #[pymethods]
 impl PyDevice {
     /// Top-k attention scores over typed blocks of one sequence: `queries` is a float32 buffer of
     /// `G × dim` values (one GQA group), `blocks` `(key, token_offset)` pairs. Returns a dict:
-    /// `indices` (uint32) and `scores` (float32) numpy arrays `[lists, n]` (one list per query, or
-    /// one with `group_max`; n = min(k, tokens), best first), `values` (`[lists, n, dim]` of the
-    /// stored dtype, bf16 as uint16 bits, with `gather_values`; else empty) and `stats`. `prune` skips blocks
-    /// on their key bounds (exact); `host` computes on the host (the reference).
+    /// `indices` (uint32) and `scores` (float32, `q·k` unscaled) numpy arrays `[lists, n]` (one
+    /// list per query, or one with `group_max`; best first), `counts` (uint32 `[lists]`: each
+    /// list's length), `left_out_mass` (float32 `[lists]`, with a selection; else empty), `values`
+    /// (`[lists, n, dim]` of the stored dtype, bf16 as uint16 bits, with `gather_values`; else
+    /// empty) and `stats`. Plain top-k: every list has n = min(k, tokens). `prune` skips blocks on
+    /// their key bounds (exact; ignored with a selection, which scores every token); `host`
+    /// computes on the host (the reference).
+    ///
+    /// Selection (any of these makes it one): `sinks` (tokens `0..sinks` always included),
+    /// `window=(start, end)` (always included; must end within the stored tokens), `exclude=(start,
+    /// end)` (never returned nor counted: the host holds it), `top_p` in (0, 1] (the fewest
+    /// best-scored tokens whose softmax mass, with the forced ones', reaches p; `k` is then the cap
+    /// `k_max`). Lists may then differ in length: n is the longest, shorter ones are padded with
+    /// index 2**32-1, score -inf (and zero value rows) past `counts`. `left_out_mass` is the
+    /// softmax mass (of `scale · q·k`, `scale` default `1/sqrt(dim)`, over the stored tokens less
+    /// the excluded ones) of the tokens not returned.
     #[pyo3(signature = (queries, dim, blocks, *, sequence, layer, kv_head, dtype, k,
-                        group_max=false, prune=false, gather_values=false, host=false))]
+                        group_max=false, prune=false, gather_values=false, host=false,
+                        sinks=0, window=None, exclude=None, top_p=None, scale=None))]
     #[allow(clippy::too_many_arguments)]
     fn score_topk<'py>(
         &self,
@@ -149,16 +291,27 @@ impl PyDevice {
         prune: bool,
         gather_values: bool,
         host: bool,
+        sinks: u64,
+        window: Option<(u64, u64)>,
+        exclude: Option<(u64, u64)>,
+        top_p: Option<f32>,
+        scale: Option<f32>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let q = Bytes::get(queries, "queries")?;
-        if !q.len().is_multiple_of(4) {
-            return Err(Fail::bad("queries must be float32 values").into());
+        let qs = queries_of(queries, dim)?;
+        if k == 0 {
+            return Err(Fail::bad("k = 0: ask for at least one token").into());
         }
-        let qs: Vec<f32> = q
-            .as_slice()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+        if let Some(p) = top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(Fail::bad(format!("top_p = {p} is outside (0, 1]")).into());
+            }
+        }
+        let select = Select {
+            sinks,
+            window: range_of("window", window)?,
+            exclude: range_of("exclude", exclude)?,
+            top_p,
+        };
         let specs = blocks_of(blocks)?;
         let dt = dtype_of(dtype)?;
         let req = ScoreRequest {
@@ -177,16 +330,10 @@ impl PyDevice {
             },
             prune,
             gather_values,
-            scale: 1.0 / (dim.max(1) as f32).sqrt(),
-            select: Default::default(),
+            scale: scale_of(scale, dim)?,
+            select,
         };
-        if dim == 0 || qs.is_empty() || !qs.len().is_multiple_of(dim) || k == 0 {
-            return Err(Fail::bad(format!(
-                "{} query floats are not whole queries of dim {dim}, or k = {k}",
-                qs.len()
-            ))
-            .into());
-        }
+        let qbytes = 4 * qs.len() as u64;
         let top = py.detach(|| {
             let t0 = Instant::now();
             let top = if host {
@@ -199,37 +346,148 @@ impl PyDevice {
                 Ok(t) => {
                     let hits: usize = t.indices.iter().map(Vec::len).sum();
                     let out = (hits * 8 + t.values.len()) as u64;
-                    global().record_device(Op::ScoreTopk, &t.stats, q.len() as u64, out);
+                    global().record_device(Op::ScoreTopk, &t.stats, qbytes, out);
                 }
                 Err(_) => record(Op::ScoreTopk, Outcome::Error, 0, 0, t0),
             }
             top
         })?;
         let lists = top.indices.len();
-        let n = top.indices.first().map_or(0, Vec::len);
-        let idx: Vec<u8> = top
+        let n = top.indices.iter().map(Vec::len).max().unwrap_or(0);
+        let row = dim * dt.size();
+        let (mut idx, mut sc, mut vals) = (Vec::new(), Vec::new(), Vec::new());
+        let mut at = 0;
+        for (ix, ss) in top.indices.iter().zip(&top.scores) {
+            let pad = n - ix.len();
+            idx.extend(ix.iter().copied().chain(std::iter::repeat_n(NO_TOKEN, pad)));
+            sc.extend(
+                ss.iter()
+                    .copied()
+                    .chain(std::iter::repeat_n(f32::NEG_INFINITY, pad)),
+            );
+            if gather_values {
+                let len = ix.len() * row;
+                let got = top.values.get(at..at + len).ok_or_else(|| {
+                    Fail::new(code::UNAVAILABLE, "the value rows of the answer are short")
+                })?;
+                vals.extend_from_slice(got);
+                vals.resize(vals.len() + pad * row, 0);
+                at += len;
+            }
+        }
+        let counts: Vec<u8> = top
             .indices
             .iter()
-            .flatten()
-            .flat_map(|x| x.to_le_bytes())
+            .flat_map(|l| (l.len() as u32).to_le_bytes())
             .collect();
-        let sc: Vec<u8> = top
-            .scores
-            .iter()
-            .flatten()
-            .flat_map(|x| x.to_le_bytes())
-            .collect();
+        let idx: Vec<u8> = idx.iter().flat_map(|x| x.to_le_bytes()).collect();
         let d = PyDict::new(py);
         d.set_item("indices", array(py, &idx, "<u4", vec![lists, n])?)?;
-        d.set_item("scores", array(py, &sc, "<f4", vec![lists, n])?)?;
+        d.set_item("scores", array(py, &f32_bytes(sc), "<f4", vec![lists, n])?)?;
+        d.set_item("counts", array(py, &counts, "<u4", vec![lists])?)?;
+        let lom = f32_bytes(top.left_out_mass.iter().copied());
+        d.set_item(
+            "left_out_mass",
+            array(py, &lom, "<f4", vec![top.left_out_mass.len()])?,
+        )?;
         let vshape = if gather_values {
             vec![lists, n, dim]
         } else {
             vec![0]
         };
-        d.set_item("values", array(py, &top.values, elem(dt), vshape)?)?;
+        d.set_item("values", array(py, &vals, elem(dt), vshape)?)?;
         d.set_item("stats", stats_dict(py, &top.stats)?)?;
         Ok(d)
+    }
+
+    /// Attention of the `G` queries of one GQA group (`queries`: float32, `G × dim`) over every
+    /// token of typed blocks of one sequence, as per-query partials that merge across blocks,
+    /// devices and the host's own tokens. Returns a dict of numpy float32 arrays: `out` `[G, dim]`
+    /// (`Σ_t exp(s_t − max) · v_t`, unnormalized), `max` `[G]` (the largest `s_t = scale · q·k_t`),
+    /// `sum` `[G]` (`Σ_t exp(s_t − max)`), `output` `[G, dim]` (`out / sum`: softmax(s) · V, the
+    /// attention output when these blocks are all the keys), and `stats`. `scale` defaults to
+    /// `1/sqrt(dim)`; `host` computes on the host (the reference; the device gives the same
+    /// partials). Merge partials with `Device.merge_partials`.
+    #[pyo3(signature = (queries, dim, blocks, *, sequence, layer, kv_head, dtype, scale=None,
+                        host=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn attend<'py>(
+        &self,
+        py: Python<'py>,
+        queries: &Bound<'_, PyAny>,
+        dim: usize,
+        blocks: &Bound<'_, PyAny>,
+        sequence: u64,
+        layer: u32,
+        kv_head: u32,
+        dtype: &str,
+        scale: Option<f32>,
+        host: bool,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let qs = queries_of(queries, dim)?;
+        let specs = blocks_of(blocks)?;
+        let req = AttendRequest {
+            queries: &qs,
+            dim,
+            blocks: &specs,
+            sequence,
+            layer,
+            kv_head,
+            dtype: dtype_of(dtype)?,
+            scale: scale_of(scale, dim)?,
+        };
+        let got = py.detach(|| {
+            if host {
+                let kernel = NdpOptions::default().kernel;
+                host_attend_with(self.participant.pool(), &req, kernel).map_err(Fail::from)
+            } else {
+                self.with(|d| d.attend(&req).map_err(Fail::from))
+            }
+        })?;
+        attend_dict(py, &got.partials, dim, Some(&got.stats))
+    }
+
+    /// Merges `attend` answers over disjoint token sets of the same queries (a sequence's blocks
+    /// split across commands or devices, the host's own recent tokens) into one, in list order:
+    /// per query, `m = max(m_i)`, `sum = Σ_i exp(m_i − m) · sum_i`, `out = Σ_i exp(m_i − m) ·
+    /// out_i`, and `output = out / sum`. Each item is a dict (or mapping) with float32-convertible
+    /// `out` `[G, dim]`, `max` `[G]` and `sum` `[G]`; the answer has the same keys (no `stats`).
+    /// An empty partial (`sum` 0, `max` -inf) is the identity.
+    #[staticmethod]
+    fn merge_partials<'py>(
+        py: Python<'py>,
+        partials: &Bound<'_, PyAny>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let mut merged: Option<Vec<Partial>> = None;
+        let it = partials
+            .try_iter()
+            .map_err(|_| Fail::bad("partials must be an iterable of attend answers"))?;
+        for (i, item) in it.enumerate() {
+            let item = item?;
+            let parts = partials_of(&item, i)?;
+            match &mut merged {
+                None => merged = Some(parts),
+                Some(m) => {
+                    let same = m.len() == parts.len() && m[0].out.len() == parts[0].out.len();
+                    if !same {
+                        return Err(Fail::bad(format!(
+                            "partials[{i}] is [{}, {}], partials[0] [{}, {}]",
+                            parts.len(),
+                            parts[0].out.len(),
+                            m.len(),
+                            m[0].out.len()
+                        ))
+                        .into());
+                    }
+                    for (a, b) in m.iter_mut().zip(&parts) {
+                        a.merge(b);
+                    }
+                }
+            }
+        }
+        let m = merged.ok_or_else(|| Fail::bad("no partials to merge"))?;
+        let dim = m[0].out.len();
+        attend_dict(py, &m, dim, None)
     }
 
     /// The value rows of `tokens` from typed blocks of one sequence: `(values, stats)`, values a

@@ -19,9 +19,9 @@
 //!
 //! - Metrics: `cxlkv.metrics()` (a dict) and `cxlkv.metrics_text()` (Prometheus text) read this
 //!   process's counts, bytes and latencies of puts, gets, pins, deletes and device commands
-//!   ([`metrics`]).
+//!   ([`metrics`] records them); given a pool, also its participants' slot counters ([`observe`]).
 //!
-//! Modules: [`metrics`], [`errors`], [`buffer`] (the only one that makes slices of raw addresses), [`keys`],
+//! Modules: [`metrics`], [`observe`], [`errors`], [`buffer`] (the only one that makes slices of raw addresses), [`keys`],
 //! [`pool`], [`participant`], [`pin`], [`kv`], [`device`], [`bench`] (reference loops for
 //! python/bench.py).
 
@@ -32,6 +32,7 @@ pub mod errors;
 pub mod keys;
 pub mod kv;
 pub mod metrics;
+pub mod observe;
 pub mod participant;
 pub mod pin;
 pub mod pool;
@@ -50,8 +51,8 @@ fn _cxlkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<device::PyDevice>()?;
     m.add_function(wrap_pyfunction!(keys::key_chain, m)?)?;
     m.add_function(wrap_pyfunction!(pool::unlink, m)?)?;
-    m.add_function(wrap_pyfunction!(metrics::metrics, m)?)?;
-    m.add_function(wrap_pyfunction!(metrics::metrics_text, m)?)?;
+    m.add_function(wrap_pyfunction!(observe::metrics, m)?)?;
+    m.add_function(wrap_pyfunction!(observe::metrics_text, m)?)?;
     m.add_function(wrap_pyfunction!(bench::_bench_rust_get, m)?)?;
     m.add_function(wrap_pyfunction!(bench::_bench_memcpy, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

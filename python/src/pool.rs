@@ -39,9 +39,10 @@ impl PyPool {
 impl PyPool {
     /// Creates a pool of `size` bytes on `spec` (`shm:NAME`, `file:PATH`, `dax:PATH`,
     /// `numa:N[:NAME]`); `block_size` (a multiple of 4096, default 256 KiB), `participants`
-    /// (default 8) and `lease_ms` (default 2000) as `cxlkv pool create`.
+    /// (default 8), `lease_ms` (default 2000) and `pins` (pins each participant can hold at once,
+    /// 1..=65536, default 64) as `cxlkv pool create`.
     #[staticmethod]
-    #[pyo3(signature = (spec, size, block_size=None, participants=None, lease_ms=None))]
+    #[pyo3(signature = (spec, size, block_size=None, participants=None, lease_ms=None, pins=None))]
     fn create(
         py: Python<'_>,
         spec: String,
@@ -49,6 +50,7 @@ impl PyPool {
         block_size: Option<u64>,
         participants: Option<u32>,
         lease_ms: Option<u64>,
+        pins: Option<u32>,
     ) -> PyResult<PyPool> {
         let b = backend(&spec)?;
         let mut cfg = PoolConfig::default();
@@ -60,6 +62,9 @@ impl PyPool {
         }
         if let Some(l) = lease_ms {
             cfg.lease = Duration::from_millis(l);
+        }
+        if let Some(n) = pins {
+            cfg.pins_per_participant = n;
         }
         let pool = py.detach(|| {
             Pool::create_on(&b, size, &cfg, &RegionOptions::default()).map_err(Fail::from)
@@ -95,7 +100,7 @@ impl PyPool {
     }
 
     /// The pool's geometry: pool_size, block_size, participants, partitions,
-    /// blocks_per_partition, version_major, version_minor.
+    /// blocks_per_partition, pins_per_participant, version_major, version_minor.
     fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let pool = self.get()?;
         let sb = pool.superblock();
@@ -105,6 +110,7 @@ impl PyPool {
         d.set_item("participants", sb.participants)?;
         d.set_item("partitions", sb.partitions)?;
         d.set_item("blocks_per_partition", sb.blocks_per_partition)?;
+        d.set_item("pins_per_participant", sb.pins())?;
         d.set_item("version_major", sb.version_major)?;
         d.set_item("version_minor", sb.version_minor)?;
         Ok(d)

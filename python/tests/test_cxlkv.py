@@ -484,3 +484,35 @@ def test_metrics_follow_known_operations(spec):
     assert int(samples['cxlkv_ops_total{op="put",result="ok"}']) == after["put"]["ok"]
     assert int(samples['cxlkv_op_latency_seconds_count{op="get"}']) == after["get"]["latency_count"]
     assert int(samples['cxlkv_device_fallbacks_total{reason="absent"}']) >= 1
+
+
+def test_pin_table_size_and_pool_counters(spec):
+    """Pool.create(pins=N) gives each participant N pins (the next is refused, naming the table);
+    cxlkv.metrics(pool) and cxlkv.metrics_text(pool) read the counters participants publish in
+    their pool slots, here through a second handle on the pool."""
+    with cxlkv.Pool.create(spec, 8 << 20, block_size=4096, participants=2, pins=3) as pool:
+        assert pool.info()["pins_per_participant"] == 3
+        with pool.attach() as me:
+            for i, n in enumerate([100, 250, 1000]):
+                me.put("c-%d" % i, bytes([i]) * n)
+            assert len(me.get("c-0")) == 100
+            assert me.get("c-none") is None
+            held = [me.pin("c-1") for _ in range(3)]
+            with pytest.raises(cxlkv.FullError, match="all 3 pins"):
+                me.pin("c-1")
+            for p in held:
+                p.release()
+            with cxlkv.Pool.open(spec) as other:
+                m = cxlkv.metrics(other)["participants"][me.id]
+                assert (m["puts"], m["bytes_in"]) == (3, 1350)
+                assert (m["hits"], m["misses"], m["bytes_out"]) == (1, 1, 100)
+                assert (m["pins"], m["pin_full"], m["fallbacks"]) == (3, 1, 0)
+                assert m["pid"] == os.getpid() and m["partition"] is not None
+                text = cxlkv.metrics_text(other)
+                who = '{participant="%d",pid="%d"}' % (me.id, os.getpid())
+                samples = dict(l.rsplit(" ", 1) for l in text.splitlines() if not l.startswith("#"))
+                assert int(samples["cxlkv_pool_participant_bytes_in_total" + who]) == 1350
+                assert int(samples["cxlkv_pool_participant_bytes_out_total" + who]) == 100
+                assert 'cxlkv_ops_total{op="put",result="ok"}' in samples
+    with pytest.raises(cxlkv.BadInputError):
+        cxlkv.Pool.create(spec + "-x", 8 << 20, block_size=4096, pins=70000)

@@ -6,8 +6,8 @@
 //! such as an index slot left mid-update by a crashed owner, which the next owner repairs.
 
 use crate::format::{
-    claim, counters, decode_entry, partition, pin, read_plain, slot, slot_version, BlockHeader,
-    Codec, IndexSlot, ENTRY_EMPTY, ENTRY_TOMBSTONE, PINS_PER_PARTICIPANT, PIN_SIZE,
+    claim, decode_entry, partition, pin, read_plain, slot, slot_version, BlockHeader, Codec,
+    IndexSlot, ENTRY_EMPTY, ENTRY_TOMBSTONE,
 };
 use crate::key::Key;
 use crate::object::Manifest;
@@ -106,9 +106,10 @@ pub fn check(pool: &Pool) -> Result<CheckReport> {
         |r: &mut CheckReport, place: String, what: String| r.errors.push(Finding { place, what });
 
     // Participant table.
+    let layout = *pool.slot_layout();
     for q in 0..sb.participants {
         let base = pool.slot_off(q);
-        mem.acquire(base, crate::format::PARTICIPANT_SLOT_SIZE);
+        mem.acquire(base, layout.size);
         if mem.load_u64(base + slot::TOKEN, Ordering::Acquire)? == 0 {
             continue;
         }
@@ -134,8 +135,8 @@ pub fn check(pool: &Pool) -> Result<CheckReport> {
                 ),
             );
         }
-        for e in 0..PINS_PER_PARTICIPANT {
-            let eoff = base + slot::PINS + e * PIN_SIZE;
+        for e in 0..layout.pins {
+            let eoff = base + layout.pin(e);
             if mem.load_u64(eoff + pin::SEQ, Ordering::Acquire)? == 0 {
                 continue;
             }
@@ -152,7 +153,6 @@ pub fn check(pool: &Pool) -> Result<CheckReport> {
                 );
             }
         }
-        let _ = counters::COUNT;
     }
 
     // Partitions.

@@ -10,7 +10,7 @@
 //!
 //! ```text
 //! 0                         superblock (4 KiB, immutable after create)
-//! 4 KiB                     participant table: `participants` slots of 4 KiB
+//! 4 KiB                     participant table: `participants` slots of `SlotLayout::size` bytes
 //! device_area_off           device area (NDP registers and queue pairs), `device_area_size` bytes
 //! partition_off + i*stride  partition i: header (4 KiB) | index slots | block headers | payloads
 //! ```
@@ -25,8 +25,10 @@ pub const MAGIC: [u8; 8] = *b"CXLKVPL\0";
 /// quarantined slots; docs/FORMAT.md §8).
 pub const VERSION_MAJOR: u16 = 3;
 /// Minor version: additions that readers of the same major may ignore. 1: multi-block objects
-/// (codecs [`Codec::ObjectPart`] and [`Codec::ObjectManifest`]); a 3.0 reader sees their blocks as
-/// unknown codecs and reports them as misses.
+/// (codecs [`Codec::ObjectPart`] and [`Codec::ObjectManifest`]; a 3.0 reader sees their blocks as
+/// unknown codecs and reports them as misses), and the superblock's `pins_per_participant` (0 in a
+/// 3.0 pool, read as [`DEFAULT_PINS`]) sizing the participant slot, each slot publishing a second
+/// counter line ([`counters::BYTES_IN`] onward).
 pub const VERSION_MINOR: u16 = 1;
 /// Cache line size the format is laid out for.
 pub const LINE: u64 = 64;
@@ -34,8 +36,6 @@ pub const LINE: u64 = 64;
 pub const PAGE: u64 = 4096;
 /// Bytes reserved for the superblock.
 pub const SUPERBLOCK_SIZE: u64 = PAGE;
-/// Bytes of one participant slot.
-pub const PARTICIPANT_SLOT_SIZE: u64 = PAGE;
 /// Bytes of the device area (NDP registers and queue pairs, sized for the NDP device).
 pub const DEVICE_AREA_SIZE: u64 = 1 << 20;
 /// Bytes of a partition header.
@@ -44,8 +44,13 @@ pub const PARTITION_HEADER_SIZE: u64 = PAGE;
 pub const INDEX_SLOT_SIZE: u64 = 32;
 /// Bytes of one block header.
 pub const BLOCK_HEADER_SIZE: u64 = 64;
-/// Pins one participant can hold at once.
-pub const PINS_PER_PARTICIPANT: u64 = 64;
+/// Pins one participant can hold at once unless the pool says otherwise (and in a 3.0 pool, whose
+/// superblock field reads 0).
+pub const DEFAULT_PINS: u32 = 64;
+/// Largest pin table a pool may give each participant (2 MiB of pin entries per slot).
+pub const MAX_PINS: u32 = 65_536;
+/// Bytes reserved for the published hotlist in a participant slot (`crate::hotness::hotlist`).
+pub const HOTLIST_SIZE: u64 = 64 + 64 * 24;
 /// Bytes of one pin entry.
 pub const PIN_SIZE: u64 = 32;
 
@@ -209,8 +214,13 @@ pub struct Superblock {
     pub lease_ns: u64,
     /// Creation time, nanoseconds since the Unix epoch.
     pub created_ns: u64,
+    /// Pin entries in each participant slot (format 3.1; 0 in a 3.0 pool, meaning
+    /// [`DEFAULT_PINS`]). Use [`Superblock::pins`].
+    pub pins_per_participant: u32,
+    /// Zero.
+    pub reserved0: u32,
     /// Zero; room for minor versions.
-    pub reserved: [u64; 13],
+    pub reserved: [u64; 12],
     /// CRC-32C of every byte before this field.
     pub crc: u32,
     /// Zero.
@@ -227,6 +237,75 @@ impl Superblock {
     /// The CRC this superblock should carry.
     pub fn compute_crc(&self) -> u32 {
         crc32c(&as_bytes(self)[..Self::CRC_OFF])
+    }
+
+    /// Pin entries per participant slot (a stored 0, as in every 3.0 pool, means [`DEFAULT_PINS`]).
+    pub fn pins(&self) -> u32 {
+        if self.pins_per_participant == 0 {
+            DEFAULT_PINS
+        } else {
+            self.pins_per_participant
+        }
+    }
+
+    /// Layout of this pool's participant slots.
+    pub fn slot_layout(&self) -> SlotLayout {
+        SlotLayout::new(self.pins())
+    }
+}
+
+/// Where the regions of a participant slot lie, from the pool's pin-table size. Line 0 (the
+/// [`slot`] words) and line 1 (the first [`counters`] line) are fixed; the pin table starts at
+/// [`slot::PINS`], then come the hotlist and the second counter line, each line-aligned, and the
+/// slot is rounded up to a page. With [`DEFAULT_PINS`] this is the 4 KiB slot of format 3.0 (its
+/// second counter line lies in bytes 3.0 left zero).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotLayout {
+    /// Pin entries in the table.
+    pub pins: u64,
+    /// Offset of the published hotlist ([`HOTLIST_SIZE`] bytes).
+    pub hotlist: u64,
+    /// Offset of the second counter line ([`counters::BYTES_IN`] onward).
+    pub counters2: u64,
+    /// Bytes of one slot (a multiple of [`PAGE`]).
+    pub size: u64,
+}
+
+const fn round_up_const(x: u64, a: u64) -> u64 {
+    x.div_ceil(a) * a
+}
+
+impl SlotLayout {
+    /// The layout for `pins` pin entries (0 = [`DEFAULT_PINS`]; at most [`MAX_PINS`], which the
+    /// callers check).
+    pub const fn new(pins: u32) -> SlotLayout {
+        let pins = if pins == 0 { DEFAULT_PINS } else { pins } as u64;
+        let hotlist = round_up_const(slot::PINS + pins * PIN_SIZE, LINE);
+        let counters2 = round_up_const(hotlist + HOTLIST_SIZE, LINE);
+        let size = round_up_const(
+            counters2 + round_up_const((counters::COUNT - counters::LINE1) * 8, LINE),
+            PAGE,
+        );
+        SlotLayout {
+            pins,
+            hotlist,
+            counters2,
+            size,
+        }
+    }
+
+    /// Offset, inside a slot, of counter `c` (an index of [`counters`]).
+    pub const fn counter(&self, c: u64) -> u64 {
+        if c < counters::LINE1 {
+            slot::COUNTERS + 8 * c
+        } else {
+            self.counters2 + 8 * (c - counters::LINE1)
+        }
+    }
+
+    /// Offset, inside a slot, of pin entry `e`.
+    pub const fn pin(&self, e: u64) -> u64 {
+        slot::PINS + e * PIN_SIZE
     }
 }
 
@@ -246,13 +325,14 @@ pub mod slot {
     pub const PARTITION: u64 = 32;
     /// Published counters start here (line 1): see [`super::counters`].
     pub const COUNTERS: u64 = 64;
-    /// Pin entries start here (line 2 onward).
+    /// Pin entries start here (line 2 onward); the pool's [`super::SlotLayout`] places what follows
+    /// (hotlist, second counter line) and the slot size.
     pub const PINS: u64 = 128;
-    /// Published hotlist (reserved for hotness tracking), after the pins.
-    pub const HOTLIST: u64 = PINS + super::PINS_PER_PARTICIPANT * super::PIN_SIZE;
 }
 
-/// Indices of the counters a participant publishes in its slot (u64 each, from `slot::COUNTERS`).
+/// Indices of the counters a participant publishes in its slot (u64 each): the first
+/// [`counters::LINE1`] in line 1 (from `slot::COUNTERS`), the rest in the second counter line
+/// ([`super::SlotLayout::counters2`]). Only the slot's holder writes either line.
 pub mod counters {
     /// Successful puts.
     pub const PUTS: u64 = 0;
@@ -268,8 +348,19 @@ pub mod counters {
     pub const DELETES: u64 = 5;
     /// Pins taken.
     pub const PINS: u64 = 6;
+    /// Counters in line 1 (format 3.0's seven).
+    pub const LINE1: u64 = 7;
+    /// Payload bytes written by puts (second counter line, format 3.1).
+    pub const BYTES_IN: u64 = 7;
+    /// Payload bytes copied out by gets that hit.
+    pub const BYTES_OUT: u64 = 8;
+    /// Device requests the host answered itself because the device was unavailable or did not
+    /// support them.
+    pub const FALLBACKS: u64 = 9;
+    /// Pins refused because the pin table was full.
+    pub const PIN_FULL: u64 = 10;
     /// Number of counters.
-    pub const COUNT: u64 = 7;
+    pub const COUNT: u64 = 11;
     /// Names, in index order.
     pub const NAMES: [&str; COUNT as usize] = [
         "puts",
@@ -279,6 +370,10 @@ pub mod counters {
         "evictions",
         "deletes",
         "pins",
+        "bytes_in",
+        "bytes_out",
+        "fallbacks",
+        "pin_full",
     ];
 }
 
@@ -558,10 +653,16 @@ pub struct ObjectPartEntry {
 // SAFETY: repr(C), fields without padding (layout test), integers only.
 unsafe impl Plain for ObjectPartEntry {}
 
-// The participant slot's regions fit and are line-aligned: checked at compile time.
-const _: () = assert!(slot::HOTLIST < PARTICIPANT_SLOT_SIZE);
+// The participant slot's regions fit and are line-aligned: checked at compile time. The default
+// layout is format 3.0's (4 KiB slot, hotlist after 64 pins), so 3.0 pools keep their meaning.
 const _: () = assert!(slot::PINS.is_multiple_of(LINE));
-const _: () = assert!(slot::COUNTERS + counters::COUNT * 8 <= slot::PINS);
+const _: () = assert!(slot::COUNTERS + counters::LINE1 * 8 <= slot::PINS);
+const _: () = assert!(SlotLayout::new(DEFAULT_PINS).size == PAGE);
+const _: () = assert!(SlotLayout::new(DEFAULT_PINS).hotlist == 2176);
+const _: () = assert!({
+    let l = SlotLayout::new(MAX_PINS);
+    l.counters2 + (counters::COUNT - counters::LINE1) * 8 <= l.size
+});
 
 #[cfg(test)]
 mod tests {
@@ -592,9 +693,30 @@ mod tests {
         assert_eq!(offset_of!(Superblock, payloads_off), 120);
         assert_eq!(offset_of!(Superblock, lease_ns), 128);
         assert_eq!(offset_of!(Superblock, created_ns), 136);
-        assert_eq!(offset_of!(Superblock, reserved), 144);
+        assert_eq!(offset_of!(Superblock, pins_per_participant), 144);
+        assert_eq!(offset_of!(Superblock, reserved0), 148);
+        assert_eq!(offset_of!(Superblock, reserved), 152);
         assert_eq!(offset_of!(Superblock, crc), 248);
         assert_eq!(offset_of!(Superblock, reserved2), 252);
+    }
+
+    #[test]
+    fn slot_layout_grows_with_the_pin_table() {
+        let d = SlotLayout::new(0);
+        assert_eq!(d, SlotLayout::new(DEFAULT_PINS));
+        assert_eq!(
+            (d.pins, d.hotlist, d.counters2, d.size),
+            (64, 2176, 3776, 4096)
+        );
+        let l = SlotLayout::new(200);
+        assert_eq!(l.hotlist, 128 + 200 * 32);
+        assert!(l.counters2 >= l.hotlist + HOTLIST_SIZE);
+        assert_eq!(l.size, 8192);
+        assert_eq!(l.counter(counters::PUTS), slot::COUNTERS);
+        assert_eq!(l.counter(counters::BYTES_IN), l.counters2);
+        assert!(l.counter(counters::COUNT - 1) + 8 <= l.size);
+        let sb = Superblock::default();
+        assert_eq!(sb.pins(), DEFAULT_PINS);
     }
 
     #[test]

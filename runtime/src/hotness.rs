@@ -16,7 +16,6 @@
 //! the get path never waits on tracking.
 
 use crate::coherence::{self, Site};
-use crate::format::slot;
 use crate::key::Key;
 use crate::participant::state::Participant;
 use crate::pool::{Pool, Result};
@@ -33,7 +32,8 @@ pub const SKETCH_ROWS: usize = 4;
 /// Counters per row (a power of two).
 pub const SKETCH_WIDTH: usize = 1 << 14;
 
-/// Layout of the hotlist in a participant slot, from [`slot::HOTLIST`] (docs/FORMAT.md).
+/// Layout of the hotlist in a participant slot, at the pool's
+/// [`SlotLayout::hotlist`](crate::format::SlotLayout::hotlist) (docs/FORMAT.md).
 pub mod hotlist {
     /// Seqlock word: odd while the holder rewrites the hotlist; readers retry.
     pub const SEQ: u64 = 0;
@@ -51,10 +51,8 @@ pub mod hotlist {
     pub const SIZE: u64 = ENTRIES + CAPACITY * ENTRY_SIZE;
 }
 
-// The hotlist is word-aligned and fits the participant slot (checked at compile time).
-const _: () = assert!(
-    slot::HOTLIST & 7 == 0 && slot::HOTLIST + hotlist::SIZE <= crate::format::PARTICIPANT_SLOT_SIZE
-);
+// The hotlist fits the room the slot layout reserves for it (checked at compile time).
+const _: () = assert!(hotlist::SIZE <= crate::format::HOTLIST_SIZE);
 
 /// What kind of access is being recorded, with its weight in the sketch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -317,7 +315,7 @@ impl Hotness {
         }
         let list = self.hotlist();
         let pool = participant.pool();
-        let base = pool.slot_off(participant.id()) + slot::HOTLIST;
+        let base = pool.slot_off(participant.id()) + pool.slot_layout().hotlist;
         let mem = pool.mem();
         let seq = mem.load_u64(base + hotlist::SEQ, Ordering::Relaxed)?;
         let odd = (seq | 1).wrapping_add(if seq & 1 == 1 { 2 } else { 0 });
@@ -356,7 +354,7 @@ pub fn read_hotlist(pool: &Pool, id: u32) -> Result<Option<(u64, Vec<HotEntry>)>
     if id >= pool.superblock().participants {
         return Ok(None);
     }
-    let base = pool.slot_off(id) + slot::HOTLIST;
+    let base = pool.slot_off(id) + pool.slot_layout().hotlist;
     let mem = pool.mem();
     for _ in 0..crate::pool::READ_RETRIES {
         // Pairs with the HotlistWrite publishes of the holder.

@@ -94,4 +94,4 @@ pub use participant::{
 };
 pub use pool::{BlockInfo, BlockRef, Location, Pool, PoolConfig, PoolError};
 pub use region::{Backend, HugePages, Region, RegionOptions};
-pub use stats::{pool_stats, PoolStats};
+pub use stats::{participant_counters, pool_stats, PoolStats};

@@ -14,7 +14,7 @@ use crate::coherence::{self, Site};
 use crate::format::{
     self, decode_entry, read_plain, BlockHeader, Codec, CoherenceMode, Superblock,
     BLOCK_HEADER_SIZE, DEVICE_AREA_SIZE, ENTRY_EMPTY, ENTRY_TOMBSTONE, INDEX_SLOT_SIZE, MAGIC,
-    MAX_BLOCKS_PER_PARTITION, PAGE, PARTICIPANT_SLOT_SIZE, PARTITION_HEADER_SIZE, SUPERBLOCK_SIZE,
+    MAX_BLOCKS_PER_PARTITION, MAX_PINS, PAGE, PARTITION_HEADER_SIZE, SUPERBLOCK_SIZE,
     VERSION_MAJOR, VERSION_MINOR,
 };
 use crate::key::Key;
@@ -118,8 +118,12 @@ pub enum PoolError {
         /// Its partition.
         partition: u32,
     },
-    /// The participant holds the maximum number of pins.
-    #[error("pin table full ({0} pins held)")]
+    /// The participant holds as many pins as its pin table has entries.
+    #[error(
+        "pin table full: this participant holds all {0} pins of its table (the pool's \
+         pins_per_participant; create the pool with a larger one, e.g. `cxlkv pool create --pins N`, \
+         or release pins sooner)"
+    )]
     PinTableFull(u64),
     /// No block can be freed: every block of the partition is pinned.
     #[error("partition {0} is full and every block is pinned")]
@@ -162,6 +166,9 @@ pub struct PoolConfig {
     pub lease: Duration,
     /// Coherence mode recorded in the superblock.
     pub coherence: CoherenceMode,
+    /// Pins each participant can hold at once: its pin table's entries (0 = the default,
+    /// [`format::DEFAULT_PINS`]; at most [`format::MAX_PINS`]). The participant slot grows with it.
+    pub pins_per_participant: u32,
 }
 
 impl Default for PoolConfig {
@@ -172,6 +179,7 @@ impl Default for PoolConfig {
             partitions: None,
             lease: Duration::from_secs(2),
             coherence: CoherenceMode::Hardware,
+            pins_per_participant: 0,
         }
     }
 }
@@ -230,8 +238,21 @@ pub fn plan(size: u64, cfg: &PoolConfig) -> Result<Superblock> {
     if lease_ns < 1_000_000 {
         return bad("lease must be at least 1 ms".into());
     }
+    if cfg.pins_per_participant > MAX_PINS {
+        return bad(format!(
+            "pins per participant must be 1..={MAX_PINS} (0 = the default {}), got {}",
+            format::DEFAULT_PINS,
+            cfg.pins_per_participant
+        ));
+    }
+    let pins = if cfg.pins_per_participant == 0 {
+        format::DEFAULT_PINS
+    } else {
+        cfg.pins_per_participant
+    };
     let table_off = SUPERBLOCK_SIZE;
-    let device_area_off = table_off + u64::from(cfg.participants) * PARTICIPANT_SLOT_SIZE;
+    let device_area_off =
+        table_off + u64::from(cfg.participants) * format::SlotLayout::new(pins).size;
     let partition_off = round_up(device_area_off + DEVICE_AREA_SIZE, PARTITION_ALIGN).unwrap();
     let per_partition = size.saturating_sub(partition_off) / u64::from(partitions) / PAGE * PAGE;
     let fits = |b: u64| partition_layout(b, cfg.block_size).is_some_and(|l| l.4 <= per_partition);
@@ -280,6 +301,7 @@ pub fn plan(size: u64, cfg: &PoolConfig) -> Result<Superblock> {
         payloads_off,
         lease_ns,
         created_ns: now_ns(),
+        pins_per_participant: pins,
         ..Default::default()
     };
     sb.crc = sb.compute_crc();
@@ -353,8 +375,15 @@ pub fn validate_superblock(sb: &Superblock, mem_size: u64) -> Result<()> {
     let (slots, index_off, headers_off, payloads_off, stride) =
         partition_layout(u64::from(sb.blocks_per_partition), sb.block_size)
             .ok_or_else(|| geo("partition size overflows"))?;
+    // 0 (every 3.0 pool) means the default table, whose slot is format 3.0's 4 KiB.
+    if sb.pins_per_participant > MAX_PINS {
+        return Err(PoolError::Geometry(format!(
+            "pins per participant is {}, at most {MAX_PINS} allowed",
+            sb.pins_per_participant
+        )));
+    }
     let table_off = SUPERBLOCK_SIZE;
-    let device_area_off = table_off + u64::from(sb.participants) * PARTICIPANT_SLOT_SIZE;
+    let device_area_off = table_off + u64::from(sb.participants) * sb.slot_layout().size;
     let partition_off = round_up(device_area_off + DEVICE_AREA_SIZE, PARTITION_ALIGN).unwrap();
     let expect = [
         ("index_slots", u64::from(sb.index_slots), slots),
@@ -481,6 +510,8 @@ pub struct Pool {
 pub(crate) struct PoolInner {
     pub(crate) mem: Arc<dyn SharedMemory>,
     pub(crate) sb: Superblock,
+    /// Layout of its participant slots (from `sb`).
+    pub(crate) slots: format::SlotLayout,
     pub(crate) backend: Option<Backend>,
     pub(crate) clock: Arc<dyn Clock>,
     /// This handle's watch of the participants' heartbeat counters ([`crate::watch`]).
@@ -505,7 +536,7 @@ impl Pool {
         mem.fill(0, SUPERBLOCK_SIZE, 0)?;
         mem.fill(
             sb.participant_table_off,
-            u64::from(sb.participants) * PARTICIPANT_SLOT_SIZE,
+            u64::from(sb.participants) * sb.slot_layout().size,
             0,
         )?;
         mem.fill(sb.device_area_off, sb.device_area_size, 0)?;
@@ -523,6 +554,7 @@ impl Pool {
         Ok(Pool {
             inner: Arc::new(PoolInner {
                 mem,
+                slots: sb.slot_layout(),
                 sb,
                 backend: None,
                 clock: Arc::new(SystemClock),
@@ -556,6 +588,7 @@ impl Pool {
         Ok(Pool {
             inner: Arc::new(PoolInner {
                 mem,
+                slots: sb.slot_layout(),
                 sb,
                 backend: None,
                 clock,
@@ -639,7 +672,12 @@ impl Pool {
     }
 
     pub(crate) fn slot_off(&self, participant: u32) -> u64 {
-        self.inner.sb.participant_table_off + u64::from(participant) * PARTICIPANT_SLOT_SIZE
+        self.inner.sb.participant_table_off + u64::from(participant) * self.inner.slots.size
+    }
+
+    /// Layout of this pool's participant slots (pin table size, hotlist, counter lines).
+    pub fn slot_layout(&self) -> &format::SlotLayout {
+        &self.inner.slots
     }
 
     pub(crate) fn partition_off(&self, p: u32) -> u64 {

@@ -60,23 +60,48 @@ pub struct PoolStats {
     pub partitions: Vec<PartitionInfo>,
 }
 
+/// The counters published in the slot at `base` (both counter lines; the caller acquired them).
+fn read_counters(pool: &Pool, base: u64) -> Result<ParticipantStats> {
+    let layout = pool.slot_layout();
+    let mut c = [0u64; counters::COUNT as usize];
+    for (i, v) in c.iter_mut().enumerate() {
+        *v = pool
+            .mem()
+            .load_u64(base + layout.counter(i as u64), Ordering::Relaxed)?;
+    }
+    Ok(ParticipantStats::from_array(c))
+}
+
+/// The counters participant slot `id` publishes, read from shared memory (any process can): `None`
+/// when the slot is free or `id` is not a slot of the pool. Cheaper than [`pool_stats`], which
+/// also scans every partition's index.
+pub fn participant_counters(pool: &Pool, id: u32) -> Result<Option<ParticipantStats>> {
+    if id >= pool.superblock().participants {
+        return Ok(None);
+    }
+    let base = pool.slot_off(id);
+    pool.mem().acquire(base, pool.slot_layout().size);
+    if pool.mem().load_u64(base + slot::TOKEN, Ordering::Acquire)? == 0 {
+        return Ok(None);
+    }
+    read_counters(pool, base).map(Some)
+}
+
 /// Reads the statistics of `pool`.
 pub fn pool_stats(pool: &Pool) -> Result<PoolStats> {
     let sb = pool.superblock();
     let mem = pool.mem();
+    let layout = *pool.slot_layout();
     let mut participants = Vec::new();
     for q in 0..sb.participants {
         let base = pool.slot_off(q);
-        mem.acquire(base, crate::format::PARTICIPANT_SLOT_SIZE);
+        mem.acquire(base, layout.size);
         if mem.load_u64(base + slot::TOKEN, Ordering::Acquire)? == 0 {
             continue;
         }
         let verdict = participant_liveness(pool, q)?;
         let part = mem.load_u64(base + slot::PARTITION, Ordering::Relaxed)?;
-        let mut c = [0u64; counters::COUNT as usize];
-        for (i, v) in c.iter_mut().enumerate() {
-            *v = mem.load_u64(base + slot::COUNTERS + 8 * i as u64, Ordering::Relaxed)?;
-        }
+        let c = read_counters(pool, base)?;
         participants.push(ParticipantInfo {
             id: q,
             liveness: verdict.liveness,
@@ -85,7 +110,7 @@ pub fn pool_stats(pool: &Pool) -> Result<PoolStats> {
             heartbeat: verdict.heartbeat,
             still_ms: verdict.still_ns / 1_000_000,
             partition: part.checked_sub(1).map(|p| p as u32),
-            counters: ParticipantStats::from_array(c),
+            counters: c,
         });
     }
     let mut partitions = Vec::new();

@@ -12,8 +12,7 @@ mod image;
 
 use cxlkv_kernels::rng::SplitMix64;
 use cxlkv_runtime::format::{
-    self, decode_entry, IndexSlot, BLOCK_HEADER_SIZE, INDEX_SLOT_SIZE, PARTICIPANT_SLOT_SIZE,
-    PIN_SIZE,
+    self, decode_entry, IndexSlot, BLOCK_HEADER_SIZE, INDEX_SLOT_SIZE, PIN_SIZE,
 };
 use cxlkv_runtime::kv::KvBlock;
 use cxlkv_runtime::{check, Codec, Key, Participant, Pool, PoolError};
@@ -66,7 +65,7 @@ fn mutate(img: &Image, rng: &mut SplitMix64, bytes: &mut [u8]) -> Vec<Mutation> 
                 let within = match rng.below(10) {
                     0..=4 => rng.below(64),
                     5..=7 => format::slot::PINS + rng.below(4 * PIN_SIZE),
-                    _ => rng.below(PARTICIPANT_SLOT_SIZE),
+                    _ => rng.below(sb.slot_layout().size),
                 };
                 ("participant slot", base + within)
             }

@@ -7,7 +7,7 @@ mod image;
 
 use cxlkv_kernels::rng::SplitMix64;
 use cxlkv_kernels::DType;
-use cxlkv_runtime::format::{self, Superblock, PINS_PER_PARTICIPANT};
+use cxlkv_runtime::format::{self, Superblock, DEFAULT_PINS};
 use cxlkv_runtime::kv::{KvBlock, KvShape};
 use cxlkv_runtime::participant::participant_dead;
 use cxlkv_runtime::{check, Codec, Key, Participant, Pool, PoolConfig, PoolError, Region};
@@ -111,15 +111,17 @@ fn other_major_versions_are_refused_minor_versions_read() {
         for fix_crc in [true, false] {
             let bytes = with_superblock(img, |sb| sb.version_major = major, fix_crc);
             match Pool::open(load(&bytes, POOL_BYTES)) {
-                Err(e @ PoolError::UnsupportedVersion { major: m, .. }) if m == major => {
+                Err(e @ PoolError::UnsupportedVersion { major: m, minor })
+                    if m == major && minor == format::VERSION_MINOR =>
+                {
                     assert!(e.to_string().contains("unsupported pool format"), "{e}")
                 }
                 other => panic!("major {major}: expected UnsupportedVersion, got {other:?}"),
             }
         }
     }
-    // A newer minor version of this major only adds what its readers may ignore.
-    for minor in [1u16, 7, 0xffff] {
+    // An older or newer minor version of this major only adds what its readers may ignore.
+    for minor in [0u16, 1, 7, 0xffff] {
         let bytes = with_superblock(img, |sb| sb.version_minor = minor, true);
         let pool = Pool::open(load(&bytes, POOL_BYTES)).unwrap();
         reads_back_exactly(&pool, img);
@@ -333,10 +335,10 @@ fn misuse_returns_typed_errors() {
         Err(PoolError::NoPartition { .. })
     ));
     // Pins are bounded per participant.
-    let pins: Vec<_> = (0..PINS_PER_PARTICIPANT)
+    let pins: Vec<_> = (0..DEFAULT_PINS)
         .map(|_| r.pin(k).unwrap().unwrap())
         .collect();
-    assert!(matches!(r.pin(k), Err(PoolError::PinTableFull(n)) if n == PINS_PER_PARTICIPANT));
+    assert!(matches!(r.pin(k), Err(PoolError::PinTableFull(n)) if n == u64::from(DEFAULT_PINS)));
     drop(pins);
     assert!(r.pin(k).unwrap().is_some());
     drop(r);

@@ -247,6 +247,7 @@ fn run_seed(opts: &SimOptions, seed: u64, site: Option<Site>) -> SeedOutcome {
         partitions: None,
         lease: Duration::from_nanos(LEASE_NS),
         coherence: CoherenceMode::Software,
+        ..Default::default()
     };
     let blocks = 3 + rng.below(3);
     let base = pool::plan(64 << 20, &cfg).expect("plan").partition_off;

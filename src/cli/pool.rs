@@ -31,6 +31,10 @@ pub enum PoolCommand {
         /// its own clock) before it may declare it dead.
         #[arg(long, default_value_t = 2000)]
         lease_ms: u64,
+        /// Pins each participant can hold at once (its pin table; 1..=65536, 0 = 64). Each slot
+        /// grows by 32 bytes per pin past 64.
+        #[arg(long, default_value_t = 0, value_name = "N")]
+        pins: u32,
         /// Fault all pages in now.
         #[arg(long)]
         prefault: bool,
@@ -100,6 +104,7 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
             block_size,
             participants,
             lease_ms,
+            pins,
             prefault,
             huge_pages,
         } => {
@@ -120,6 +125,7 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
                 block_size,
                 participants,
                 lease: Duration::from_millis(lease_ms),
+                pins_per_participant: pins,
                 ..Default::default()
             };
             let pool = Pool::create_on(
@@ -133,12 +139,14 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
             )?;
             let sb = pool.superblock();
             println!(
-                "created {b}: {} pool, {} partitions x {} blocks of {}, {} participant slots",
+                "created {b}: {} pool, {} partitions x {} blocks of {}, {} participant slots of {} \
+                 pins",
                 human(sb.pool_size),
                 sb.partitions,
                 sb.blocks_per_partition,
                 human(sb.block_size),
-                sb.participants
+                sb.participants,
+                sb.pins()
             );
             Ok(ExitCode::SUCCESS)
         }
@@ -164,7 +172,12 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
                 sb.pool_size
             );
             println!("block size      {}", human(sb.block_size));
-            println!("participants    {}", sb.participants);
+            println!(
+                "participants    {} (slots of {}, {} pins each)",
+                sb.participants,
+                human(pool.slot_layout().size),
+                sb.pins()
+            );
             println!(
                 "partitions      {} x {} blocks, {} index slots each",
                 sb.partitions, sb.blocks_per_partition, sb.index_slots
@@ -216,7 +229,8 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
                 pool.superblock().participants
             );
             println!(
-                "  {:>3} {:>5} {:>8} {:>4} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7} {:>6}",
+                "  {:>3} {:>5} {:>8} {:>4} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7} {:>6} \
+                 {:>12} {:>12} {:>9} {:>8}",
                 "id",
                 "live",
                 "pid",
@@ -229,12 +243,17 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
                 "retries",
                 "evictions",
                 "deletes",
-                "pins"
+                "pins",
+                "bytes in",
+                "bytes out",
+                "fallbacks",
+                "pin full"
             );
             for p in &st.participants {
                 let c = p.counters;
                 println!(
-                    "  {:>3} {:>5} {:>8} {:>4} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7} {:>6}",
+                    "  {:>3} {:>5} {:>8} {:>4} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>7} {:>6} \
+                     {:>12} {:>12} {:>9} {:>8}",
                     p.id,
                     match p.liveness {
                         Liveness::Live => "yes",
@@ -252,7 +271,11 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
                     c.retries,
                     c.evictions,
                     c.deletes,
-                    c.pins
+                    c.pins,
+                    c.bytes_in,
+                    c.bytes_out,
+                    c.fallbacks,
+                    c.pin_full
                 );
             }
             println!("partitions:");

@@ -39,8 +39,10 @@ struct Args {
     /// client in a VM guest cannot wake the host's futex, so the test bed spins longer.
     #[arg(long = "idle-spin-us")]
     idle_spin_us: Option<u64>,
-    /// Serve the device's Prometheus metrics over HTTP at `GET /metrics` on this address
-    /// (`127.0.0.1:PORT`; port 0 picks a free one). The bound address is printed on stdout.
+    /// Serve the device's Prometheus metrics, and the pool's (every participant's published
+    /// counters and each partition's fill, as `cxlkv pool stat --prometheus`), over HTTP at
+    /// `GET /metrics` on this address (`127.0.0.1:PORT`; port 0 picks a free one). The bound
+    /// address is printed on stdout.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
 }
@@ -100,6 +102,9 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             .map_or(DeviceConfig::default().idle_spin, Duration::from_micros),
         ..DeviceConfig::default()
     };
+    // The metrics endpoint reads the pool's participant table through its own handle, whose
+    // heartbeat watch then judges liveness across scrapes.
+    let stat_pool = pool.clone();
     let handle = Device::start(pool, cfg)?;
     println!(
         "cxlkv-ndpd: serving {} (generation {}, {} worker(s), engine {})",
@@ -110,7 +115,15 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     );
     if let Some(listener) = metrics {
         let device = handle.shared();
-        let addr = cxlkv_ndp::metrics_http::serve(listener, move || device.encode_metrics())?;
+        let addr = cxlkv_ndp::metrics_http::serve(listener, move || {
+            let mut reg = prometheus_client::registry::Registry::default();
+            device.register_metrics(&mut reg);
+            // A pool that cannot be read now (it should not happen) leaves the device's metrics.
+            if let Ok(st) = cxlkv_runtime::pool_stats(&stat_pool) {
+                cxlkv_runtime::metrics::pool::register_pool(&st, &mut reg);
+            }
+            cxlkv_runtime::metrics::encode_registry(&reg)
+        })?;
         println!("cxlkv-ndpd: metrics on http://{addr}/metrics");
     }
     let mut sig = 0;

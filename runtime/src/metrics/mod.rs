@@ -8,8 +8,11 @@
 //!   package) with [`Metrics::record`] and [`Metrics::record_device`]. [`Metrics::snapshot`] gives
 //!   the numbers, [`Metrics::encode`] the text exposition.
 //! - **Pool-wide** ([`pool`]): the counters every participant publishes in its pool slot (puts,
-//!   hits, misses, retries, evictions, deletes, pins) and each partition's occupancy, read by anyone
-//!   through [`crate::pool_stats`] (`cxlkv pool stat --prometheus`).
+//!   hits, misses, retries, evictions, deletes, pins, bytes in and out, device fallbacks, refused
+//!   pins) and each partition's occupancy, read by anyone through [`crate::pool_stats`] (`cxlkv pool
+//!   stat --prometheus`) or [`crate::participant_counters`]. [`Metrics::encode_with_pool`] writes
+//!   both kinds in one exposition (the C ABI's `cxlkv_pool_metrics_text`, Python's
+//!   `cxlkv.metrics_text(pool)`).
 //!
 //! The exposition is written with `prometheus-client`: latencies in seconds, sizes in bytes,
 //! counters end in `_total`.
@@ -320,6 +323,14 @@ impl Metrics {
     pub fn encode(&self) -> String {
         let mut reg = Registry::default();
         reg.register_collector(Box::new(self.snapshot()));
+        encode_registry(&reg)
+    }
+
+    /// These metrics and the pool-wide ones of `st` ([`pool::register_pool`]) in one exposition.
+    pub fn encode_with_pool(&self, st: &crate::stats::PoolStats) -> String {
+        let mut reg = Registry::default();
+        reg.register_collector(Box::new(self.snapshot()));
+        pool::register_pool(st, &mut reg);
         encode_registry(&reg)
     }
 }

@@ -28,7 +28,7 @@ pub fn encode_pool(st: &PoolStats) -> String {
 
 /// Adds the metrics of `st` to `reg`.
 pub fn register_pool(st: &PoolStats, reg: &mut Registry) {
-    let counter_names: [(&str, &str); 7] = [
+    let counter_names: [(&str, &str); crate::format::counters::COUNT as usize] = [
         ("puts", "Blocks this participant stored"),
         ("hits", "Gets that found their key"),
         ("misses", "Gets that did not find their key"),
@@ -42,6 +42,13 @@ pub fn register_pool(st: &PoolStats, reg: &mut Registry) {
         ),
         ("deletes", "Blocks it deleted"),
         ("pins", "Pins it took"),
+        ("bytes_in", "Payload bytes its puts wrote"),
+        ("bytes_out", "Payload bytes its gets copied out"),
+        (
+            "fallbacks",
+            "Device requests the host answered because the device was unavailable or unsupported",
+        ),
+        ("pin_full", "Pins refused because its pin table was full"),
     ];
     let counters: Vec<Counters> = counter_names.iter().map(|_| Family::default()).collect();
     let live = Gauges::default();
@@ -59,17 +66,10 @@ pub fn register_pool(st: &PoolStats, reg: &mut Registry) {
             ("participant", p.id.to_string()),
             ("pid", p.pid.to_string()),
         ];
-        let c = p.counters;
-        let values = [
-            c.puts,
-            c.hits,
-            c.misses,
-            c.retries,
-            c.evictions,
-            c.deletes,
-            c.pins,
-        ];
-        for (f, v) in counters.iter().zip(values) {
+        for ((f, (name, v)), (want, _)) in
+            counters.iter().zip(p.counters.named()).zip(&counter_names)
+        {
+            debug_assert_eq!(name, *want);
             f.get_or_create(&l).inc_by(v);
         }
         live.get_or_create(&l).set(match p.liveness {

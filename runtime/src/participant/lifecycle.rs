@@ -11,7 +11,7 @@ use super::liveness::participant_dead;
 use super::recovery::recover_partition;
 use super::state::{AttachOptions, Participant, Recovery};
 use crate::coherence::{self, Site};
-use crate::format::{self, counters, partition, pin, slot, PINS_PER_PARTICIPANT, PIN_SIZE};
+use crate::format::{self, counters, partition, pin, slot};
 use crate::key::Key;
 use crate::pool::{now_ns, Pool, PoolError, Result};
 use crate::watch::beat_period_ns;
@@ -109,20 +109,17 @@ impl Participant {
             Ordering::Relaxed,
         )?;
         mem.store_u64(base + slot::PARTITION, 0, Ordering::Relaxed)?;
+        let layout = *pool.slot_layout();
         for c in 0..counters::COUNT {
-            mem.store_u64(base + slot::COUNTERS + 8 * c, 0, Ordering::Relaxed)?;
+            mem.store_u64(base + layout.counter(c), 0, Ordering::Relaxed)?;
         }
-        for p in 0..PINS_PER_PARTICIPANT {
-            mem.store_u64(
-                base + slot::PINS + p * PIN_SIZE + pin::SEQ,
-                0,
-                Ordering::Relaxed,
-            )?;
+        for p in 0..layout.pins {
+            mem.store_u64(base + layout.pin(p) + pin::SEQ, 0, Ordering::Relaxed)?;
         }
         // Heartbeat last, Release: a reader that sees it move sees the slot initialized.
         let lease = Arc::new(OwnLease::start(pool, id)?);
         // Pairs with the LivenessRead and PinScanRead acquires of other participants.
-        coherence::publish(mem, Site::SlotWrite, base, format::PARTICIPANT_SLOT_SIZE);
+        coherence::publish(mem, Site::SlotWrite, base, layout.size);
 
         let mut me = Participant {
             pool: pool.clone(),
@@ -132,7 +129,7 @@ impl Participant {
             owner_word: 0,
             owner: None,
             counters: Default::default(),
-            pin_used: Mutex::new(0),
+            pin_used: Mutex::new(vec![0; layout.pins.div_ceil(64) as usize]),
             lease,
             self_fencing: format::CoherenceMode::from_code(pool.superblock().coherence)
                 == Some(format::CoherenceMode::Software),
@@ -199,16 +196,13 @@ impl Participant {
         if mem.load_u64(base + slot::TOKEN, Ordering::Acquire).ok() != Some(self.token) {
             return;
         }
-        for e in 0..PINS_PER_PARTICIPANT {
-            let _ = mem.store_u64(
-                base + slot::PINS + e * PIN_SIZE + pin::SEQ,
-                0,
-                Ordering::Relaxed,
-            );
+        let layout = *self.pool.slot_layout();
+        for e in 0..layout.pins {
+            let _ = mem.store_u64(base + layout.pin(e) + pin::SEQ, 0, Ordering::Relaxed);
         }
         let _ = mem.store_u64(base + slot::PARTITION, 0, Ordering::Relaxed);
         let _ = mem.compare_exchange_u64(base + slot::TOKEN, self.token, 0);
-        coherence::publish(mem, Site::SlotWrite, base, format::PARTICIPANT_SLOT_SIZE);
+        coherence::publish(mem, Site::SlotWrite, base, layout.size);
     }
 }
 

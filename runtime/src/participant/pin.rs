@@ -8,7 +8,7 @@
 use super::liveness::participant_dead;
 use super::state::Participant;
 use crate::coherence::{self, Site};
-use crate::format::{self, counters, pin, slot, Codec, PINS_PER_PARTICIPANT, PIN_SIZE};
+use crate::format::{self, counters, pin, slot, Codec, PIN_SIZE};
 use crate::key::Key;
 use crate::pool::{BlockInfo, BlockRef, Location, PoolError, Result, READ_RETRIES};
 use std::collections::HashSet;
@@ -122,32 +122,42 @@ impl Participant {
 
     /// Reserves a free entry of this participant's pin table (released by `unpin`).
     fn take_pin_entry(&self) -> Result<u64> {
+        let table = self.pool.slot_layout().pins;
         let mut used = self.pin_used.lock().unwrap_or_else(|e| e.into_inner());
-        let free = (!*used).trailing_zeros() as u64;
-        if free >= PINS_PER_PARTICIPANT {
-            return Err(PoolError::PinTableFull(PINS_PER_PARTICIPANT));
-        }
-        *used |= 1 << free;
+        // One bit per entry, 64 to a word; bits past the table's end are never free.
+        let free = used
+            .iter()
+            .enumerate()
+            .find(|(_, w)| **w != u64::MAX)
+            .map(|(i, w)| i as u64 * 64 + u64::from((!*w).trailing_zeros()))
+            .filter(|&e| e < table);
+        let Some(free) = free else {
+            drop(used);
+            self.count(counters::PIN_FULL, 1);
+            return Err(PoolError::PinTableFull(table));
+        };
+        used[(free / 64) as usize] |= 1 << (free % 64);
         Ok(free)
     }
 
     /// Clears pin entry `entry` of our slot and frees it for the next pin.
     fn unpin(&self, entry: u64) {
-        let off = self.pool.slot_off(self.id) + slot::PINS + entry * PIN_SIZE + pin::SEQ;
+        let off = self.pool.slot_off(self.id) + self.pool.slot_layout().pin(entry) + pin::SEQ;
         // A fenced participant's slot may belong to a successor now (it cleared our pins).
         if !(self.self_fencing && self.lease_lost()) {
             // Release: our reads of the block happen before the owner may reuse it.
             let _ = self.pool.mem().store_u64(off, 0, Ordering::Release);
             coherence::publish(self.pool.mem(), Site::PinWrite, off, 8);
         }
-        *self.pin_used.lock().unwrap_or_else(|e| e.into_inner()) &= !(1 << entry);
+        self.pin_used.lock().unwrap_or_else(|e| e.into_inner())[(entry / 64) as usize] &=
+            !(1 << (entry % 64));
     }
 
     /// Records pin entry `entry` for the block at `loc`, then fences: the Dekker pair with the
     /// owner's fence between unindexing a block and scanning pins (`allocate`, `delete`).
     fn record_pin(&self, entry: u64, loc: &Location) -> Result<()> {
         let mem = self.pool.mem();
-        let eoff = self.pool.slot_off(self.id) + slot::PINS + entry * PIN_SIZE;
+        let eoff = self.pool.slot_off(self.id) + self.pool.slot_layout().pin(entry);
         let where_ = (u64::from(loc.partition) << 32) | u64::from(loc.block);
         mem.store_u64(eoff + pin::WHERE, where_, Ordering::Relaxed)?;
         mem.store_u64(eoff + pin::SEQ, loc.seq, Ordering::Release)?;
@@ -169,15 +179,15 @@ impl Participant {
             // HeartbeatWrite publish from the simulator).
             if q != self.id {
                 // Pairs with the PinWrite publishes of pin holders (and their SlotWrite claims).
-                coherence::acquire(mem, Site::PinScanRead, base, format::PARTICIPANT_SLOT_SIZE);
+                coherence::acquire(mem, Site::PinScanRead, base, pool.slot_layout().size);
                 if mem.load_u64(base + slot::TOKEN, Ordering::Acquire)? == 0
                     || participant_dead(pool, q)?
                 {
                     continue;
                 }
             }
-            for e in 0..PINS_PER_PARTICIPANT {
-                let eoff = base + slot::PINS + e * PIN_SIZE;
+            for e in 0..pool.slot_layout().pins {
+                let eoff = base + pool.slot_layout().pin(e);
                 let seq = mem.load_u64(eoff + pin::SEQ, Ordering::Acquire)?;
                 if seq == 0 {
                     continue;

@@ -34,6 +34,7 @@ impl Participant {
         match r {
             Ok(Some(info)) => {
                 self.count(counters::HITS, 1);
+                self.count(counters::BYTES_OUT, info.len);
                 if let (Some(m), true) = (
                     &self.owner,
                     Some(info.location.partition) == self.partition(),

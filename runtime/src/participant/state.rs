@@ -4,7 +4,7 @@
 //! index whenever a partition changes hands.
 
 use super::beat::OwnLease;
-use crate::format::{counters, slot};
+use crate::format::counters;
 use crate::policy::EvictionPolicy;
 use crate::pool::Pool;
 use std::collections::HashMap;
@@ -46,6 +46,14 @@ pub struct ParticipantStats {
     pub deletes: u64,
     /// Pins taken.
     pub pins: u64,
+    /// Payload bytes written by puts.
+    pub bytes_in: u64,
+    /// Payload bytes copied out by gets that hit.
+    pub bytes_out: u64,
+    /// Device requests answered by the host because the device was unavailable or unsupported.
+    pub fallbacks: u64,
+    /// Pins refused because the pin table was full.
+    pub pin_full: u64,
 }
 
 impl ParticipantStats {
@@ -58,7 +66,29 @@ impl ParticipantStats {
             evictions: a[4],
             deletes: a[5],
             pins: a[6],
+            bytes_in: a[7],
+            bytes_out: a[8],
+            fallbacks: a[9],
+            pin_full: a[10],
         }
+    }
+
+    /// The counters as (name, value) pairs in [`counters::NAMES`] order.
+    pub fn named(&self) -> [(&'static str, u64); counters::COUNT as usize] {
+        let v = [
+            self.puts,
+            self.hits,
+            self.misses,
+            self.retries,
+            self.evictions,
+            self.deletes,
+            self.pins,
+            self.bytes_in,
+            self.bytes_out,
+            self.fallbacks,
+            self.pin_full,
+        ];
+        std::array::from_fn(|i| (counters::NAMES[i], v[i]))
     }
 }
 
@@ -87,7 +117,8 @@ pub struct Participant {
     pub(super) owner_word: u64,
     pub(super) owner: Option<Mutex<OwnerState>>,
     pub(super) counters: [AtomicU64; counters::COUNT as usize],
-    pub(super) pin_used: Mutex<u64>,
+    /// Pin-table entries in use, one bit each (64 to a word).
+    pub(super) pin_used: Mutex<Vec<u64>>,
     /// Its heartbeat and own lease (shared with the heartbeat thread), and whether it is fenced.
     pub(super) lease: Arc<OwnLease>,
     /// The pool is software-coherent: a participant whose own lease lapsed fences itself.
@@ -140,9 +171,16 @@ impl Participant {
     /// Adds `n` to counter `c`, published in this participant's slot.
     pub(super) fn count(&self, c: u64, n: u64) {
         let v = self.counters[c as usize].fetch_add(n, Ordering::Relaxed) + n;
-        let off = self.pool.slot_off(self.id) + slot::COUNTERS + 8 * c;
+        let off = self.pool.slot_off(self.id) + self.pool.slot_layout().counter(c);
         // Published for `cxlkv pool stat`; only this participant writes the word.
         let _ = self.pool.mem().store_u64(off, v, Ordering::Relaxed);
+    }
+
+    /// Counts `n` device requests that the host answered itself because the device was
+    /// unavailable or did not support them (published as `fallbacks` in this participant's slot;
+    /// called by the layers that run NDP requests on a participant's behalf).
+    pub fn count_fallbacks(&self, n: u64) {
+        self.count(counters::FALLBACKS, n);
     }
 
     /// This participant's counters.

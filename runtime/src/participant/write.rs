@@ -312,6 +312,7 @@ impl Participant {
             }
         }
         self.count(counters::PUTS, 1);
+        self.count(counters::BYTES_IN, len);
         Ok(Location {
             partition: p,
             slot: s,

@@ -11,7 +11,6 @@ use cxlkv_kernels::DType;
 use cxlkv_runtime::clock::{system_now_ns, Clock};
 use cxlkv_runtime::format::{
     self, decode_entry, BlockHeader, IndexSlot, Superblock, BLOCK_HEADER_SIZE, INDEX_SLOT_SIZE,
-    PARTICIPANT_SLOT_SIZE,
 };
 use cxlkv_runtime::kv::{self, KvShape};
 use cxlkv_runtime::participant::participant_liveness;
@@ -134,7 +133,7 @@ pub struct Geometry(pub Superblock);
 impl Geometry {
     /// Participant slot `q`.
     pub fn slot(&self, q: u32) -> u64 {
-        self.0.participant_table_off + u64::from(q) * PARTICIPANT_SLOT_SIZE
+        self.0.participant_table_off + u64::from(q) * self.0.slot_layout().size
     }
     /// Partition `p` (its header first).
     pub fn partition(&self, p: u32) -> u64 {

@@ -52,6 +52,7 @@ pub fn pool_config(coherence: CoherenceMode, lease: Duration) -> PoolConfig {
         partitions: Some(4),
         lease,
         coherence,
+        ..Default::default()
     }
 }
 

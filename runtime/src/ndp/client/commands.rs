@@ -82,6 +82,14 @@ impl NdpDevice {
             .attended()
     }
 
+    /// The answer of an ATTEND ticket if it is ready (computed on the host if the device gave up
+    /// on it or its deadline passed), else `None`: [`NdpDevice::poll`] for ATTEND.
+    pub fn poll_attend(&mut self, ticket: &Ticket) -> Result<Option<Attended>> {
+        self.settle(ticket, false)?
+            .map(Answer::attended)
+            .transpose()
+    }
+
     /// Submits and waits: [`NdpDevice::submit_attend`] then [`NdpDevice::wait_attend`].
     pub fn attend(&mut self, req: &AttendRequest<'_>) -> Result<Attended> {
         let t = self.submit_attend(req)?;
@@ -333,6 +341,8 @@ impl NdpDevice {
     /// Computes `p`'s request on the host because of `why`: the answer's stats are `p`'s (what
     /// the device path already cost) with the host scan's costs and counts.
     fn on_host(&self, p: Pending, why: FallbackReason) -> Result<Answer> {
+        // Published in the participant's slot (`fallbacks`), so `cxlkv pool stat` sees it.
+        self.participant.count_fallbacks(1);
         if p.req.attend {
             let mut a = host_attend_with(&self.pool, &p.req.borrow_attend(), self.opts.kernel)?;
             let mut stats = p.stats;
@@ -596,6 +606,7 @@ impl NdpDevice {
                 Ok((d.values, stats))
             }
             Err(NdpError::Unavailable(why)) => {
+                self.participant.count_fallbacks(1);
                 let (v, mut stats) = host_gather(&self.pool, blocks, &want, tokens)?;
                 stats.path = Some(NdpPath::Host(why));
                 Ok((v, stats))

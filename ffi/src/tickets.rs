@@ -1,0 +1,422 @@
+//! Asynchronous device commands: `cxlkv_device_submit_score_topk` and `cxlkv_device_submit_attend`
+//! file a command and return a ticket at once; `cxlkv_device_poll` (non-blocking) and
+//! `cxlkv_device_wait` collect it. Several tickets may be in flight on one device handle.
+//!
+//! Ownership of the results (docs/ABI.md, "Asynchronous commands"): the caller names its result
+//! arrays at submit time and owns them throughout; the library writes them only inside the
+//! `cxlkv_device_poll` or `cxlkv_device_wait` call that reports the ticket done, and never after
+//! that call, after a failed collection, or after `cxlkv_device_close`. A collected ticket is
+//! forgotten: polling it again is `CXLKV_ERR_INVALID_ARG`.
+
+use crate::args::{need, put_out, slice_in};
+use crate::device::{
+    check_stats, cxlkv_block_ref, cxlkv_device, cxlkv_ndp_stats, cxlkv_score_request, record_topk,
+    stats_out, write_topk, ScoreArgs, CXLKV_SCORE_GATHER_V, CXLKV_SCORE_HOST,
+};
+use crate::errors::cxlkv_result::{self, CXLKV_ERR_BUFFER_TOO_SMALL, CXLKV_ERR_INVALID_ARG};
+use crate::errors::{fail, guard, map_ndp};
+use crate::handles::{borrow, Kind};
+use crate::inflight::{AttendOut, Inflight, TopKOut};
+use crate::kv::dtype_arg;
+use crate::sized::{read_in, sized};
+use cxlkv_runtime::ndp::{AttendRequest, Attended, NdpStats};
+use std::time::{Duration, Instant};
+
+/// `cxlkv_device_wait`'s `timeout_ms` that waits until the ticket is answered (by the device
+/// within the handle's timeout, else by the host).
+pub const CXLKV_WAIT_FOREVER: u32 = u32::MAX;
+
+/// An ATTEND request (`cxlkv_device_submit_attend`): the partial attention of `group` queries over
+/// every token of the blocks. First layout: all of it (64 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct cxlkv_attend_request {
+    /// `sizeof(cxlkv_attend_request)` as the caller's header declares it.
+    pub struct_size: u32,
+    /// Queries in the group.
+    pub group: u32,
+    /// `group × dim` f32 query vectors of one GQA group.
+    pub queries: *const f32,
+    /// Head dimension.
+    pub dim: u32,
+    /// Layer the blocks must carry.
+    pub layer: u32,
+    /// Blocks of one sequence.
+    pub blocks: *const cxlkv_block_ref,
+    /// Number of blocks.
+    pub nblocks: usize,
+    /// Sequence id the blocks must carry.
+    pub sequence: u64,
+    /// KV head to read.
+    pub kv_head: u32,
+    /// `CXLKV_DTYPE_*` of the blocks.
+    pub dtype: u32,
+    /// Applied to `q·k` before `exp`; 0 means `1/sqrt(dim)`.
+    pub scale: f32,
+    /// Zero.
+    pub reserved: u32,
+}
+sized!(cxlkv_attend_request, 64);
+
+impl Default for cxlkv_attend_request {
+    fn default() -> Self {
+        cxlkv_attend_request {
+            struct_size: 0,
+            group: 0,
+            queries: std::ptr::null(),
+            dim: 0,
+            layer: 0,
+            blocks: std::ptr::null(),
+            nblocks: 0,
+            sequence: 0,
+            kv_head: 0,
+            dtype: 0,
+            scale: 0.0,
+            reserved: 0,
+        }
+    }
+}
+
+/// Submits a SCORE_TOPK (`req` as for `cxlkv_device_score_topk`) and stores its ticket in
+/// `*ticket` without waiting. The answer goes, when the ticket is collected by
+/// `cxlkv_device_poll` or `cxlkv_device_wait`, to the caller's arrays named here, which must stay
+/// valid until then (or until `cxlkv_device_close`): `indices` and `scores` (`cap` entries each,
+/// at least lists × k), `values` (`values_cap` bytes, at least lists × k × dim × element size,
+/// with `CXLKV_SCORE_GATHER_V`), and `*per_list` (hits per list). Too-small capacities are refused
+/// here with `CXLKV_ERR_BUFFER_TOO_SMALL`. With `CXLKV_SCORE_HOST` the host computes the answer in
+/// this call and the ticket is ready at once. Thread-safe.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn cxlkv_device_submit_score_topk(
+    d: *const cxlkv_device,
+    req: *const cxlkv_score_request,
+    indices: *mut u32,
+    scores: *mut f32,
+    cap: usize,
+    values: *mut u8,
+    values_cap: usize,
+    per_list: *mut usize,
+    ticket: *mut u64,
+) -> cxlkv_result {
+    guard(|| {
+        let dev = borrow(d, Kind::Device)?;
+        let r = read_in(req, cxlkv_score_request::default(), "req")?;
+        need(indices, "indices")?;
+        need(scores, "scores")?;
+        need(per_list, "per_list")?;
+        need(ticket, "ticket")?;
+        let args = ScoreArgs::parse(&r)?;
+        let request = args.request();
+        let entries = args
+            .lists()
+            .checked_mul(request.k)
+            .ok_or(CXLKV_ERR_INVALID_ARG)?;
+        if entries > cap {
+            return Err(fail(
+                CXLKV_ERR_BUFFER_TOO_SMALL,
+                format!("lists × k = {entries} hits need room, capacity {cap}"),
+            ));
+        }
+        let gather = r.flags & CXLKV_SCORE_GATHER_V != 0;
+        if gather {
+            let bytes = entries
+                .checked_mul(request.dim * request.dtype.size())
+                .ok_or(CXLKV_ERR_INVALID_ARG)?;
+            if bytes > values_cap || values.is_null() {
+                return Err(fail(
+                    CXLKV_ERR_BUFFER_TOO_SMALL,
+                    format!(
+                        "lists × k rows = {bytes} value bytes need room, capacity {values_cap}"
+                    ),
+                ));
+            }
+        }
+        let out = TopKOut {
+            indices,
+            scores,
+            cap,
+            values,
+            values_cap,
+            gather,
+        };
+        let t0 = Instant::now();
+        let nq = args.queries.len();
+        let mut st = dev.lock();
+        let (t, host) = if r.flags & CXLKV_SCORE_HOST != 0 {
+            let top = cxlkv_runtime::ndp::host_score_topk(
+                st.client.participant().pool(),
+                &request,
+                cxlkv_runtime::ndp::NdpOptions::default().kernel,
+            );
+            (None, Some(Box::new(top.map_err(map_ndp)?)))
+        } else {
+            (
+                Some(st.client.submit_score(&request).map_err(map_ndp)?),
+                None,
+            )
+        };
+        let id = st.tickets.file(Inflight::TopK {
+            ticket: t,
+            host,
+            out,
+            per_list,
+            nq,
+            t0,
+        });
+        put_out(ticket, id);
+        Ok(())
+    })
+}
+
+/// Submits an ATTEND and stores its ticket in `*ticket` without waiting. When the ticket is
+/// collected, per query `g`: `max[g]` = the largest `scale·q·k`, `sum[g]` = Σ exp(scale·q·k −
+/// max), and `out[g * dim ..]` = Σ exp(scale·q·k − max)·v (f32; `out / sum` is the attention
+/// output), over every token of the blocks (docs/ABI.md, ATTEND). `out` holds `out_cap` floats, at
+/// least group × dim; `max` and `sum` hold `group` floats each; all stay valid until the ticket is
+/// collected or the device closed. Computed on the host when the device lacks ATTEND. Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_device_submit_attend(
+    d: *const cxlkv_device,
+    req: *const cxlkv_attend_request,
+    out: *mut f32,
+    out_cap: usize,
+    max: *mut f32,
+    sum: *mut f32,
+    ticket: *mut u64,
+) -> cxlkv_result {
+    guard(|| {
+        let dev = borrow(d, Kind::Device)?;
+        let r = read_in(req, cxlkv_attend_request::default(), "req")?;
+        need(out, "out")?;
+        need(max, "max")?;
+        need(sum, "sum")?;
+        need(ticket, "ticket")?;
+        if r.group == 0 || r.dim == 0 {
+            return Err(fail(
+                CXLKV_ERR_INVALID_ARG,
+                "group and dim must be positive",
+            ));
+        }
+        if !r.scale.is_finite() || r.reserved != 0 {
+            return Err(fail(
+                CXLKV_ERR_INVALID_ARG,
+                "scale must be finite and reserved 0",
+            ));
+        }
+        let (g, dim) = (r.group as usize, r.dim as usize);
+        let nq = g.checked_mul(dim).ok_or(CXLKV_ERR_INVALID_ARG)?;
+        if nq > out_cap {
+            return Err(fail(
+                CXLKV_ERR_BUFFER_TOO_SMALL,
+                format!("group × dim = {nq} outputs need room, capacity {out_cap}"),
+            ));
+        }
+        let queries = slice_in(r.queries, nq, "queries")?;
+        let blocks = crate::device::block_specs(r.blocks, r.nblocks)?;
+        let request = AttendRequest {
+            queries,
+            dim,
+            blocks: &blocks,
+            sequence: r.sequence,
+            layer: r.layer,
+            kv_head: r.kv_head,
+            dtype: dtype_arg(r.dtype)?,
+            scale: if r.scale == 0.0 {
+                1.0 / (dim as f32).sqrt()
+            } else {
+                r.scale
+            },
+        };
+        let mut st = dev.lock();
+        let t = st.client.submit_attend(&request).map_err(map_ndp)?;
+        let id = st.tickets.file(Inflight::Attend {
+            ticket: t,
+            out: AttendOut {
+                out,
+                max,
+                sum,
+                group: g,
+                dim,
+            },
+        });
+        put_out(ticket, id);
+        Ok(())
+    })
+}
+
+/// Writes an ATTEND answer to the caller's arrays.
+fn write_attend(a: &Attended, o: &AttendOut) -> Result<(), cxlkv_result> {
+    if a.partials.len() != o.group || a.partials.iter().any(|p| p.out.len() != o.dim) {
+        return Err(fail(
+            crate::errors::cxlkv_result::CXLKV_ERR_UNAVAILABLE,
+            format!(
+                "ATTEND answered {} partials, expected {}",
+                a.partials.len(),
+                o.group
+            ),
+        ));
+    }
+    for (g, p) in a.partials.iter().enumerate() {
+        // SAFETY: g < group and the caller promised `group` floats at max and sum and
+        // group × dim ≤ out_cap floats at out (checked at submit), valid until collection.
+        unsafe {
+            o.max.add(g).write_unaligned(p.max);
+            o.sum.add(g).write_unaligned(p.sum);
+            for (i, &x) in p.out.iter().enumerate() {
+                o.out.add(g * o.dim + i).write_unaligned(x);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Collects ticket `id` if it is answered (`block`: waiting for it). Returns its cost when done,
+/// `None` when not yet; the ticket is forgotten once done or failed.
+fn collect(dev: &cxlkv_device, id: u64, block: bool) -> Result<Option<NdpStats>, cxlkv_result> {
+    let mut st = dev.lock();
+    let st = &mut *st;
+    let Some(entry) = st.tickets.live.remove(&id) else {
+        return Err(fail(
+            CXLKV_ERR_INVALID_ARG,
+            format!("ticket {id} is unknown or already collected"),
+        ));
+    };
+    match entry {
+        Inflight::TopK {
+            ticket,
+            host,
+            out,
+            per_list,
+            nq,
+            t0,
+        } => {
+            let top = match (host, ticket) {
+                (Some(top), _) => Ok(*top),
+                (None, Some(t)) if block => st.client.wait(t),
+                (None, Some(t)) => match st.client.poll(&t) {
+                    Ok(Some(top)) => Ok(top),
+                    Ok(None) => {
+                        let again = Inflight::TopK {
+                            ticket: Some(t),
+                            host: None,
+                            out,
+                            per_list,
+                            nq,
+                            t0,
+                        };
+                        st.tickets.live.insert(id, again);
+                        return Ok(None);
+                    }
+                    Err(e) => Err(e),
+                },
+                (None, None) => unreachable!("a SCORE_TOPK ticket has a ticket or an answer"),
+            };
+            let top = record_topk(top, nq, t0)?;
+            let n = write_topk(&top, &out)?;
+            put_out(per_list, n);
+            Ok(Some(top.stats))
+        }
+        Inflight::Attend { ticket, out } => {
+            let a = if block {
+                st.client.wait_attend(ticket)
+            } else {
+                match st.client.poll_attend(&ticket) {
+                    Ok(Some(a)) => Ok(a),
+                    Ok(None) => {
+                        st.tickets.live.insert(id, Inflight::Attend { ticket, out });
+                        return Ok(None);
+                    }
+                    Err(e) => Err(e),
+                }
+            };
+            let a = a.map_err(map_ndp)?;
+            write_attend(&a, &out)?;
+            Ok(Some(a.stats))
+        }
+    }
+}
+
+/// Collects `ticket` if it is answered, without blocking: `*done = 1` and the answer written to the
+/// arrays named at submit (and its cost to `*stats` unless NULL), or `*done = 0` and nothing
+/// written. A ticket is collected once: after `*done = 1`, or after a call that failed on it (the
+/// command's own error, e.g. a block missing), it is unknown (`CXLKV_ERR_INVALID_ARG`). A command
+/// the device has not answered within the handle's timeout is computed on the host by the call
+/// that notices. Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_device_poll(
+    d: *const cxlkv_device,
+    ticket: u64,
+    done: *mut i32,
+    stats: *mut cxlkv_ndp_stats,
+) -> cxlkv_result {
+    guard(|| {
+        let dev = borrow(d, Kind::Device)?;
+        need(done, "done")?;
+        check_stats(stats)?;
+        match collect(dev, ticket, false)? {
+            Some(s) => {
+                stats_out(stats, &s);
+                put_out(done, 1);
+            }
+            None => put_out(done, 0),
+        }
+        Ok(())
+    })
+}
+
+/// Waits up to `timeout_ms` for `ticket` and collects it as `cxlkv_device_poll` does: `*done = 1`
+/// with the answer written, or `*done = 0` when the time ran out (the ticket stays in flight).
+/// `CXLKV_WAIT_FOREVER` waits until it is answered, which always happens: by the device within the
+/// handle's timeout (`cxlkv_device_open`), else by the host. Other calls on the same handle wait
+/// meanwhile. Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_device_wait(
+    d: *const cxlkv_device,
+    ticket: u64,
+    timeout_ms: u32,
+    done: *mut i32,
+    stats: *mut cxlkv_ndp_stats,
+) -> cxlkv_result {
+    guard(|| {
+        let dev = borrow(d, Kind::Device)?;
+        need(done, "done")?;
+        check_stats(stats)?;
+        let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
+        let answer = if timeout_ms == CXLKV_WAIT_FOREVER {
+            collect(dev, ticket, true)?
+        } else {
+            loop {
+                if let Some(s) = collect(dev, ticket, false)? {
+                    break Some(s);
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    break None;
+                }
+                std::thread::sleep((deadline - now).min(Duration::from_micros(50)));
+            }
+        };
+        match answer {
+            Some(s) => {
+                stats_out(stats, &s);
+                put_out(done, 1);
+            }
+            None => put_out(done, 0),
+        }
+        Ok(())
+    })
+}
+
+/// The tickets still in flight on `d` in `*count` (submitted, not yet collected). Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_device_in_flight(
+    d: *const cxlkv_device,
+    count: *mut usize,
+) -> cxlkv_result {
+    guard(|| {
+        let dev = borrow(d, Kind::Device)?;
+        need(count, "count")?;
+        put_out(count, dev.lock().tickets.live.len());
+        Ok(())
+    })
+}
