@@ -90,7 +90,7 @@ pub use mem::SharedMemory;
 pub use object::Manifest;
 pub use participant::{
     AttachOptions, Participant, ParticipantStats, PinnedBlock, PutOutcome, RawPin, RawReservation,
-    Reservation, CRASH_SITES,
+    Reservation, CRASH_SITES, OBJECT_CRASH_SITES,
 };
 pub use pool::{BlockInfo, BlockRef, Location, Pool, PoolConfig, PoolError};
 pub use region::{Backend, HugePages, Region, RegionOptions};

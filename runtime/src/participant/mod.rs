@@ -38,7 +38,7 @@ mod reservation;
 pub(crate) mod state;
 mod write;
 
-pub use crash::CRASH_SITES;
+pub use crash::{CRASH_SITES, OBJECT_CRASH_SITES};
 pub use liveness::{participant_dead, participant_liveness};
 pub use object::PutOutcome;
 pub use pin::{PinnedBlock, RawPin};
