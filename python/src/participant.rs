@@ -11,7 +11,7 @@ use crate::kv::{dtype_arg, kv_block, shape_arg, PyKvBlock};
 use crate::metrics::{record, record_read, record_result};
 use crate::pin::PyPin;
 use cxlkv_runtime::metrics::{Op, Outcome};
-use cxlkv_runtime::{Key, Participant, PoolError};
+use cxlkv_runtime::{Key, Participant, PoolError, PutOutcome};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use std::sync::{Arc, RwLock};
@@ -77,8 +77,16 @@ impl PyParticipant {
         Ok(self.inner()?.pool().block_size())
     }
 
+    /// The largest value `put` accepts: values over one block are stored as multi-block objects
+    /// (parts, then a manifest, visible only whole), up to what one partition holds.
+    #[getter]
+    fn max_object_len(&self) -> PyResult<u64> {
+        Ok(self.inner()?.max_object_len())
+    }
+
     /// Stores the bytes of `data` (any buffer: bytes, bytearray, numpy array...) under `key`,
-    /// evicting least recently used unpinned blocks of the partition if needed.
+    /// evicting least recently used unpinned blocks of the partition if needed. Data larger than
+    /// a block becomes a multi-block object; every read works on it unchanged (`pin` excepted).
     fn put(&self, py: Python<'_>, key: &Bound<'_, PyAny>, data: &Bound<'_, PyAny>) -> PyResult<()> {
         let (me, k, b) = (self.inner()?, key_of(key)?, Bytes::get(data, "data")?);
         py.detach(|| {
@@ -88,6 +96,37 @@ impl PyParticipant {
             r.map(drop).map_err(Fail::from)
         })?;
         Ok(())
+    }
+
+    /// Stores `data` under `key` unless some participant already holds `key` (in any
+    /// partition): True if stored, False if it was present (nothing written). Two participants
+    /// putting the same new key at the same instant may both store it; a reader then finds one
+    /// of them, whole.
+    fn put_if_absent(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        data: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let (me, k, b) = (self.inner()?, key_of(key)?, Bytes::get(data, "data")?);
+        Ok(py.detach(|| {
+            let t0 = Instant::now();
+            let r = me.put_if_absent(k, b.as_slice());
+            // A key found present is a successful put that wrote nothing.
+            match r {
+                Ok(PutOutcome::Stored(_)) => record(Op::Put, Outcome::Ok, b.len() as u64, 0, t0),
+                Ok(PutOutcome::Present(_)) => record(Op::Put, Outcome::Ok, 0, 0, t0),
+                Err(_) => record(Op::Put, Outcome::Error, 0, 0, t0),
+            }
+            r.map(|o| o.stored()).map_err(Fail::from)
+        })?)
+    }
+
+    /// Bytes held under `key` (a multi-block object's whole length), or None on a miss: the size
+    /// of the buffer `get_into` needs.
+    fn length(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+        let (me, k) = (self.inner()?, key_of(key)?);
+        Ok(py.detach(|| me.length(k).map_err(Fail::from))?)
     }
 
     /// Copies the block under `key` into `out` (a writable, contiguous buffer: a numpy array, a

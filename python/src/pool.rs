@@ -123,6 +123,13 @@ impl PyPool {
         Ok(py.detach(|| pool.contains(k).map_err(Fail::from))?)
     }
 
+    /// Bytes held under `key` (a multi-block object's whole length), or None on a miss: the size
+    /// of the buffer `get_into` needs.
+    fn length(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+        let (pool, k) = (self.get()?, key_of(key)?);
+        Ok(py.detach(|| pool.length(k).map_err(Fail::from))?)
+    }
+
     /// `[contains(k) for k in keys]` in one call.
     fn batch_contains(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
         let (pool, ks) = (self.get()?, keys_of(keys)?);

@@ -10,9 +10,11 @@ use crate::format::{
     Codec, IndexSlot, ENTRY_EMPTY, ENTRY_TOMBSTONE, PINS_PER_PARTICIPANT, PIN_SIZE,
 };
 use crate::key::Key;
+use crate::object::Manifest;
 use crate::participant::liveness::participant_liveness;
 use crate::pool::{Pool, Result};
 use crate::watch::Liveness;
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
 /// One finding of the checker.
@@ -48,6 +50,10 @@ pub struct CheckReport {
     /// Blocks quarantined: claimed for writing by another generation than the partition's
     /// current owner and never committed, so never reused. Not damage.
     pub quarantined_blocks: u64,
+    /// Object parts no manifest names: left by a put interrupted before its manifest (or by a
+    /// replacement interrupted before the old parts were deleted). Valid blocks that eviction
+    /// reclaims; not damage (docs/FORMAT.md, Objects).
+    pub orphan_parts: u64,
 }
 
 impl CheckReport {
@@ -154,6 +160,9 @@ pub fn check(pool: &Pool) -> Result<CheckReport> {
     for p in 0..sb.partitions {
         let base = pool.partition_off(p);
         mem.acquire(base, sb.payloads_off);
+        // Object parts named by a manifest of this partition, and every part block found.
+        let mut named = HashSet::new();
+        let mut parts = Vec::new();
         let owner = mem.load_u64(base + partition::OWNER, Ordering::Acquire)?;
         let holder = (owner & 0xffff_ffff) as u32;
         if holder > sb.participants {
@@ -290,7 +299,22 @@ pub fn check(pool: &Pool) -> Result<CheckReport> {
                 if let Err(e) = crate::kv::KvBlock::parse(&buf) {
                     err(&mut r, hplace, format!("typed KV payload invalid: {e}"));
                 }
+            } else if h.codec == Codec::ObjectManifest as u32 {
+                match Manifest::decode(&buf, key) {
+                    Some(m) => named.extend(m.part_keys()),
+                    None => err(&mut r, hplace, "object manifest invalid".into()),
+                }
+            } else if h.codec == Codec::ObjectPart as u32 {
+                parts.push(key);
             }
+        }
+        let orphans = parts.iter().filter(|k| !named.contains(*k)).count() as u64;
+        if orphans > 0 {
+            r.orphan_parts += orphans;
+            r.notes.push(Finding {
+                place: format!("partition {p}"),
+                what: format!("{orphans} object parts no manifest names (a put interrupted before its manifest, or replaced); eviction reclaims them"),
+            });
         }
         let generation = owner >> 32;
         for (b, by) in referenced.iter().enumerate() {

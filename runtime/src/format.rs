@@ -24,8 +24,10 @@ pub const MAGIC: [u8; 8] = *b"CXLKVPL\0";
 /// 3: writes are fenced in memory (block claim words, generation-tagged index slot versions,
 /// quarantined slots; docs/FORMAT.md §8).
 pub const VERSION_MAJOR: u16 = 3;
-/// Minor version: additions that readers of the same major may ignore.
-pub const VERSION_MINOR: u16 = 0;
+/// Minor version: additions that readers of the same major may ignore. 1: multi-block objects
+/// (codecs [`Codec::ObjectPart`] and [`Codec::ObjectManifest`]); a 3.0 reader sees their blocks as
+/// unknown codecs and reports them as misses.
+pub const VERSION_MINOR: u16 = 1;
 /// Cache line size the format is laid out for.
 pub const LINE: u64 = 64;
 /// Page size the format aligns to.
@@ -57,6 +59,11 @@ pub enum Codec {
     Raw = 0,
     /// A typed KV block: [`KvLayout`] then K, V and key bounds (docs/FORMAT.md).
     KvV1 = 1,
+    /// One part of a multi-block object, stored under a derived key ([`ObjectManifest`]).
+    ObjectPart = 2,
+    /// The manifest of a multi-block object under the user's key: [`ObjectManifest`] then one
+    /// [`ObjectPartEntry`] per part. Published last, so an object is visible only whole.
+    ObjectManifest = 3,
 }
 
 impl Codec {
@@ -65,6 +72,8 @@ impl Codec {
         match code {
             0 => Some(Self::Raw),
             1 => Some(Self::KvV1),
+            2 => Some(Self::ObjectPart),
+            3 => Some(Self::ObjectManifest),
             _ => None,
         }
     }
@@ -492,6 +501,63 @@ pub struct KvLayout {
 // SAFETY: repr(C), fields without padding (layout test), integers only.
 unsafe impl Plain for KvLayout {}
 
+/// Magic at the start of an object manifest.
+pub const OBJECT_MAGIC: [u8; 8] = *b"CXLKVOBJ";
+/// Version of the object manifest layout.
+pub const OBJECT_VERSION: u32 = 1;
+
+/// Head of an object manifest (64 bytes), the payload of a [`Codec::ObjectManifest`] block;
+/// `part_count` [`ObjectPartEntry`]s follow. Every part but the last holds `part_size` bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ObjectManifest {
+    /// [`OBJECT_MAGIC`].
+    pub magic: [u8; 8],
+    /// [`OBJECT_VERSION`].
+    pub version: u32,
+    /// [`Codec`] of the object's bytes (what a read reports).
+    pub codec: u32,
+    /// Object length in bytes.
+    pub total_len: u64,
+    /// Bytes of every part but the last (the pool's block size when written).
+    pub part_size: u64,
+    /// Per-put nonce the part keys derive from (`partition << 48 | first seq`).
+    pub nonce: u64,
+    /// Low 64 bits of the object's key.
+    pub key_lo: u64,
+    /// High 64 bits of the object's key.
+    pub key_hi: u64,
+    /// Number of parts.
+    pub part_count: u32,
+    /// CRC-32C of the manifest: these 64 bytes up to this field, then the part table.
+    pub crc: u32,
+}
+// SAFETY: repr(C), fields without padding (layout test), integers and byte arrays only.
+unsafe impl Plain for ObjectManifest {}
+
+impl ObjectManifest {
+    /// Offset of `crc`.
+    pub const CRC_OFF: usize = std::mem::offset_of!(ObjectManifest, crc);
+}
+
+/// One part of an object (32 bytes) in its manifest's part table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ObjectPartEntry {
+    /// Low 64 bits of the part's key.
+    pub key_lo: u64,
+    /// High 64 bits of the part's key.
+    pub key_hi: u64,
+    /// Part length in bytes.
+    pub len: u64,
+    /// CRC-32C of the part's bytes.
+    pub crc: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+// SAFETY: repr(C), fields without padding (layout test), integers only.
+unsafe impl Plain for ObjectPartEntry {}
+
 // The participant slot's regions fit and are line-aligned: checked at compile time.
 const _: () = assert!(slot::HOTLIST < PARTICIPANT_SLOT_SIZE);
 const _: () = assert!(slot::PINS.is_multiple_of(LINE));
@@ -570,6 +636,23 @@ mod tests {
         assert_eq!(offset_of!(KvLayout, v_off), 44);
         assert_eq!(offset_of!(KvLayout, bounds_off), 48);
         assert_eq!(offset_of!(KvLayout, reserved1), 52);
+    }
+
+    #[test]
+    fn object_manifest_layout() {
+        assert_eq!(size_of::<ObjectManifest>(), 64);
+        assert_eq!(offset_of!(ObjectManifest, version), 8);
+        assert_eq!(offset_of!(ObjectManifest, codec), 12);
+        assert_eq!(offset_of!(ObjectManifest, total_len), 16);
+        assert_eq!(offset_of!(ObjectManifest, part_size), 24);
+        assert_eq!(offset_of!(ObjectManifest, nonce), 32);
+        assert_eq!(offset_of!(ObjectManifest, key_lo), 40);
+        assert_eq!(offset_of!(ObjectManifest, key_hi), 48);
+        assert_eq!(offset_of!(ObjectManifest, part_count), 56);
+        assert_eq!(offset_of!(ObjectManifest, crc), 60);
+        assert_eq!(size_of::<ObjectPartEntry>(), 32);
+        assert_eq!(offset_of!(ObjectPartEntry, len), 16);
+        assert_eq!(offset_of!(ObjectPartEntry, crc), 24);
     }
 
     #[test]

@@ -13,6 +13,9 @@
 //!   entries, block headers, typed KV layouts), its constants and CRCs; docs/FORMAT.md in prose.
 //! - [`pool`]: [`Pool`], a formatted pool in some memory: create, open (validating the superblock),
 //!   geometry, the index probe and optimistic validated reads shared by every reader.
+//! - [`object`]: multi-block objects: payloads over one block stored as parts plus a manifest
+//!   published last, so readers see them only whole ([`Participant::put`] makes them,
+//!   [`Participant::put_if_absent`] skips keys any partition holds).
 //! - [`participant`]: [`Participant`], one attached process: its slot and heartbeat, the claim of a
 //!   partition and the takeover of a dead owner's, writes (put, reserve/commit, delete, eviction),
 //!   and pins. Each participant writes only its own slot and its own partition.
@@ -70,9 +73,11 @@ pub mod kv;
 pub mod locate;
 pub mod metrics;
 pub mod ndp;
+pub mod object;
 pub mod participant;
 pub mod policy;
 pub mod pool;
+mod read;
 pub mod stats;
 pub mod watch;
 
@@ -82,9 +87,10 @@ pub use format::{Codec, CoherenceMode};
 pub use key::{Key, KeyChain};
 pub use kv::{KvBlock, KvShape};
 pub use mem::SharedMemory;
+pub use object::Manifest;
 pub use participant::{
-    AttachOptions, Participant, ParticipantStats, PinnedBlock, RawPin, RawReservation, Reservation,
-    CRASH_SITES,
+    AttachOptions, Participant, ParticipantStats, PinnedBlock, PutOutcome, RawPin, RawReservation,
+    Reservation, CRASH_SITES, OBJECT_CRASH_SITES,
 };
 pub use pool::{BlockInfo, BlockRef, Location, Pool, PoolConfig, PoolError};
 pub use region::{Backend, HugePages, Region, RegionOptions};

@@ -75,7 +75,7 @@ pub enum PoolError {
     #[error("bad pool configuration: {0}")]
     BadConfig(String),
     /// A payload larger than a block.
-    #[error("payload of {len} bytes exceeds the block size of {capacity} bytes")]
+    #[error("payload of {len} bytes exceeds the {capacity} bytes that fit (one block for a reservation, a typed KV block or a pin; the partition's room for an object put)")]
     PayloadTooLarge {
         /// Payload length.
         len: u64,
@@ -775,53 +775,6 @@ impl Pool {
             && Codec::from_code(h.codec).is_some()
             && h.header_crc == h.compute_crc();
         Ok(ok.then_some(h))
-    }
-
-    /// The optimistic read loop: returns the block's info with its payload in `dst`, or `None` on
-    /// a miss, also after [`READ_RETRIES`] failed validations, each counted in `retries`.
-    pub(crate) fn read_validated(
-        &self,
-        key: Key,
-        dst: &mut dyn ReadBuf,
-        retries: &mut u64,
-    ) -> Result<Option<BlockInfo>> {
-        for _ in 0..READ_RETRIES {
-            let Some(loc) = self.locate(key)? else {
-                return Ok(None);
-            };
-            let Some(h) = self.checked_header(key, &loc)? else {
-                *retries += 1;
-                continue;
-            };
-            let buf = match dst.sized(h.len as usize) {
-                Ok(b) => b,
-                Err(e) => {
-                    // Report a size only if the header we sized from was current.
-                    if self.slot_version(loc.partition, loc.slot)? != loc.version {
-                        *retries += 1;
-                        continue;
-                    }
-                    return Err(e);
-                }
-            };
-            let off = self.payload_off(loc.partition, loc.block);
-            // Pairs with the publish of the payload in the owner's commit.
-            coherence::acquire(self.mem(), Site::PayloadRead, off, h.len);
-            self.mem().read(off, buf)?;
-            if format::crc32c(buf) != h.payload_crc
-                || self.slot_version(loc.partition, loc.slot)? != loc.version
-            {
-                *retries += 1;
-                continue;
-            }
-            let codec = Codec::from_code(h.codec).expect("checked in header");
-            return Ok(Some(BlockInfo {
-                len: h.len,
-                codec,
-                location: loc,
-            }));
-        }
-        Ok(None)
     }
 
     /// Copies the block stored under `key` into a new vector; `None` on a miss.

@@ -57,3 +57,7 @@ pub const CRASH_SITES: [&str; 7] = [
     "slot:fields",
     "put:indexed",
 ];
+
+/// The crash and pause points a multi-block object put adds (see `crash_point`): after each part
+/// is indexed, and before the manifest's own put (whose steps are [`CRASH_SITES`]).
+pub const OBJECT_CRASH_SITES: [&str; 2] = ["object:part", "object:manifest"];

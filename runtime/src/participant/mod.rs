@@ -19,6 +19,8 @@
 //! - `claim` and `recovery`: taking a partition into ownership and rebuilding its state.
 //! - `write`, `index` and `reservation`: put, commit, eviction, delete; in-place writes
 //!   ([`Reservation`]).
+//! - `object`: multi-block objects (put, replacement and eviction as a unit) and
+//!   [`Participant::put_if_absent`] ([`PutOutcome`]).
 //! - `read` and `pin`: counted reads, and pins that keep a block in place ([`PinnedBlock`]).
 //! - `crash`: the crash points of the write protocol ([`CRASH_SITES`]).
 
@@ -28,6 +30,7 @@ mod crash;
 mod index;
 mod lifecycle;
 pub(crate) mod liveness;
+mod object;
 mod pin;
 mod read;
 mod recovery;
@@ -35,8 +38,9 @@ mod reservation;
 pub(crate) mod state;
 mod write;
 
-pub use crash::CRASH_SITES;
+pub use crash::{CRASH_SITES, OBJECT_CRASH_SITES};
 pub use liveness::{participant_dead, participant_liveness};
+pub use object::PutOutcome;
 pub use pin::{PinnedBlock, RawPin};
 pub use reservation::{RawReservation, Reservation};
 pub use state::{AttachOptions, Participant, ParticipantStats, Recovery};

@@ -17,6 +17,8 @@ use std::sync::atomic::{fence, Ordering};
 impl Participant {
     /// Pins the block under `key`: while the pin is held (and this participant is alive) its
     /// owner will not reuse the block, so the returned view stays valid for zero-copy reads.
+    /// A multi-block object cannot be pinned (pins hold one block): that is
+    /// [`PoolError::PayloadTooLarge`] with the object's length; read it with `get_into`.
     pub fn pin(&self, key: Key) -> Result<Option<PinnedBlock<'_>>> {
         if self.self_fencing && self.lease_lost() {
             return Err(self.fenced_error());
@@ -49,6 +51,14 @@ impl Participant {
             let Some(h) = pool.checked_header(key, &loc)? else {
                 continue;
             };
+            if h.codec == Codec::ObjectManifest as u32 {
+                // Pins hold one block in place; an object spans many (read it with get_into).
+                let len = pool.length(key)?.unwrap_or(h.len);
+                return Err(PoolError::PayloadTooLarge {
+                    len,
+                    capacity: pool.block_size(),
+                });
+            }
             // Validate the payload once; after this, the pin keeps it in place.
             let poff = pool.payload_off(loc.partition, loc.block);
             // Pairs with the BlockWrite publish of the payload.

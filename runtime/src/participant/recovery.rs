@@ -155,9 +155,14 @@ pub(super) fn recover_partition(
         .filter_map(|(b, e)| e.map(|(_, seq)| (seq, b as u32)))
         .collect();
     by_seq.sort_unstable();
+    let objects = super::object::rebuild_objects(pool, p, &indexed)?;
+    let parts: HashSet<u32> = objects.values().flatten().map(|&(b, _)| b).collect();
     let mut policy: Box<dyn EvictionPolicy> = Box::new(Lru::new(nblocks));
     for &(_, b) in &by_seq {
-        policy.insert(b);
+        // An object's parts leave with its manifest, never on their own.
+        if !parts.contains(&b) {
+            policy.insert(b);
+        }
     }
     rec.blocks = by_seq.len() as u64;
     // Unreferenced blocks are free, except those another generation claimed and never committed:
@@ -192,6 +197,7 @@ pub(super) fn recover_partition(
             indexed,
             policy,
             next_seq,
+            objects,
         },
         rec,
     ))

@@ -7,6 +7,7 @@ use super::beat::OwnLease;
 use crate::format::{counters, slot};
 use crate::policy::EvictionPolicy;
 use crate::pool::Pool;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
@@ -71,6 +72,9 @@ pub(super) struct OwnerState {
     pub(super) indexed: Vec<Option<(u32, u64)>>,
     pub(super) policy: Box<dyn EvictionPolicy>,
     pub(super) next_seq: u64,
+    /// Multi-block objects: manifest block → its parts' (block, seq). Parts stay out of the
+    /// eviction policy; the object is evicted, replaced and deleted as a unit with its manifest.
+    pub(super) objects: HashMap<u32, Vec<(u32, u64)>>,
 }
 
 /// A participant attached to a pool. Detaches (releasing its slot and partition, keeping every

@@ -21,7 +21,14 @@ use std::sync::atomic::{fence, Ordering};
 impl Participant {
     /// Stores `payload` under `key` in this participant's partition (replacing an older block of
     /// the same key there), evicting least recently used unpinned blocks when the partition is full.
+    ///
+    /// A payload larger than one block is stored as a multi-block object (parts, then a manifest
+    /// under `key`; see [`crate::object`]): readers see it only once whole, and `get`, `get_into`,
+    /// `contains`, `delete` treat it like a block. Its location is the manifest's.
     pub fn put(&self, key: Key, payload: &[u8]) -> Result<Location> {
+        if payload.len() as u64 > self.pool.block_size() {
+            return self.put_object(key, Codec::Raw, payload);
+        }
         self.put_with_codec(key, Codec::Raw, payload)
     }
 
@@ -46,22 +53,34 @@ impl Participant {
             });
         }
         let mut st = self.owner()?;
-        let block = self.allocate(&mut st)?;
+        // Checksummed from the private source, so the copy below never has to be read back.
+        let crc = format::crc32c(payload);
+        self.store_block(&mut st, key, codec, payload, crc)
+    }
+
+    /// The steps of a put under the owner lock: allocate, copy the payload in, commit.
+    pub(super) fn store_block(
+        &self,
+        st: &mut OwnerState,
+        key: Key,
+        codec: Codec,
+        payload: &[u8],
+        crc: u32,
+    ) -> Result<Location> {
+        let block = self.allocate(st)?;
         crash_point("put:allocated");
         let p = st.partition;
         let off = self.pool.payload_off(p, block);
-        // Checksummed from the private source, so the copy below never has to be read back.
-        let crc = format::crc32c(payload);
         // The payload reaches memory before the header and index entry that announce it
         // (`finish_commit`); on software-coherent memory it is streamed there with non-temporal
         // stores, so no write-back pass follows. Pairs with the PayloadRead acquires of readers.
         if let Err(e) = coherence::write_published(self.pool.mem(), Site::BlockWrite, off, payload)
         {
-            self.release_block(&mut st, block);
+            self.release_block(st, block);
             return Err(e.into());
         }
         crash_point("put:payload");
-        self.finish_commit(&mut st, key, block, codec, payload.len() as u64, crc, true)
+        self.finish_commit(st, key, block, codec, payload.len() as u64, crc, true)
     }
 
     /// Takes a block for writing and claims it (its claim word says `WRITING` by this owner's
@@ -159,6 +178,8 @@ impl Participant {
             // us sees the other.
             fence(Ordering::SeqCst);
             self.count(counters::EVICTIONS, 1);
+            // An object leaves as a unit: its parts go with its manifest.
+            self.drop_object_parts(st, victim)?;
             if self.pinned_now(st.partition, victim, seq)? {
                 st.deferred.push((victim, seq));
                 continue;
@@ -284,6 +305,9 @@ impl Participant {
                 } else {
                     st.free.push(old_block);
                 }
+                // A replaced object's parts go once the new block is indexed (best effort: a
+                // failure leaves orphans, which eviction reclaims).
+                let _ = self.drop_object_parts(st, old_block);
             }
         }
         self.count(counters::PUTS, 1);
@@ -310,6 +334,8 @@ impl Participant {
                 } else {
                     st.free.push(loc.block);
                 }
+                // An object: its manifest went first (readers miss from here), then its parts.
+                self.drop_object_parts(&mut st, loc.block)?;
                 self.count(counters::DELETES, 1);
                 Ok(true)
             }

@@ -1,0 +1,69 @@
+//! The optimistic read loop shared by every copying reader ([`Pool::get`], [`Pool::get_into`],
+//! the participant's counted reads): find the key, check its header, copy and checksum the
+//! payload, re-check the index slot's version; a multi-block object's manifest hands over to
+//! [`crate::object`], which reads the parts the same way.
+
+use crate::coherence::{self, Site};
+use crate::format::{self, Codec};
+use crate::key::Key;
+use crate::object::ObjectRead;
+use crate::pool::{BlockInfo, Pool, ReadBuf, Result, READ_RETRIES};
+
+impl Pool {
+    /// The optimistic read loop: returns the block's info with its payload in `dst`, or `None` on
+    /// a miss, also after [`READ_RETRIES`] failed validations, each counted in `retries`.
+    pub(crate) fn read_validated(
+        &self,
+        key: Key,
+        dst: &mut dyn ReadBuf,
+        retries: &mut u64,
+    ) -> Result<Option<BlockInfo>> {
+        for _ in 0..READ_RETRIES {
+            let Some(loc) = self.locate(key)? else {
+                return Ok(None);
+            };
+            let Some(h) = self.checked_header(key, &loc)? else {
+                *retries += 1;
+                continue;
+            };
+            if h.codec == Codec::ObjectManifest as u32 {
+                match self.read_object(key, &loc, &h, dst)? {
+                    ObjectRead::Done(info) => return Ok(Some(info)),
+                    ObjectRead::Miss => return Ok(None),
+                    ObjectRead::Retry => {
+                        *retries += 1;
+                        continue;
+                    }
+                }
+            }
+            let buf = match dst.sized(h.len as usize) {
+                Ok(b) => b,
+                Err(e) => {
+                    // Report a size only if the header we sized from was current.
+                    if self.slot_version(loc.partition, loc.slot)? != loc.version {
+                        *retries += 1;
+                        continue;
+                    }
+                    return Err(e);
+                }
+            };
+            let off = self.payload_off(loc.partition, loc.block);
+            // Pairs with the publish of the payload in the owner's commit.
+            coherence::acquire(self.mem(), Site::PayloadRead, off, h.len);
+            self.mem().read(off, buf)?;
+            if format::crc32c(buf) != h.payload_crc
+                || self.slot_version(loc.partition, loc.slot)? != loc.version
+            {
+                *retries += 1;
+                continue;
+            }
+            let codec = Codec::from_code(h.codec).expect("checked in header");
+            return Ok(Some(BlockInfo {
+                len: h.len,
+                codec,
+                location: loc,
+            }));
+        }
+        Ok(None)
+    }
+}
