@@ -90,7 +90,8 @@ def test_plugin_loaded_from_config_round_trips_real_kv_across_processes(tmp_path
     import cxlkv
 
     spec = "shm:cxlkv-lmcache-%d" % os.getpid()
-    cxlkv.Pool.create(spec, 256 << 20, block_size=4 << 20, participants=4).close()
+    # 256 KiB blocks: each 384 KiB chunk is a multi-block object.
+    cxlkv.Pool.create(spec, 256 << 20, block_size=256 << 10, participants=4).close()
     try:
         out = run(
             r"""
@@ -113,6 +114,7 @@ print("PUT", len(keys), "chunks of", objs[0].get_shape(), objs[0].get_dtype(), o
         print(out)
         out = run(
             r"""
+assert all(plugin.me.length(plugin._key(k)) > plugin.pool.block_size for k in keys)  # multi-block objects
 n = loop.run_until_complete(plugin.batched_async_contains("req-1", keys))
 assert n == 8, n
 other = tokens.copy(); other[3 * CH + 5] += 1       # the same first 3 chunks, then different

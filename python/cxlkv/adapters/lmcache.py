@@ -15,12 +15,14 @@ LMCache loads it from its own configuration (`storage_plugins` and `extra_config
 Every LMCache chunk (a `MemoryObj`, e.g. a 256-token `KV_2LTD` tensor `[2, layers, tokens,
 hidden]`) is one pool object under the key of its `CacheEngineKey` string (model, world size,
 worker, chunk hash, dtype, tags): a header (magic, format, dtype, shape, payload length) then the
-tensor's bytes. Puts are synchronous and atomic in the pool (a chunk is visible only whole);
-`get_blocking` reads the header from a pin of the object (zero copy), allocates the chunk from
-LMCache's own allocator (`local_cpu_backend.allocate(shape, dtype, fmt)`) and copies the payload
-into it once; `batched_async_contains` is one `lookup_prefix` over the request's chunk keys (LMCache
+tensor's bytes. Puts are synchronous and atomic in the pool (a chunk is visible only whole, also
+when it spans several blocks as a multi-block object); `get_blocking` reads the header in place
+(a pin, zero copy; a chunk larger than a block is first copied out with `get_into`), allocates
+the chunk from LMCache's own allocator (`local_cpu_backend.allocate(shape, dtype, fmt)`) and
+copies the payload into it; `batched_async_contains` is one `lookup_prefix` over the request's chunk keys (LMCache
 chains its chunk hashes, so the leading present keys are the cached prefix), pinning them when
-asked. Any process attached to the pool finds the chunks another process put.
+asked (a pool pin, or a private copy of a chunk larger than a block: pins hold one block). Any
+process attached to the pool finds the chunks another process put.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 import cxlkv
+
+from ._read import read_view
 
 __all__ = ["CxlkvStorageBackend"]
 
@@ -64,6 +68,29 @@ def _dtype_name(dtype: torch.dtype) -> str:
         return _DTYPE_NAMES[dtype]
     except KeyError:
         raise ValueError("cxlkv LMCache plugin: unsupported dtype %s" % dtype) from None
+
+
+class _Held:
+    """A pinned chunk: a pool pin (`pin`) or, for a multi-block object, a private copy (`copy`)."""
+
+    def __init__(self, pin=None, copy=None):
+        self.pin, self.copy = pin, copy
+
+    @staticmethod
+    def take(me, k) -> Optional["_Held"]:
+        try:
+            p = me.pin(k)
+        except cxlkv.BadInputError as e:
+            if e.code != cxlkv.ERR_PAYLOAD_TOO_LARGE:
+                raise
+            with read_view(me, k) as view:
+                return None if view is None else _Held(copy=bytes(view))
+        return None if p is None else _Held(pin=p)
+
+    def release(self):
+        if self.pin is not None:
+            self.pin.release()
+        self.copy = None
 
 
 class CxlkvStorageBackend(StoragePluginInterface):
@@ -173,26 +200,29 @@ class CxlkvStorageBackend(StoragePluginInterface):
     async def async_batched_submit_put_task(self, keys, objs, transfer_spec=None, on_complete_callback=None):
         self.batched_submit_put_task(keys, objs, transfer_spec, on_complete_callback)
 
-    def get_blocking(self, key: CacheEngineKey) -> Optional[MemoryObj]:
-        pin = self.me.pin(self._key(key))
-        if pin is None:
+    def _restore(self, view) -> Optional[MemoryObj]:
+        """A chunk allocated from LMCache's allocator holding the record in `view`."""
+        head = self._decode_head(view)
+        if head is None:
             return None
-        with pin:
-            view = memoryview(pin)
-            try:
-                head = self._decode_head(view)
-                if head is None:
-                    return None
-                fmt, dtype, shape, length = head
-                obj = self.local_cpu_backend.allocate(shape, dtype, fmt)
-                if obj is None:
-                    return None
-                dst = memoryview(obj.byte_array).cast("B")
-                dst[:length] = view[_HEAD.size : _HEAD.size + length]
-                del dst
-                return obj
-            finally:
-                view.release()
+        fmt, dtype, shape, length = head
+        obj = self.local_cpu_backend.allocate(shape, dtype, fmt)
+        if obj is None:
+            return None
+        dst = memoryview(obj.byte_array).cast("B")
+        dst[:length] = view[_HEAD.size : _HEAD.size + length]
+        del dst
+        return obj
+
+    def get_blocking(self, key: CacheEngineKey) -> Optional[MemoryObj]:
+        k = self._key(key)
+        with self._lock:
+            ent = self._pins.get(k)
+            held = ent[0].copy if ent is not None else None
+        if held is not None:
+            return self._restore(memoryview(held))
+        with read_view(self.me, k) as view:
+            return None if view is None else self._restore(view)
 
     def get_non_blocking(self, key: CacheEngineKey, location: Optional[str] = None) -> Optional[Future]:
         f: Future = Future()
@@ -233,20 +263,22 @@ class CxlkvStorageBackend(StoragePluginInterface):
         return self.me.lookup_prefix([self._key(k) for k in keys])
 
     def pin(self, key: CacheEngineKey) -> bool:
+        """Keeps the chunk for this process until `unpin`: a pool pin of its block, or, for a
+        chunk larger than a block (pins hold one block), a private copy taken now."""
         k = self._key(key)
         with self._lock:
             if k in self._pins:
                 self._pins[k][1] += 1
                 return True
-        p = self.me.pin(k)
-        if p is None:
+        held = _Held.take(self.me, k)
+        if held is None:
             return False
         with self._lock:
             if k in self._pins:
                 self._pins[k][1] += 1
-                p.release()
+                held.release()
             else:
-                self._pins[k] = [p, 1]
+                self._pins[k] = [held, 1]
         return True
 
     def _unpin_locked(self, key: CacheEngineKey) -> bool:

@@ -15,8 +15,8 @@ SGLang loads it with its `dynamic` storage backend:
 Each HiCache page (a flat tensor, the key a page hash SGLang chains over the prefix) is one pool
 object under the key of (namespace, model, TP rank, page hash): a header (magic, dtype, element
 count) then the tensor's bytes. Sets are atomic in the pool (a page is visible only whole);
-`get` reads the header from a pin of the object (zero copy) and copies the payload once, into the
-caller's `target_location` tensor when given; `batch_exists` is one `lookup_prefix` over the
+`get` reads the header in place (a pin, zero copy; a page larger than a block is first copied out
+with `get_into`) and copies the payload into the caller's `target_location` tensor when given; `batch_exists` is one `lookup_prefix` over the
 keys (the number of leading pages present), so a second process finds what the first one set.
 """
 
@@ -30,6 +30,8 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
 import cxlkv
+
+from ._read import read_view
 
 __all__ = ["CxlkvHiCacheStorage"]
 
@@ -86,30 +88,23 @@ class CxlkvHiCacheStorage(HiCacheStorage):
         return True
 
     def get(self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None) -> Optional[torch.Tensor]:
-        pin = self.me.pin(self._key(key))
-        if pin is None:
-            return None
-        with pin:
-            view = memoryview(pin)
-            try:
-                if len(view) < _HEAD.size:
-                    return None
-                magic, dname, numel, length = _HEAD.unpack_from(view, 0)
-                dname = dname.rstrip(b"\0").decode(errors="replace")
-                if magic != _MAGIC or dname not in _DTYPES or len(view) != _HEAD.size + length:
-                    return None
-                dtype = _DTYPES[dname]
-                out = target_location
-                if out is None:
-                    out = torch.empty(numel, dtype=dtype)
-                elif out.dtype != dtype or out.numel() != numel or not out.is_contiguous():
-                    return None
-                dst = _bytes_of(out)
-                dst[:] = view[_HEAD.size :]
-                del dst
-                return out
-            finally:
-                view.release()
+        with read_view(self.me, self._key(key)) as view:
+            if view is None or len(view) < _HEAD.size:
+                return None
+            magic, dname, numel, length = _HEAD.unpack_from(view, 0)
+            dname = dname.rstrip(b"\0").decode(errors="replace")
+            if magic != _MAGIC or dname not in _DTYPES or len(view) != _HEAD.size + length:
+                return None
+            dtype = _DTYPES[dname]
+            out = target_location
+            if out is None:
+                out = torch.empty(numel, dtype=dtype)
+            elif out.dtype != dtype or out.numel() != numel or not out.is_contiguous():
+                return None
+            dst = _bytes_of(out)
+            dst[:] = view[_HEAD.size :]
+            del dst
+            return out
 
     def exists(self, key: str) -> bool:
         return self.me.contains(self._key(key))
