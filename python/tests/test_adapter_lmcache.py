@@ -43,7 +43,9 @@ def run(code, spec, tmp_path):
         '  cxlkv.pool: "%s"\n' % (CHUNK, spec)
     )
     env = dict(os.environ, PYTHONHASHSEED="0", CXLKV_TEST_CFG=str(cfg), CXLKV_TEST_KV=KV_DIR)
-    r = subprocess.run([sys.executable, "-c", PRELUDE + code], capture_output=True, text=True, timeout=300, env=env)
+    r = subprocess.run(
+        [sys.executable, "-c", PRELUDE + code], capture_output=True, text=True, timeout=300, env=env
+    )
     assert r.returncode == 0, "child failed:\n%s\n%s" % (r.stdout, r.stderr[-6000:])
     return r.stdout
 

@@ -23,7 +23,8 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is not installed (SGLang needs it)")
 pytest.importorskip(
-    "sglang.srt.mem_cache.hicache_storage", reason="sglang's HiCache storage module does not import here"
+    "sglang.srt.mem_cache.hicache_storage",
+    reason="sglang's HiCache storage module does not import here",
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -69,7 +70,9 @@ def run(code, spec):
         CXLKV_TEST_SPEC=spec,
         PATH=bindir + os.pathsep + os.environ.get("PATH", ""),
     )
-    r = subprocess.run([sys.executable, "-c", PRELUDE + code], capture_output=True, text=True, timeout=300, env=env)
+    r = subprocess.run(
+        [sys.executable, "-c", PRELUDE + code], capture_output=True, text=True, timeout=300, env=env
+    )
     assert r.returncode == 0, "child failed:\n%s\n%s" % (r.stdout, r.stderr[-6000:])
     return r.stdout
 

@@ -19,9 +19,9 @@ tensor's bytes. Puts are synchronous and atomic in the pool (a chunk is visible 
 when it spans several blocks as a multi-block object); `get_blocking` reads the header in place
 (a pin, zero copy; a chunk larger than a block is first copied out with `get_into`), allocates
 the chunk from LMCache's own allocator (`local_cpu_backend.allocate(shape, dtype, fmt)`) and
-copies the payload into it; `batched_async_contains` is one `lookup_prefix` over the request's chunk keys (LMCache
-chains its chunk hashes, so the leading present keys are the cached prefix), pinning them when
-asked (a pool pin, or a private copy of a chunk larger than a block: pins hold one block). Any
+copies the payload into it; `batched_async_contains` is one `lookup_prefix` over the request's
+chunk keys (LMCache chains its chunk hashes, so the leading present keys are the cached prefix),
+pinning them when asked (a pool pin, or a private copy of a chunk larger than a block: pins hold one block). Any
 process attached to the pool finds the chunks another process put.
 """
 
@@ -197,7 +197,9 @@ class CxlkvStorageBackend(StoragePluginInterface):
                     pass
         return None
 
-    async def async_batched_submit_put_task(self, keys, objs, transfer_spec=None, on_complete_callback=None):
+    async def async_batched_submit_put_task(
+        self, keys, objs, transfer_spec=None, on_complete_callback=None
+    ):
         self.batched_submit_put_task(keys, objs, transfer_spec, on_complete_callback)
 
     def _restore(self, view) -> Optional[MemoryObj]:
@@ -224,7 +226,9 @@ class CxlkvStorageBackend(StoragePluginInterface):
         with read_view(self.me, k) as view:
             return None if view is None else self._restore(view)
 
-    def get_non_blocking(self, key: CacheEngineKey, location: Optional[str] = None) -> Optional[Future]:
+    def get_non_blocking(
+        self, key: CacheEngineKey, location: Optional[str] = None
+    ) -> Optional[Future]:
         f: Future = Future()
         f.set_result(self.get_blocking(key))
         return f
@@ -232,7 +236,9 @@ class CxlkvStorageBackend(StoragePluginInterface):
     def batched_get_blocking(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
         return [self.get_blocking(k) for k in keys]
 
-    async def batched_get_non_blocking(self, lookup_id: str, keys: list, transfer_spec: Any = None) -> list:
+    async def batched_get_non_blocking(
+        self, lookup_id: str, keys: list, transfer_spec: Any = None
+    ) -> list:
         out = []
         for k in keys:
             obj = self.get_blocking(k)
@@ -244,7 +250,9 @@ class CxlkvStorageBackend(StoragePluginInterface):
                 self._unpin_locked(k)
         return out
 
-    async def batched_async_contains(self, lookup_id: str, keys: List[CacheEngineKey], pin: bool = False) -> int:
+    async def batched_async_contains(
+        self, lookup_id: str, keys: List[CacheEngineKey], pin: bool = False
+    ) -> int:
         n = self.me.lookup_prefix([self._key(k) for k in keys])
         if pin:
             pinned = []

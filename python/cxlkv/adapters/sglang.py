@@ -16,8 +16,9 @@ Each HiCache page (a flat tensor, the key a page hash SGLang chains over the pre
 object under the key of (namespace, model, TP rank, page hash): a header (magic, dtype, element
 count) then the tensor's bytes. Sets are atomic in the pool (a page is visible only whole);
 `get` reads the header in place (a pin, zero copy; a page larger than a block is first copied out
-with `get_into`) and copies the payload into the caller's `target_location` tensor when given; `batch_exists` is one `lookup_prefix` over the
-keys (the number of leading pages present), so a second process finds what the first one set.
+with `get_into`) and copies the payload into the caller's `target_location` tensor when given;
+`batch_exists` is one `lookup_prefix` over the keys (the number of leading pages present), so a
+second process finds what the first one set.
 """
 
 from __future__ import annotations
@@ -55,19 +56,27 @@ def _bytes_of(t: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU tensor (any dtype), without a copy."""
     t = t.detach()
     if t.device.type != "cpu":
-        raise ValueError("cxlkv HiCache storage: pages must be CPU tensors (host pool), not %s" % t.device)
+        raise ValueError(
+            "cxlkv HiCache storage: pages must be CPU tensors (host pool), not %s" % t.device
+        )
     return memoryview(t.contiguous().view(-1).view(torch.uint8).numpy()).cast("B")
 
 
 class CxlkvHiCacheStorage(HiCacheStorage):
     """A HiCache storage backend whose pages live in a cxlkv pool (see the module's doc)."""
 
-    def __init__(self, storage_config: Optional[HiCacheStorageConfig] = None, kwargs: Optional[dict] = None):
+    def __init__(
+        self, storage_config: Optional[HiCacheStorageConfig] = None, kwargs: Optional[dict] = None
+    ):
         extra = (getattr(storage_config, "extra_config", None) or {}) if storage_config else {}
         spec = extra.get("pool")
         if not spec:
-            raise ValueError("cxlkv HiCache storage: set the extra config's \"pool\" to the pool's spec (e.g. shm:kv)")
-        model = (getattr(storage_config, "model_name", None) or "model") if storage_config else "model"
+            raise ValueError(
+                "cxlkv HiCache storage: set the extra config's \"pool\" to the pool's spec (e.g. shm:kv)"
+            )
+        model = (
+            (getattr(storage_config, "model_name", None) or "model") if storage_config else "model"
+        )
         rank = getattr(storage_config, "tp_rank", 0) if storage_config else 0
         size = getattr(storage_config, "tp_size", 1) if storage_config else 1
         self.prefix = "%s/%s/tp%d-of-%d/" % (extra.get("namespace", "sglang"), model, rank, size)
@@ -79,7 +88,13 @@ class CxlkvHiCacheStorage(HiCacheStorage):
 
     # --- single pages -------------------------------------------------------------------------
 
-    def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None) -> bool:
+    def set(
+        self,
+        key: str,
+        value: Optional[Any] = None,
+        target_location: Optional[Any] = None,
+        target_sizes: Optional[Any] = None,
+    ) -> bool:
         if value is None:
             return False
         payload = _bytes_of(value)
@@ -87,7 +102,9 @@ class CxlkvHiCacheStorage(HiCacheStorage):
         self.me.put(self._key(key), head + payload)
         return True
 
-    def get(self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None) -> Optional[torch.Tensor]:
+    def get(
+        self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None
+    ) -> Optional[torch.Tensor]:
         with read_view(self.me, self._key(key)) as view:
             if view is None or len(view) < _HEAD.size:
                 return None
@@ -111,11 +128,22 @@ class CxlkvHiCacheStorage(HiCacheStorage):
 
     # --- batches ------------------------------------------------------------------------------
 
-    def batch_get(self, keys: List[str], target_locations: Optional[Any] = None, target_sizes: Optional[Any] = None) -> List[Optional[torch.Tensor]]:
+    def batch_get(
+        self,
+        keys: List[str],
+        target_locations: Optional[Any] = None,
+        target_sizes: Optional[Any] = None,
+    ) -> List[Optional[torch.Tensor]]:
         targets = target_locations if target_locations is not None else [None] * len(keys)
         return [self.get(k, t) for k, t in zip(keys, targets)]
 
-    def batch_set(self, keys: List[str], values: Optional[Any] = None, target_locations: Optional[Any] = None, target_sizes: Optional[Any] = None) -> bool:
+    def batch_set(
+        self,
+        keys: List[str],
+        values: Optional[Any] = None,
+        target_locations: Optional[Any] = None,
+        target_sizes: Optional[Any] = None,
+    ) -> bool:
         if values is None or len(values) != len(keys):
             return False
         return all(self.set(k, v) for k, v in zip(keys, values))
