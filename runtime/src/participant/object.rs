@@ -44,10 +44,23 @@ impl Participant {
     /// partition). A reader then finds one of them, whole; nothing is torn. Within one participant
     /// the check and the store are ordered (its puts are serialized).
     pub fn put_if_absent(&self, key: Key, payload: &[u8]) -> Result<PutOutcome> {
+        let object = payload.len() as u64 > self.pool.block_size();
+        if object {
+            self.check_object_len(payload.len() as u64)?;
+        }
+        // The look-up and the store under one hold of the owner lock: no other put of this
+        // participant comes between them.
+        let mut st = self.owner()?;
         if let Some(loc) = self.pool.locate(key)? {
             return Ok(PutOutcome::Present(loc));
         }
-        self.put(key, payload).map(PutOutcome::Stored)
+        let loc = if object {
+            self.put_object_locked(&mut st, key, Codec::Raw, payload)?
+        } else {
+            let crc = format::crc32c(payload);
+            self.store_block(&mut st, key, Codec::Raw, payload, crc)?
+        };
+        Ok(PutOutcome::Stored(loc))
     }
 
     /// For each key, whether it is present in any partition (index only, as
@@ -72,14 +85,32 @@ impl Participant {
     /// block each under derived keys, then the manifest under `key`, published last. The parts
     /// stay out of the eviction order while the put runs, so they cannot evict one another.
     pub(super) fn put_object(&self, key: Key, codec: Codec, payload: &[u8]) -> Result<Location> {
+        self.check_object_len(payload.len() as u64)?;
+        let mut st = self.owner()?;
+        self.put_object_locked(&mut st, key, codec, payload)
+    }
+
+    /// [`PoolError::PayloadTooLarge`] for an object this pool cannot hold, before anything is
+    /// written.
+    fn check_object_len(&self, len: u64) -> Result<()> {
         let bs = self.pool.block_size();
-        let len = payload.len() as u64;
         let max = self.max_object_len();
-        let n = len.div_ceil(bs);
-        if len > max || MANIFEST_HEAD + n * PART_ENTRY > bs {
+        if len > max || MANIFEST_HEAD + len.div_ceil(bs) * PART_ENTRY > bs {
             return Err(PoolError::PayloadTooLarge { len, capacity: max });
         }
-        let mut st = self.owner()?;
+        Ok(())
+    }
+
+    /// [`put_object`](Self::put_object) under the owner lock, with the length checked.
+    fn put_object_locked(
+        &self,
+        st: &mut OwnerState,
+        key: Key,
+        codec: Codec,
+        payload: &[u8],
+    ) -> Result<Location> {
+        let bs = self.pool.block_size();
+        let n = (payload.len() as u64).div_ceil(bs);
         let p = st.partition;
         // Unique in the pool for all time: sequence numbers never repeat within a partition.
         let nonce = (u64::from(p) << 48) | st.next_seq;
@@ -89,7 +120,7 @@ impl Participant {
             for (i, chunk) in payload.chunks(bs as usize).enumerate() {
                 let pk = part_key(key, nonce, i as u32);
                 let crc = format::crc32c(chunk);
-                let loc = self.store_block(&mut st, pk, Codec::ObjectPart, chunk, crc)?;
+                let loc = self.store_block(st, pk, Codec::ObjectPart, chunk, crc)?;
                 // Out of the eviction order until the manifest owns it.
                 st.policy.remove(loc.block);
                 stored.push((loc.block, loc.seq));
@@ -105,7 +136,7 @@ impl Participant {
             let manifest = Manifest::encode(key, codec, bs, nonce, &parts);
             let crc = format::crc32c(&manifest);
             crash_point("object:manifest");
-            self.store_block(&mut st, key, Codec::ObjectManifest, &manifest, crc)
+            self.store_block(st, key, Codec::ObjectManifest, &manifest, crc)
         })();
         match result {
             Ok(loc) => {
@@ -115,7 +146,7 @@ impl Participant {
             Err(e) => {
                 // Best effort: a fenced owner cannot delete; its successor finds orphans.
                 for (b, seq) in stored {
-                    let _ = self.drop_block(&mut st, b, seq);
+                    let _ = self.drop_block(st, b, seq);
                 }
                 Err(e)
             }
