@@ -186,17 +186,21 @@ class CxlkvLlamaCache(BaseLlamaCache):
 
     @classmethod
     def for_llama(cls, llm: "llama_cpp.llama.Llama", pool, **kw) -> "CxlkvLlamaCache":
-        """A cache for `llm`: the model id is its GGUF file's name and size with the context
-        shape (n_ctx, n_batch, n_vocab, logits_all); scores are stored only with logits_all."""
+        """A cache for `llm`: the model id is its GGUF file's name, size and a digest of its
+        metadata, with the context shape (n_ctx, n_batch, n_vocab, logits_all); scores are
+        stored only with logits_all."""
         path = getattr(llm, "model_path", "") or ""
         try:
             size = os.path.getsize(path)
         except OSError:
             size = 0
+        meta = sorted((str(k), str(v)) for k, v in (getattr(llm, "metadata", None) or {}).items())
+        meta_digest = hashlib.blake2b(repr(meta).encode(), digest_size=8).hexdigest()
         logits_all = bool(getattr(llm, "_logits_all", False))
-        mid = "%s:%d:ctx%d:batch%d:vocab%d:all%d" % (
+        mid = "%s:%d:%s:ctx%d:batch%d:vocab%d:all%d" % (
             os.path.basename(path),
             size,
+            meta_digest,
             llm.n_ctx(),
             llm.n_batch,
             llm.n_vocab(),
