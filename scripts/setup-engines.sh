@@ -6,8 +6,9 @@
 #
 # - llama-cpp-python 0.3.36: builds llama.cpp from source (cmake and ninja come from PyPI as
 #   build requirements; a C/C++ compiler is needed). A lean CPU build: no examples, tests, tools,
-#   server or curl; native CPU flags kept (GGML_NATIVE, the default) for speed. pip caches the
-#   built wheel, so a second run on the same machine takes seconds.
+#   server or curl; native CPU flags kept (GGML_NATIVE, the default) for speed. The build took
+#   814 s on the 2-core machine shared with other builds (2,574 s under heavier load). pip caches
+#   the built wheel, so a second run on the same machine takes seconds.
 # - With CXLKV_ENGINES=all, also LMCache and SGLang, which need torch: torch 2.15.0 from PyPI (the
 #   Linux wheel pulls the CUDA libraries: ~5.3 GB installed; it imports and runs on a CPU-only
 #   machine), lmcache 0.5.6 with its dependencies, and sglang 0.5.23 without its dependencies
