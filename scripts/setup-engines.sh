@@ -26,6 +26,13 @@ LMCACHE="lmcache==0.5.6"
 SGLANG="sglang==0.5.23"
 SGLANG_IMPORT_DEPS=(orjson pybase64 pillow ipython ninja)
 engines="${CXLKV_ENGINES:-llama_cpp}"
+case "$engines" in
+    llama_cpp | all) ;;
+    *)
+        echo "setup-engines: CXLKV_ENGINES must be llama_cpp (the default) or all, not '$engines'" >&2
+        exit 2
+        ;;
+esac
 
 venv="${1:-}"
 if [ -z "$venv" ]; then
