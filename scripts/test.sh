@@ -32,7 +32,7 @@ echo "$CXLKV_MODEL"
 step "cargo test (workspace, hwloc topology; coherence simulator: 500 seeds x 2/3/5/8 hosts, NDP rings: 20 seeds)"
 CXLKV_SIM_SEEDS=500 CXLKV_RING_SEEDS=20 cargo test --workspace --features cxlkv-runtime/hwloc
 
-step "Python package: pip install ./python into a venv (maturin builds the extension in release), pytest"
+step "Python package: pip install ./python into a venv (maturin builds the extension in release), the engines (scripts/setup-engines.sh), pytest"
 target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
 venv="$target_dir/py-venv"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
@@ -40,6 +40,11 @@ venv="$target_dir/py-venv"
 SECONDS=0
 PATH="$venv/bin:$PATH" "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
 echo "pip install ./python: ${SECONDS} s"
+# The engines the adapter tests run against (python/tests/test_adapter_*.py): llama-cpp-python,
+# pinned, built from source (CXLKV_ENGINES=all adds torch, LMCache and SGLang; see the script).
+SECONDS=0
+./scripts/setup-engines.sh "$venv"
+echo "setup-engines: ${SECONDS} s"
 CXLKV_NDPD="$target_dir/debug/cxlkv-ndpd" "$venv/bin/python" -m pytest -q -rs python/tests
 
 step "cxlkv topo"

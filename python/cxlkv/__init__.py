@@ -68,9 +68,15 @@ __all__ = [
 
 
 class CxlkvBackend:
-    """A storage backend in the shape of LMCache's StorageBackendInterface: contains, put,
-    get_blocking, pin/unpin, remove, close. Keys are strings or bytes (an engine's cache-key text)
-    or `Key`s; values are any buffer."""
+    """A small key-value view of a pool for engine glue code: contains, put, get_blocking,
+    get_into, pin/unpin, pinned_view, remove, close. Keys are strings or bytes (an engine's
+    cache-key text) or `Key`s; values are any buffer.
+
+    This is not an engine's interface. The engine adapters, each loaded by its engine's own
+    mechanism and tested against the engine's own classes, are in `cxlkv.adapters`:
+    `cxlkv.adapters.llama_cpp.CxlkvLlamaCache` (llama-cpp-python's `BaseLlamaCache`),
+    `cxlkv.adapters.lmcache.CxlkvStorageBackend` (LMCache's `StoragePluginInterface`) and
+    `cxlkv.adapters.sglang.CxlkvHiCacheStorage` (SGLang's `HiCacheStorage`)."""
 
     def __init__(self, pool):
         self.pool = pool

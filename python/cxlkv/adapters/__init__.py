@@ -1,0 +1,12 @@
+"""Engine adapters: each module is loaded by its engine's own mechanism and imports that engine,
+so importing `cxlkv.adapters` alone imports none of them.
+
+- `cxlkv.adapters.llama_cpp`: `CxlkvLlamaCache`, a llama-cpp-python `BaseLlamaCache`
+  (`llm.set_cache(CxlkvLlamaCache.for_llama(llm, "shm:kv"))`).
+- `cxlkv.adapters.lmcache`: `CxlkvStorageBackend`, an LMCache `StoragePluginInterface`
+  (`storage_plugins` / `storage_plugin.<name>.module_path` / `class_name` in LMCache's config).
+- `cxlkv.adapters.sglang`: `CxlkvHiCacheStorage`, an SGLang `HiCacheStorage`
+  (`--hicache-storage-backend dynamic` with `module_path` / `class_name`).
+
+The README's "Engine adapters" section has each one's configuration and what its test checks.
+"""

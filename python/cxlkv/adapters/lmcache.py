@@ -1,0 +1,331 @@
+"""LMCache storage plugin on a cxlkv pool: `CxlkvStorageBackend(StoragePluginInterface)`.
+
+LMCache loads it from its own configuration (`storage_plugins` and `extra_config`):
+
+    chunk_size: 256
+    local_cpu: true
+    max_local_cpu_size: 2          # GB; the plugin restores into LMCache's CPU allocator
+    storage_plugins: ["cxlkv"]
+    extra_config:
+      storage_plugin.cxlkv.module_path: cxlkv.adapters.lmcache
+      storage_plugin.cxlkv.class_name: CxlkvStorageBackend
+      cxlkv.pool: "shm:kv"          # the pool's spec (Pool.open); it must exist
+      cxlkv.namespace: "lmcache"    # optional: separates tenants of one pool
+
+Every LMCache chunk (a `MemoryObj`, e.g. a 256-token `KV_2LTD` tensor `[2, layers, tokens,
+hidden]`) is one pool object under the key of its `CacheEngineKey` string (model, world size,
+worker, chunk hash, dtype, tags): a header (magic, format, dtype, shape, payload length) then the
+tensor's bytes. Puts are synchronous and atomic in the pool (a chunk is visible only whole, also
+when it spans several blocks as a multi-block object); `get_blocking` reads the header in place
+(a pin, zero copy; a chunk larger than a block is first copied out with `get_into`), allocates
+the chunk from LMCache's own allocator (`local_cpu_backend.allocate(shape, dtype, fmt)`) and
+copies the payload into it; `batched_async_contains` is one `lookup_prefix` over the request's
+chunk keys (LMCache chains its chunk hashes, so the leading present keys are the cached prefix),
+pinning them when asked (a pool pin, or a private copy of a chunk larger than a block: pins hold one block). Any
+process attached to the pool finds the chunks another process put.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable, List, Optional, Sequence
+
+import torch
+
+from lmcache.utils import CacheEngineKey
+from lmcache.v1.memory_management import MemoryFormat, MemoryObj
+from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
+
+import cxlkv
+
+from ._read import read_view
+
+__all__ = ["CxlkvStorageBackend"]
+
+_MAGIC = b"CXLKVLM1"
+_MAX_DIMS = 8
+# magic, memory format, dtype name (16 bytes), ndim, dims[8], payload length
+_HEAD = struct.Struct("<8sI16sI%dQQ" % _MAX_DIMS)
+
+_DTYPES = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+}
+for _name in ("float8_e4m3fn", "float8_e5m2"):
+    if hasattr(torch, _name):
+        _DTYPES[_name] = getattr(torch, _name)
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        raise ValueError("cxlkv LMCache plugin: unsupported dtype %s" % dtype) from None
+
+
+class _Held:
+    """A pinned chunk: a pool pin (`pin`) or, for a multi-block object, a private copy (`copy`)."""
+
+    def __init__(self, pin=None, copy=None):
+        self.pin, self.copy = pin, copy
+
+    @staticmethod
+    def take(me, k) -> Optional["_Held"]:
+        try:
+            p = me.pin(k)
+        except cxlkv.BadInputError as e:
+            if e.code != cxlkv.ERR_PAYLOAD_TOO_LARGE:
+                raise
+            with read_view(me, k) as view:
+                return None if view is None else _Held(copy=bytes(view))
+        return None if p is None else _Held(pin=p)
+
+    def release(self):
+        if self.pin is not None:
+            self.pin.release()
+        self.copy = None
+
+
+class CxlkvStorageBackend(StoragePluginInterface):
+    """An LMCache storage plugin whose chunks live in a cxlkv pool (see the module's doc)."""
+
+    def __init__(
+        self,
+        config=None,
+        metadata=None,
+        local_cpu_backend=None,
+        loop: Optional[asyncio.AbstractEventLoop] = None,
+        dst_device: str = "cpu",
+    ):
+        super().__init__(
+            dst_device=dst_device,
+            config=config,
+            metadata=metadata,
+            local_cpu_backend=local_cpu_backend,
+            loop=loop,
+        )
+        extra = (config.extra_config if config is not None else None) or {}
+        spec = extra.get("cxlkv.pool")
+        if not spec:
+            raise ValueError(
+                "cxlkv LMCache plugin: set extra_config['cxlkv.pool'] to the pool's spec (e.g. shm:kv)"
+            )
+        if local_cpu_backend is None:
+            raise ValueError(
+                "cxlkv LMCache plugin: restores go into LMCache's CPU allocator; "
+                "turn on the local CPU backend (local_cpu / max_local_cpu_size > 0)"
+            )
+        self.namespace = str(extra.get("cxlkv.namespace", "lmcache"))
+        self.pool = cxlkv.Pool.open(str(spec))
+        self.me = self.pool.attach()
+        self._pins = {}
+        self._request_pins = {}
+        self._lock = threading.Lock()
+
+    def __str__(self) -> str:
+        return "CxlkvStorageBackend"
+
+    # --- keys and records ---------------------------------------------------------------------
+
+    def _key(self, key: CacheEngineKey) -> "cxlkv.Key":
+        return cxlkv.Key.from_bytes(("%s/%s" % (self.namespace, key.to_string())).encode())
+
+    @staticmethod
+    def _encode(obj: MemoryObj) -> bytes:
+        shape = tuple(obj.get_shape())
+        if len(shape) > _MAX_DIMS:
+            raise ValueError("cxlkv LMCache plugin: %d dims (at most %d)" % (len(shape), _MAX_DIMS))
+        payload = memoryview(obj.byte_array).cast("B")
+        head = _HEAD.pack(
+            _MAGIC,
+            obj.get_memory_format().value,
+            _dtype_name(obj.get_dtype()).encode(),
+            len(shape),
+            *(list(shape) + [0] * (_MAX_DIMS - len(shape))),
+            len(payload),
+        )
+        return head + payload
+
+    @staticmethod
+    def _decode_head(buf):
+        if len(buf) < _HEAD.size:
+            return None
+        fields = _HEAD.unpack_from(buf, 0)
+        magic, fmt, dname, ndim = fields[:4]
+        dims, length = fields[4 : 4 + _MAX_DIMS], fields[-1]
+        dname = dname.rstrip(b"\0").decode(errors="replace")
+        if magic != _MAGIC or ndim > _MAX_DIMS or dname not in _DTYPES:
+            return None
+        if len(buf) != _HEAD.size + length:
+            return None
+        shape = torch.Size(dims[:ndim])
+        dtype = _DTYPES[dname]
+        if shape.numel() * torch.tensor([], dtype=dtype).element_size() != length:
+            return None
+        return MemoryFormat(fmt), dtype, shape, length
+
+    # --- StorageBackendInterface --------------------------------------------------------------
+
+    def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
+        if pin:
+            return self.pin(key)
+        return self.me.contains(self._key(key))
+
+    def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
+        return False  # puts are synchronous: none is ever in flight
+
+    def batched_submit_put_task(
+        self,
+        keys: Sequence[CacheEngineKey],
+        objs: List[MemoryObj],
+        transfer_spec: Any = None,
+        on_complete_callback: Optional[Callable[[CacheEngineKey], None]] = None,
+    ) -> None:
+        for key, obj in zip(keys, objs, strict=True):
+            self.me.put(self._key(key), self._encode(obj))
+            if on_complete_callback is not None:
+                try:
+                    on_complete_callback(key)
+                except Exception:  # the interface: callback errors are not the put's
+                    pass
+        return None
+
+    async def async_batched_submit_put_task(
+        self, keys, objs, transfer_spec=None, on_complete_callback=None
+    ):
+        self.batched_submit_put_task(keys, objs, transfer_spec, on_complete_callback)
+
+    def _restore(self, view) -> Optional[MemoryObj]:
+        """A chunk allocated from LMCache's allocator holding the record in `view`."""
+        head = self._decode_head(view)
+        if head is None:
+            return None
+        fmt, dtype, shape, length = head
+        obj = self.local_cpu_backend.allocate(shape, dtype, fmt)
+        if obj is None:
+            return None
+        dst = memoryview(obj.byte_array).cast("B")
+        dst[:length] = view[_HEAD.size : _HEAD.size + length]
+        del dst
+        return obj
+
+    def get_blocking(self, key: CacheEngineKey) -> Optional[MemoryObj]:
+        k = self._key(key)
+        with self._lock:
+            ent = self._pins.get(k)
+            held = ent[0].copy if ent is not None else None
+        if held is not None:
+            return self._restore(memoryview(held))
+        with read_view(self.me, k) as view:
+            return None if view is None else self._restore(view)
+
+    def get_non_blocking(
+        self, key: CacheEngineKey, location: Optional[str] = None
+    ) -> Optional[Future]:
+        f: Future = Future()
+        f.set_result(self.get_blocking(key))
+        return f
+
+    def batched_get_blocking(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
+        return [self.get_blocking(k) for k in keys]
+
+    async def batched_get_non_blocking(
+        self, lookup_id: str, keys: list, transfer_spec: Any = None
+    ) -> list:
+        out = []
+        for k in keys:
+            obj = self.get_blocking(k)
+            if obj is None:
+                break
+            out.append(obj)
+        with self._lock:
+            for k in self._request_pins.pop(lookup_id, []):
+                self._unpin_locked(k)
+        return out
+
+    async def batched_async_contains(
+        self, lookup_id: str, keys: List[CacheEngineKey], pin: bool = False
+    ) -> int:
+        n = self.me.lookup_prefix([self._key(k) for k in keys])
+        if pin:
+            pinned = []
+            for k in keys[:n]:
+                if not self.pin(k):
+                    break
+                pinned.append(k)
+            n = len(pinned)
+            with self._lock:
+                self._request_pins.setdefault(lookup_id, []).extend(pinned)
+        return n
+
+    def batched_contains(self, keys: List[CacheEngineKey], pin: bool = False) -> int:
+        if pin:
+            return super().batched_contains(keys, pin)
+        return self.me.lookup_prefix([self._key(k) for k in keys])
+
+    def pin(self, key: CacheEngineKey) -> bool:
+        """Keeps the chunk for this process until `unpin`: a pool pin of its block, or, for a
+        chunk larger than a block (pins hold one block), a private copy taken now."""
+        k = self._key(key)
+        with self._lock:
+            if k in self._pins:
+                self._pins[k][1] += 1
+                return True
+        held = _Held.take(self.me, k)
+        if held is None:
+            return False
+        with self._lock:
+            if k in self._pins:
+                self._pins[k][1] += 1
+                held.release()
+            else:
+                self._pins[k] = [held, 1]
+        return True
+
+    def _unpin_locked(self, key: CacheEngineKey) -> bool:
+        k = self._key(key)
+        ent = self._pins.get(k)
+        if ent is None:
+            return False
+        ent[1] -= 1
+        if ent[1] == 0:
+            del self._pins[k]
+            ent[0].release()
+        return True
+
+    def unpin(self, key: CacheEngineKey) -> bool:
+        with self._lock:
+            return self._unpin_locked(key)
+
+    def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
+        k = self._key(key)
+        with self._lock:
+            ent = self._pins.pop(k, None)
+        if ent is not None:
+            ent[0].release()
+        try:
+            return self.me.delete(k)
+        except cxlkv.NotOwnerError:
+            return False  # another participant's chunk: only its owner removes it
+
+    def touch_cache(self) -> None:
+        pass  # the pool keeps its own LRU order on gets and pins
+
+    def get_allocator_backend(self):
+        return self.local_cpu_backend
+
+    def close(self) -> None:
+        with self._lock:
+            pins, self._pins = list(self._pins.values()), {}
+            self._request_pins.clear()
+        for p, _ in pins:
+            p.release()
+        self.me.detach()
+        self.pool.close()

@@ -1,0 +1,156 @@
+"""SGLang HiCache storage on a cxlkv pool: `CxlkvHiCacheStorage(HiCacheStorage)`.
+
+SGLang loads it with its `dynamic` storage backend:
+
+    python -m sglang.launch_server ... --enable-hierarchical-cache \\
+        --hicache-storage-backend dynamic \\
+        --hicache-storage-backend-extra-config '{"backend_name": "cxlkv",
+            "module_path": "cxlkv.adapters.sglang", "class_name": "CxlkvHiCacheStorage",
+            "pool": "shm:kv"}'
+
+(`StorageBackendFactory` imports `module_path`, checks the class is a `HiCacheStorage` and calls
+`CxlkvHiCacheStorage(storage_config, kwargs)`.) Optional extra-config fields: `namespace`
+(separates tenants of one pool; default "sglang").
+
+Each HiCache page (a flat tensor, the key a page hash SGLang chains over the prefix) is one pool
+object under the key of (namespace, model, TP rank, page hash): a header (magic, dtype, element
+count) then the tensor's bytes. Sets are atomic in the pool (a page is visible only whole);
+`get` reads the header in place (a pin, zero copy; a page larger than a block is first copied out
+with `get_into`) and copies the payload into the caller's `target_location` tensor when given;
+`batch_exists` is one `lookup_prefix` over the keys (the number of leading pages present), so a
+second process finds what the first one set.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, List, Optional
+
+import torch
+
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
+
+import cxlkv
+
+from ._read import read_view
+
+__all__ = ["CxlkvHiCacheStorage"]
+
+_MAGIC = b"CXLKVSG1"
+# magic, dtype name (16 bytes), element count, payload length
+_HEAD = struct.Struct("<8s16sQQ")
+_DTYPES = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+}
+for _name in ("float8_e4m3fn", "float8_e5m2"):
+    if hasattr(torch, _name):
+        _DTYPES[_name] = getattr(torch, _name)
+_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+def _bytes_of(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor (any dtype), without a copy."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        raise ValueError(
+            "cxlkv HiCache storage: pages must be CPU tensors (host pool), not %s" % t.device
+        )
+    return memoryview(t.contiguous().view(-1).view(torch.uint8).numpy()).cast("B")
+
+
+class CxlkvHiCacheStorage(HiCacheStorage):
+    """A HiCache storage backend whose pages live in a cxlkv pool (see the module's doc)."""
+
+    def __init__(
+        self, storage_config: Optional[HiCacheStorageConfig] = None, kwargs: Optional[dict] = None
+    ):
+        extra = (getattr(storage_config, "extra_config", None) or {}) if storage_config else {}
+        spec = extra.get("pool")
+        if not spec:
+            raise ValueError(
+                "cxlkv HiCache storage: set the extra config's \"pool\" to the pool's spec (e.g. shm:kv)"
+            )
+        model = (
+            (getattr(storage_config, "model_name", None) or "model") if storage_config else "model"
+        )
+        rank = getattr(storage_config, "tp_rank", 0) if storage_config else 0
+        size = getattr(storage_config, "tp_size", 1) if storage_config else 1
+        self.prefix = "%s/%s/tp%d-of-%d/" % (extra.get("namespace", "sglang"), model, rank, size)
+        self.pool = cxlkv.Pool.open(str(spec))
+        self.me = self.pool.attach()
+
+    def _key(self, key: str) -> "cxlkv.Key":
+        return cxlkv.Key.from_bytes((self.prefix + str(key)).encode())
+
+    # --- single pages -------------------------------------------------------------------------
+
+    def set(
+        self,
+        key: str,
+        value: Optional[Any] = None,
+        target_location: Optional[Any] = None,
+        target_sizes: Optional[Any] = None,
+    ) -> bool:
+        if value is None:
+            return False
+        payload = _bytes_of(value)
+        head = _HEAD.pack(_MAGIC, _NAMES[value.dtype].encode(), value.numel(), len(payload))
+        self.me.put(self._key(key), head + payload)
+        return True
+
+    def get(
+        self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None
+    ) -> Optional[torch.Tensor]:
+        with read_view(self.me, self._key(key)) as view:
+            if view is None or len(view) < _HEAD.size:
+                return None
+            magic, dname, numel, length = _HEAD.unpack_from(view, 0)
+            dname = dname.rstrip(b"\0").decode(errors="replace")
+            if magic != _MAGIC or dname not in _DTYPES or len(view) != _HEAD.size + length:
+                return None
+            dtype = _DTYPES[dname]
+            out = target_location
+            if out is None:
+                out = torch.empty(numel, dtype=dtype)
+            elif out.dtype != dtype or out.numel() != numel or not out.is_contiguous():
+                return None
+            dst = _bytes_of(out)
+            dst[:] = view[_HEAD.size :]
+            del dst
+            return out
+
+    def exists(self, key: str) -> bool:
+        return self.me.contains(self._key(key))
+
+    # --- batches ------------------------------------------------------------------------------
+
+    def batch_get(
+        self,
+        keys: List[str],
+        target_locations: Optional[Any] = None,
+        target_sizes: Optional[Any] = None,
+    ) -> List[Optional[torch.Tensor]]:
+        targets = target_locations if target_locations is not None else [None] * len(keys)
+        return [self.get(k, t) for k, t in zip(keys, targets)]
+
+    def batch_set(
+        self,
+        keys: List[str],
+        values: Optional[Any] = None,
+        target_locations: Optional[Any] = None,
+        target_sizes: Optional[Any] = None,
+    ) -> bool:
+        if values is None or len(values) != len(keys):
+            return False
+        return all(self.set(k, v) for k, v in zip(keys, values))
+
+    def batch_exists(self, keys: List[str], extra_info=None) -> int:
+        return self.me.lookup_prefix([self._key(k) for k in keys])
+
+    def close(self) -> None:
+        self.me.detach()
+        self.pool.close()
