@@ -4,12 +4,21 @@
 //! `ATTEND` command. It equals [`Partial::over_group`] over the same scores within f32 rounding
 //! (the maxima exactly).
 //!
-//! One pass over the rows in chunks of [`CHUNK`]: each chunk's keys are scored in place, its value
-//! rows copied into private memory and widened to f32, and each query's partial is folded online
-//! (a larger chunk maximum rescales the running sum and output by `exp(old − new)`). The
-//! exponential is [`exp_neg`], a polynomial in plain IEEE operations, so every implementation
-//! (scalar, and the same code compiled for AVX2 or AVX-512, chosen with the score kernel's [`Isa`])
-//! returns bit-identical partials.
+//! One pass over the rows in chunks of [`CHUNK`]: each chunk's keys are scored in place, then each
+//! query's partial is folded online: one maximum update per chunk and query (a larger chunk
+//! maximum rescales the running sum and output by `exp(old − new)`), the chunk's weights
+//! `exp(scale · s − max)` and their sums, and the weighted sum of the chunk's value rows. The
+//! exponential is [`exp_neg`], a polynomial in plain IEEE operations (within 2 ulp of `exp`), and
+//! every sum runs in row order with a separate multiply and add, so every implementation returns
+//! bit-identical partials (the HLS engine of `fpga/` computes the same operations in the same
+//! order; fpga/README.md, *Tolerance*).
+//!
+//! Implementations, chosen with the score kernel's [`Isa`]: AVX-512 (`attend_simd`: the
+//! chunk's values prefetched while its keys are scored, maxima and sums in vector registers, the
+//! value rows widened in registers straight from the view and summed into register tiles of
+//! queries × columns); AVX2 + F16C and the portable scalar code (the value rows copied into
+//! private memory and widened, f16 by F16C, then summed by code the compiler vectorizes for the
+//! target features).
 
 use crate::dtype::DType;
 use crate::partial::Partial;
@@ -59,6 +68,12 @@ pub fn attend_block(
     assert_eq!(queries.dim(), dim, "query and key dimensions differ");
     assert_eq!(values.dim(), dim, "key and value dimensions differ");
     assert_eq!(values.len(), n, "one value row per key");
+    // The AVX-512 form reads the value rows in place: no private copies.
+    let copies = if kernel.isa() == Isa::Avx512 {
+        0
+    } else {
+        CHUNK
+    };
     let mut st = State {
         max: vec![f32::NEG_INFINITY; g],
         sum: vec![0f32; g],
@@ -66,15 +81,32 @@ pub fn attend_block(
         scores: vec![0f32; CHUNK * g],
         maxes: vec![0f32; CHUNK * g],
         weights: vec![0f32; CHUNK * g],
-        raw: vec![0u8; CHUNK * values.row_bytes()],
-        vals: vec![0f32; CHUNK * dim],
+        raw: vec![0u8; copies * values.row_bytes()],
+        vals: vec![0f32; copies * dim],
     };
     let mut r0 = 0;
     while r0 < n {
         let r1 = (r0 + CHUNK).min(n);
         let c = r1 - r0;
+        let vtile = values.slice(r0, r1);
+        #[cfg(target_arch = "x86_64")]
+        if kernel.isa() == Isa::Avx512 {
+            // The tile's values stream in while its keys are scored, a few rows at a time.
+            let sub = crate::attend_simd::SCORE_SUB;
+            let mut s0 = r0;
+            while s0 < r1 {
+                let s1 = (s0 + sub).min(r1);
+                crate::attend_simd::prefetch_rows(&values.slice(s0, s1), sub);
+                let out = &mut st.scores[(s0 - r0) * g..(s1 - r0) * g];
+                kernel.score(queries, &keys.slice(s0, s1), out);
+                s0 = s1;
+            }
+        } else {
+            kernel.score(queries, &keys.slice(r0, r1), &mut st.scores[..c * g]);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
         kernel.score(queries, &keys.slice(r0, r1), &mut st.scores[..c * g]);
-        st.fold(kernel.isa(), &values.slice(r0, r1), g, dim, scale);
+        st.fold(kernel.isa(), &vtile, g, dim, scale);
         r0 = r1;
     }
     (0..g)
@@ -110,7 +142,10 @@ impl State {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: a ScoreKernel holds Isa::Avx2 only if the CPU reported AVX2, F16C and FMA.
             Isa::Avx2 => unsafe { self.fold_avx2(vrows, g, dim, scale) },
-            _ => self.fold_generic(vrows, g, dim, scale, widen_copy),
+            _ => {
+                self.weigh(vrows.len(), g, dim, scale);
+                self.sum_copied(vrows, g, dim, widen_copy);
+            }
         }
     }
 
@@ -119,10 +154,17 @@ impl State {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx2,f16c,fma")]
     unsafe fn fold_avx512(&mut self, vrows: &KeyRows<'_>, g: usize, dim: usize, scale: f32) {
-        self.fold_generic(vrows, g, dim, scale, |rows, raw, out| {
-            // SAFETY: this function runs only with the features `widen_f16c` needs.
-            unsafe { widen_f16c(rows, raw, out) }
-        })
+        use crate::attend_simd::{add_sums, chunk_max, weighted_sum};
+        let c = vrows.len();
+        let mut cmax = [f32::NEG_INFINITY; crate::rows::MAX_DIM];
+        // SAFETY: this function runs only with the features `chunk_max` needs.
+        unsafe { chunk_max(&self.scores[..c * g], g, scale, &mut cmax) };
+        self.rescale_and_weigh(&cmax[..g], c, g, dim, scale);
+        let w = &self.weights[..c * g];
+        // SAFETY: as above, for `add_sums`.
+        unsafe { add_sums(&mut self.sum, w, g) };
+        // SAFETY: as above, for `weighted_sum`.
+        unsafe { weighted_sum(&mut self.out, vrows, w, g) }
     }
 
     /// # Safety
@@ -130,28 +172,20 @@ impl State {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,f16c,fma")]
     unsafe fn fold_avx2(&mut self, vrows: &KeyRows<'_>, g: usize, dim: usize, scale: f32) {
-        self.fold_generic(vrows, g, dim, scale, |rows, raw, out| {
+        self.weigh(vrows.len(), g, dim, scale);
+        self.sum_copied(vrows, g, dim, |rows, raw, out| {
             // SAFETY: this function runs only with the features `widen_f16c` needs.
             unsafe { widen_f16c(rows, raw, out) }
         })
     }
 
-    /// The fold, written so that the compiler vectorizes it for the caller's target features;
+    /// The chunk's new running maxima (a larger one rescales what was accumulated), its weights
+    /// `exp(scale · s − max)` and their sums, for the chunk of `c` rows whose scores are in
+    /// `scores`. Written so that the compiler vectorizes it for the caller's target features;
     /// every element sees the same IEEE operations in the same order whatever the width.
     #[inline(always)]
-    fn fold_generic(
-        &mut self,
-        vrows: &KeyRows<'_>,
-        g: usize,
-        dim: usize,
-        scale: f32,
-        widen: impl Fn(&KeyRows<'_>, &mut [u8], &mut [f32]),
-    ) {
-        let c = vrows.len();
+    fn weigh(&mut self, c: usize, g: usize, dim: usize, scale: f32) {
         let scores = &self.scores[..c * g];
-        let vals = &mut self.vals[..c * dim];
-        widen(vrows, &mut self.raw, vals);
-        // New running maxima; a larger one rescales what was accumulated.
         let mut cmax = [f32::NEG_INFINITY; crate::rows::MAX_DIM];
         let cmax = &mut cmax[..g];
         for row in scores.chunks_exact(g) {
@@ -163,6 +197,20 @@ impl State {
                 }
             }
         }
+        self.rescale_and_weigh(cmax, c, g, dim, scale);
+        let w = &self.weights[..c * g];
+        for row in w.chunks_exact(g) {
+            for (sum, &wj) in self.sum.iter_mut().zip(row) {
+                *sum += wj;
+            }
+        }
+    }
+
+    /// Given the chunk's maxima `cmax`, rescales the running sums and outputs where the maximum
+    /// grows and writes the chunk's weights `exp(scale · s − max)`.
+    #[inline(always)]
+    fn rescale_and_weigh(&mut self, cmax: &[f32], c: usize, g: usize, dim: usize, scale: f32) {
+        let scores = &self.scores[..c * g];
         let running = self
             .max
             .iter_mut()
@@ -188,11 +236,21 @@ impl State {
         for ((w, &s), &m) in w.iter_mut().zip(scores).zip(maxes.iter()) {
             *w = exp_neg(scale * s - m);
         }
-        for row in w.chunks_exact(g) {
-            for (sum, &wj) in self.sum.iter_mut().zip(row) {
-                *sum += wj;
-            }
-        }
+    }
+
+    /// The weighted value sum of the chunk through a widened private copy of its rows.
+    #[inline(always)]
+    fn sum_copied(
+        &mut self,
+        vrows: &KeyRows<'_>,
+        g: usize,
+        dim: usize,
+        widen: impl Fn(&KeyRows<'_>, &mut [u8], &mut [f32]),
+    ) {
+        let c = vrows.len();
+        let vals = &mut self.vals[..c * dim];
+        widen(vrows, &mut self.raw, vals);
+        let w = &self.weights[..c * g];
         for (j, out) in self.out.chunks_exact_mut(dim).enumerate() {
             accumulate(out, vals, w, g, j);
         }
@@ -201,100 +259,14 @@ impl State {
 
 /// `out[d] += w[i * g + j] * vals[i * dim + d]` for every row `i` in order, `d < dim =
 /// out.len()`: the portable form of the weighted value sum (separate multiply and add, like the
-/// SIMD forms, so every form rounds alike).
+/// SIMD form in [`crate::attend_simd`], so every form rounds alike); the compiler vectorizes it
+/// for the caller's target features.
 #[inline(always)]
-fn accumulate_scalar(out: &mut [f32], vals: &[f32], w: &[f32], g: usize, j: usize) {
+fn accumulate(out: &mut [f32], vals: &[f32], w: &[f32], g: usize, j: usize) {
     for (v, row) in vals.chunks_exact(out.len()).zip(w.chunks_exact(g)) {
         let wj = row[j];
         for (o, &x) in out.iter_mut().zip(v) {
             *o += wj * x;
-        }
-    }
-}
-
-/// Chooses the weighted-sum form for the compile-time target features (the caller's
-/// `#[target_feature]` context decides which exists).
-#[inline(always)]
-fn accumulate(out: &mut [f32], vals: &[f32], w: &[f32], g: usize, j: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx512f") {
-        // SAFETY: AVX-512F was detected on this CPU just now.
-        return unsafe { accumulate_avx512(out, vals, w, g, j) };
-    }
-    accumulate_scalar(out, vals, w, g, j)
-}
-
-/// [`accumulate_scalar`] with up to eight 16-lane accumulators of `out` held in registers over
-/// all rows.
-///
-/// # Safety
-/// The CPU must support AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn accumulate_avx512(out: &mut [f32], vals: &[f32], w: &[f32], g: usize, j: usize) {
-    let dim = out.len();
-    let rows = vals.len() / dim;
-    assert!(dim.is_multiple_of(16) && j < g && w.len() >= rows * g && vals.len() == rows * dim);
-    let mut d0 = 0;
-    while d0 < dim {
-        let nk = ((dim - d0) / 16).min(8);
-        // SAFETY: AVX-512F (the caller's contract); `d0 + 16 nk <= dim` and the asserts above
-        // are `accumulate_cols`' bounds.
-        unsafe {
-            match nk {
-                8 => accumulate_cols::<8>(out, vals, w, g, j, d0),
-                7 => accumulate_cols::<7>(out, vals, w, g, j, d0),
-                6 => accumulate_cols::<6>(out, vals, w, g, j, d0),
-                5 => accumulate_cols::<5>(out, vals, w, g, j, d0),
-                4 => accumulate_cols::<4>(out, vals, w, g, j, d0),
-                3 => accumulate_cols::<3>(out, vals, w, g, j, d0),
-                2 => accumulate_cols::<2>(out, vals, w, g, j, d0),
-                _ => accumulate_cols::<1>(out, vals, w, g, j, d0),
-            }
-        }
-        d0 += 16 * nk;
-    }
-}
-
-/// Columns `d0..d0 + 16 NK` of [`accumulate_avx512`], the `NK` accumulators in registers.
-///
-/// # Safety
-/// AVX-512F present; `d0 + 16 NK <= out.len() = dim`, `vals.len() = rows × dim`,
-/// `w.len() >= rows × g`, `j < g`.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn accumulate_cols<const NK: usize>(
-    out: &mut [f32],
-    vals: &[f32],
-    w: &[f32],
-    g: usize,
-    j: usize,
-    d0: usize,
-) {
-    use std::arch::x86_64::*;
-    let dim = out.len();
-    let rows = vals.len() / dim;
-    // SAFETY: every access is inside the caller's bounds: `out[d0 + 16k..][..16]` and
-    // `vals[i * dim + d0 + 16k..][..16]` with `k < NK`, `i < rows`, and `w[i * g + j]`; loads
-    // and stores are unaligned.
-    unsafe {
-        let mut acc = [_mm512_setzero_ps(); NK];
-        for (k, a) in acc.iter_mut().enumerate() {
-            *a = _mm512_loadu_ps(out.as_ptr().add(d0 + 16 * k));
-        }
-        let mut v = vals.as_ptr().add(d0);
-        let mut wp = w.as_ptr().add(j);
-        for _ in 0..rows {
-            let wv = _mm512_set1_ps(*wp);
-            for (k, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_add_ps(*a, _mm512_mul_ps(wv, _mm512_loadu_ps(v.add(16 * k))));
-            }
-            v = v.wrapping_add(dim);
-            wp = wp.wrapping_add(g);
-        }
-        for (k, a) in acc.iter().enumerate() {
-            _mm512_storeu_ps(out.as_mut_ptr().add(d0 + 16 * k), *a);
         }
     }
 }
@@ -384,7 +356,16 @@ mod tests {
     fn fused_partials_equal_over_group_on_every_isa() {
         let mut rng = SplitMix64::new(5);
         for dtype in [DType::F16, DType::Bf16, DType::F32] {
-            for (dim, n, g) in [(16, 1, 1), (64, 200, 3), (128, 130, 4), (256, 64, 9)] {
+            for (dim, n, g) in [
+                (16, 1, 1),
+                (48, 77, 2),
+                (64, 200, 3),
+                (128, 130, 4),
+                (128, 100, 8),
+                (256, 64, 9),
+                (32, 70, 16),
+                (64, 33, 17),
+            ] {
                 let kb = rng.key_bytes(n, dim, dtype);
                 let vb = rng.key_bytes(n, dim, dtype);
                 let keys = KeyRows::new(&kb, dtype, dim).unwrap();

@@ -50,6 +50,8 @@
 //! - Head dimension is a multiple of 16 in `16..=256` ([`MAX_DIM`]).
 
 pub mod attend;
+#[cfg(target_arch = "x86_64")]
+mod attend_simd;
 pub mod attention;
 pub mod bench;
 pub mod bitplane;
