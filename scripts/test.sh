@@ -9,6 +9,24 @@ export CARGO_TERM_COLOR=never
 
 step() { echo; echo "=== $* ($(date +%T))"; }
 
+# The Python test venv and the inference engines the adapter tests run against
+# (scripts/setup-engines.sh: llama-cpp-python builds llama.cpp from source; CXLKV_ENGINES=all adds
+# torch, LMCache and SGLang) are installed in the background while the Rust steps run; the Python
+# step waits for them. Their output goes to a log that the Python step prints.
+target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+venv="$target_dir/py-venv"
+mkdir -p "$target_dir"
+engines_log="$target_dir/setup-engines.log"
+(
+    SECONDS=0
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check "maturin>=1.5,<2" "numpy>=1.23" pytest
+    ./scripts/setup-engines.sh "$venv"
+    echo "python venv and engines ready in ${SECONDS} s"
+) >"$engines_log" 2>&1 &
+engines_pid=$!
+trap 'kill "$engines_pid" 2>/dev/null || true' EXIT
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -33,18 +51,18 @@ step "cargo test (workspace, hwloc topology; coherence simulator: 500 seeds x 2/
 CXLKV_SIM_SEEDS=500 CXLKV_RING_SEEDS=20 cargo test --workspace --features cxlkv-runtime/hwloc
 
 step "Python package: pip install ./python into a venv (maturin builds the extension in release), the engines (scripts/setup-engines.sh), pytest"
-target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
-venv="$target_dir/py-venv"
-[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/pip" install -q --disable-pip-version-check "maturin>=1.5,<2" "numpy>=1.23" pytest
+echo "waiting for the venv and engines (started at the beginning, log $engines_log)"
+SECONDS=0
+if ! wait "$engines_pid"; then
+    cat "$engines_log"
+    echo "setting up the Python venv and the engines failed (log above)" >&2
+    exit 1
+fi
+cat "$engines_log"
+echo "waited ${SECONDS} s for them"
 SECONDS=0
 PATH="$venv/bin:$PATH" "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
 echo "pip install ./python: ${SECONDS} s"
-# The engines the adapter tests run against (python/tests/test_adapter_*.py): llama-cpp-python,
-# pinned, built from source (CXLKV_ENGINES=all adds torch, LMCache and SGLang; see the script).
-SECONDS=0
-./scripts/setup-engines.sh "$venv"
-echo "setup-engines: ${SECONDS} s"
 CXLKV_NDPD="$target_dir/debug/cxlkv-ndpd" "$venv/bin/python" -m pytest -q -rs python/tests
 
 step "cxlkv topo"
