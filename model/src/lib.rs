@@ -67,6 +67,7 @@ mod generate;
 mod gguf;
 mod model;
 mod pretokenize;
+mod spm;
 mod tokenizer;
 mod weights;
 
