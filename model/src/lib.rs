@@ -63,6 +63,7 @@
 pub mod attention;
 mod config;
 mod error;
+mod gemma3;
 mod generate;
 mod gguf;
 mod model;
