@@ -7,11 +7,14 @@
 //! Hugging Face checkpoint is already in the GGUF's weights (the converter adds it).
 //!
 //! Sliding-window layers (every layer but each `swa_pattern`-th, llama.cpp's rule) see only the
-//! last `sliding_window` positions. They keep their keys and values in a private ring inside the
-//! model (it never holds more than the window, so it never needs the pool): sliding-window layers
-//! stay on the host. Only the global layers go through the [`Attention`] backend, whose layer
-//! `g` is the `g`-th global layer. The ring belongs to the sequence the backend holds: a forward
-//! from position 0 starts it afresh, any other forward must continue at the position it reached.
+//! last `sliding_window` positions. Their keys and values stay in the model, on the host (a
+//! layer reads at most the window, so it never needs the pool or the near-data device): only
+//! the global layers go through the [`Attention`] backend, whose layer `g` is the `g`-th global
+//! layer. The host cache belongs to the sequence the backend holds: a forward from position 0
+//! starts it afresh; a forward at position `p` continues it, or rewinds it to `p` when it holds
+//! more (`cxlkv eval` restores each mode's backend to the same prefix), so it keeps every
+//! position of the sequence, not only the window (`kv_heads · head_dim · 8` bytes per position
+//! and sliding-window layer; 30 KiB a position for Gemma 3 270M).
 
 use crate::attention::Attention;
 use crate::config::Config;
@@ -124,15 +127,30 @@ impl Gemma3 {
                 v: vec![Vec::new(); layers],
                 ..Ring::default()
             };
-        } else if ring.next != start {
+        } else if ring.next == usize::MAX {
+            return Err(Error::Attention {
+                backend: attn.name().into(),
+                reason: "a failed forward left the sliding-window layers incomplete: start the \
+                         sequence again from position 0"
+                    .into(),
+            });
+        } else if start > ring.next || start < ring.first {
             return Err(Error::Attention {
                 backend: attn.name().into(),
                 reason: format!(
                     "the backend holds {start} positions but the sliding-window layers hold \
-                     {}: one Gemma 3 model runs one sequence at a time",
-                    ring.next
+                     {} .. {}: one Gemma 3 model runs one sequence at a time",
+                    ring.first, ring.next
                 ),
             });
+        } else {
+            // A rewind (the caller restored its backend to `start` positions of the same
+            // prefix, as `cxlkv eval` does for each mode): forget the later positions.
+            let keep = (start - ring.first) * cfg.kv_heads * cfg.head_dim;
+            for l in 0..cfg.layers {
+                ring.k[l].truncate(keep);
+                ring.v[l].truncate(keep);
+            }
         }
         // Poisoned until this forward completes.
         ring.next = usize::MAX;
@@ -197,18 +215,7 @@ impl Gemma3 {
             rms_norm(&down, &self.post_ffw_norm[l], cfg.eps, &mut normed);
             add(&mut x, &normed);
         }
-        // Keep only the last `window` positions of each sliding-window layer.
         let end = start + t;
-        let first = end.saturating_sub(window.min(end));
-        let row = cfg.kv_heads * cfg.head_dim;
-        let drop = (first - ring.first) * row;
-        for l in 0..cfg.layers {
-            if self.global[l].is_none() {
-                ring.k[l].drain(..drop);
-                ring.v[l].drain(..drop);
-            }
-        }
-        ring.first = first;
         ring.next = end;
         Ok(x)
     }
@@ -296,4 +303,115 @@ fn rope_neox(x: &mut [f32], heads: usize, hd: usize, inv_freq: &[f64], start: us
 fn gelu_tanh(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(window: usize) -> Config {
+        Config {
+            architecture: "gemma3".into(),
+            name: None,
+            layers: 1,
+            d_model: 4,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 2,
+            ffn: 4,
+            vocab: 4,
+            context: 16,
+            rope_base: 10_000.0,
+            rope_dims: 2,
+            eps: 1e-6,
+            sliding_window: Some(window),
+            swa_pattern: 6,
+        }
+    }
+
+    /// Attention over exactly the positions `lo ..= p` of token-major K/V, by definition.
+    fn reference(c: &Config, ks: &[f32], vs: &[f32], q: &[f32], lo: usize, p: usize) -> Vec<f32> {
+        let hd = c.head_dim;
+        let mut out = Vec::new();
+        for h in 0..c.heads {
+            let qh = &q[h * hd..][..hd];
+            let w: Vec<f32> = (lo..=p)
+                .map(|j| {
+                    let s: f32 = qh.iter().zip(&ks[j * hd..][..hd]).map(|(a, b)| a * b).sum();
+                    (s * c.attention_scale()).exp()
+                })
+                .collect();
+            let z: f32 = w.iter().sum();
+            for e in 0..hd {
+                out.push(
+                    (lo..=p)
+                        .zip(&w)
+                        .map(|(j, wj)| wj / z * vs[j * hd + e])
+                        .sum(),
+                );
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn sliding_window_sees_only_the_last_window_positions_across_calls() {
+        let c = cfg(3);
+        let n = 7;
+        let val = |i: usize, s: f32| ((i * 7 + 3) as f32 * s).sin();
+        let k: Vec<f32> = (0..n * 2).map(|i| val(i, 0.37)).collect();
+        let v: Vec<f32> = (0..n * 2).map(|i| val(i, 0.91)).collect();
+        let q: Vec<f32> = (0..n * 4).map(|i| val(i, 1.3)).collect();
+        let (mut ks, mut vs) = (Vec::new(), Vec::new());
+        let mut out = vec![0f32; n * 4];
+        // A prefill of 4 positions, then 3 decode steps.
+        local_attention(
+            &c,
+            &mut ks,
+            &mut vs,
+            0,
+            0,
+            3,
+            &k[..8],
+            &v[..8],
+            &q[..16],
+            &mut out[..16],
+        );
+        for p in 4..n {
+            let (kr, vr, qr) = (&k[p * 2..][..2], &v[p * 2..][..2], &q[p * 4..][..4]);
+            local_attention(
+                &c,
+                &mut ks,
+                &mut vs,
+                0,
+                p,
+                3,
+                kr,
+                vr,
+                qr,
+                &mut out[p * 4..][..4],
+            );
+        }
+        for p in 0..n {
+            let want = reference(&c, &k, &v, &q[p * 4..][..4], (p + 1).saturating_sub(3), p);
+            for (a, b) in out[p * 4..][..4].iter().zip(&want) {
+                assert!((a - b).abs() < 1e-5, "position {p}: {a} vs {b}");
+            }
+        }
+        // Layer pattern: with a window, only every 6th layer is global.
+        let mut c = cfg(3);
+        c.layers = 12;
+        let global: Vec<usize> = (0..12).filter(|&l| c.is_global(l)).collect();
+        assert_eq!(global, [5, 11]);
+    }
+
+    #[test]
+    fn neox_rope_rotates_halves() {
+        // One head of 4, dims 4: pairs (0, 2) and (1, 3); position 1, inv_freq [1, 0.01].
+        let mut x = [1.0f32, 1.0, 0.0, 0.0];
+        rope_neox(&mut x, 1, 4, &[1.0, 0.01], 1);
+        assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[2] - 1f32.sin()).abs() < 1e-6);
+        assert!((x[1] - 0.01f32.cos()).abs() < 1e-6 && (x[3] - 0.01f32.sin()).abs() < 1e-6);
+        assert!((gelu_tanh(1.0) - 0.841_192).abs() < 1e-5);
+    }
 }
