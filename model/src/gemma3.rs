@@ -20,7 +20,7 @@ use crate::attention::Attention;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
-use crate::model::{add, head_major, rms_norm};
+use crate::ops::{add, head_major, rms_norm};
 use crate::weights::Weights;
 use std::sync::Mutex;
 

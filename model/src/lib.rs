@@ -69,6 +69,7 @@ mod gemma3;
 mod generate;
 mod gguf;
 mod model;
+mod ops;
 mod pretokenize;
 mod spm;
 mod tokenizer;
