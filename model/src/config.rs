@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 
 /// Architectures this decoder runs (`general.architecture`).
-pub const SUPPORTED_ARCHITECTURES: &str = "llama";
+pub const SUPPORTED_ARCHITECTURES: &str = "llama, gemma3";
 
 /// Hyper-parameters of a Llama-architecture model.
 #[derive(Clone, Debug, PartialEq)]
@@ -38,6 +38,11 @@ pub struct Config {
     pub rope_dims: usize,
     /// RMSNorm epsilon (`attention.layer_norm_rms_epsilon`).
     pub eps: f32,
+    /// Positions a sliding-window layer sees (`attention.sliding_window`; Gemma 3), if any.
+    pub sliding_window: Option<usize>,
+    /// With a sliding window, every `swa_pattern`-th layer (`l % swa_pattern == swa_pattern − 1`)
+    /// is global and the others slide (llama.cpp's rule for Gemma 3: 6).
+    pub swa_pattern: usize,
 }
 
 impl Config {
@@ -86,6 +91,13 @@ impl Config {
             rope_base,
             rope_dims,
             eps: gguf.f32(&key("attention.layer_norm_rms_epsilon"))?,
+            sliding_window: match arch.as_str() {
+                "gemma3" => gguf
+                    .usize_opt(&key("attention.sliding_window"))?
+                    .filter(|&w| w > 0),
+                _ => None,
+            },
+            swa_pattern: 6,
             architecture: arch.clone(),
         };
         cfg.check(&key)?;
@@ -111,9 +123,18 @@ impl Config {
         self.heads / self.kv_heads
     }
 
-    /// `1/sqrt(head_dim)`, the attention scale.
+    /// `1/sqrt(head_dim)`, the attention scale. (llama.cpp uses `1/sqrt(d_model / heads)` for
+    /// Gemma 3 27B, 62 layers, whose `query_pre_attn_scalar` differs: followed here.)
     pub fn attention_scale(&self) -> f32 {
+        if self.architecture == "gemma3" && self.layers == 62 {
+            return 1.0 / ((self.d_model / self.heads) as f32).sqrt();
+        }
         1.0 / (self.head_dim as f32).sqrt()
+    }
+
+    /// True if layer `l` attends to every position (no sliding window).
+    pub fn is_global(&self, l: usize) -> bool {
+        self.sliding_window.is_none() || l % self.swa_pattern == self.swa_pattern - 1
     }
 
     fn check(&self, key: &dyn Fn(&str) -> String) -> Result<()> {

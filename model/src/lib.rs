@@ -1,6 +1,7 @@
 //! # cxlkv-model
 //!
-//! A reference decoder: it loads a Llama-architecture model from a GGUF file and generates text
+//! A reference decoder: it loads a Llama-architecture (or Gemma 3, `gemma3.rs`) model from a GGUF
+//! file and generates text
 //! with a pluggable attention backend. It exists so that the KV cache the rest of cxlkv stores
 //! and scores is a real model's, produced and consumed by a real forward pass, and so that a
 //! backend keeping K/V in the cxlkv pool can be checked token for token against one keeping it
@@ -13,7 +14,8 @@
 //! base and dimensions, RMSNorm epsilon, context length) and refuses what this crate does not
 //! implement (another architecture, RoPE scaling) instead of running a different model.
 //! [`Tokenizer`] is byte-level BPE built from `tokenizer.ggml.tokens` and `.merges`, with the
-//! pre-tokenizer named by `tokenizer.ggml.pre` ([`PreTokenizer`]). The weights
+//! pre-tokenizer named by `tokenizer.ggml.pre` ([`PreTokenizer`]), or SentencePiece
+//! (`tokenizer.ggml.model = llama`, `spm.rs`) from the tokens, scores and token types. The weights
 //! ([`WeightFormat`]) are either dequantized to f32 at load (exact, the reference) or kept
 //! quantized and multiplied by candle's quantized kernels (smaller, llama.cpp's arithmetic).
 //!
@@ -63,10 +65,13 @@
 pub mod attention;
 mod config;
 mod error;
+mod gemma3;
 mod generate;
 mod gguf;
 mod model;
+mod ops;
 mod pretokenize;
+mod spm;
 mod tokenizer;
 mod weights;
 

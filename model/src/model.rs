@@ -5,7 +5,9 @@
 use crate::attention::{Attention, AttentionShape};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::gemma3::Gemma3;
 use crate::gguf::Gguf;
+use crate::ops::{add, head_major, rms_norm};
 use crate::tokenizer::Tokenizer;
 use crate::weights::{Block, WeightFormat, Weights};
 use std::path::Path;
@@ -19,6 +21,8 @@ pub struct Model {
     format: WeightFormat,
     /// `base^(−2i/rope_dims)` for `i < rope_dims / 2`.
     inv_freq: Vec<f64>,
+    /// Gemma 3's extra tensors and sliding-window state (`gemma3` architecture).
+    gemma3: Option<Gemma3>,
 }
 
 /// Which logits a forward returns.
@@ -45,6 +49,10 @@ impl Model {
             });
         }
         let weights = Weights::load(&mut gguf, &cfg, format)?;
+        let gemma3 = match cfg.architecture.as_str() {
+            "gemma3" => Some(Gemma3::load(&mut gguf, &cfg)?),
+            _ => None,
+        };
         let half = cfg.rope_dims / 2;
         let inv_freq = (0..half)
             .map(|i| (cfg.rope_base as f64).powf(-2.0 * i as f64 / cfg.rope_dims as f64))
@@ -55,6 +63,7 @@ impl Model {
             weights,
             format,
             inv_freq,
+            gemma3,
         })
     }
 
@@ -80,7 +89,12 @@ impl Model {
 
     /// The shape an attention backend for this model needs.
     pub fn attention_shape(&self) -> AttentionShape {
-        AttentionShape::of(&self.cfg)
+        let mut shape = AttentionShape::of(&self.cfg);
+        if let Some(g) = &self.gemma3 {
+            // Sliding-window layers stay in the model (see `gemma3.rs`).
+            shape.layers = g.global_layers();
+        }
+        shape
     }
 
     /// Runs `tokens` at the positions after those `attn` holds, appending their keys and values
@@ -101,6 +115,10 @@ impl Model {
         if t == 0 {
             return Err(Error::EmptyInput);
         }
+        if let Some(g) = &self.gemma3 {
+            let x = g.hidden(cfg, &self.weights, tokens, attn)?;
+            return self.head(x, t, which);
+        }
         let start = attn.len(0);
         if start + t > cfg.context {
             return Err(Error::ContextTooLong {
@@ -109,7 +127,6 @@ impl Model {
             });
         }
         let rope = self.rope_table(start, t);
-        let d = cfg.d_model;
         let mut x = self.weights.embed(tokens)?;
         let mut h = vec![0f32; x.len()];
         for (l, block) in self.weights.blocks.iter().enumerate() {
@@ -127,6 +144,13 @@ impl Model {
             rms_norm(&x, &block.ffn_norm, cfg.eps, &mut h);
             mlp(block, &h, &mut x)?;
         }
+        self.head(x, t, which)
+    }
+
+    /// The output norm and head over the last row of `x` or all `t` rows.
+    fn head(&self, x: Vec<f32>, t: usize, which: Logits) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        let d = cfg.d_model;
         let x = match which {
             Logits::All => x,
             Logits::Last => x[(t - 1) * d..].to_vec(),
@@ -205,38 +229,6 @@ fn mlp(block: &Block, h: &[f32], x: &mut [f32]) -> Result<()> {
     }
     add(x, &block.down.forward(&gate)?);
     Ok(())
-}
-
-/// RMSNorm of each row of `x` (rows as wide as `w`) times `w`, into `out`. The mean square sums
-/// in f64, as ggml does.
-fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    for (row, dst) in x.chunks_exact(w.len()).zip(out.chunks_exact_mut(w.len())) {
-        let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / w.len() as f64;
-        let scale = (1.0 / (ms + eps as f64).sqrt()) as f32;
-        for ((d, &v), &g) in dst.iter_mut().zip(row).zip(w) {
-            *d = v * scale * g;
-        }
-    }
-}
-
-fn add(x: &mut [f32], y: &[f32]) {
-    debug_assert_eq!(x.len(), y.len());
-    for (a, b) in x.iter_mut().zip(y) {
-        *a += b;
-    }
-}
-
-/// `[t][heads][d]` to `[heads][t][d]`.
-fn head_major(x: &[f32], t: usize, heads: usize, d: usize) -> Vec<f32> {
-    let mut out = vec![0f32; x.len()];
-    for i in 0..t {
-        for h in 0..heads {
-            let src = (i * heads + h) * d;
-            let dst = (h * t + i) * d;
-            out[dst..dst + d].copy_from_slice(&x[src..src + d]);
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::pretokenize::PreTokenizer;
+use crate::spm::Spm;
 use std::collections::HashMap;
 
 /// GGUF `token_type` of control tokens (`<|endoftext|>`, `<|im_start|>`).
@@ -31,16 +32,22 @@ pub struct Tokenizer {
     bos: Option<u32>,
     eos: Option<u32>,
     unknown: Option<u32>,
+    /// SentencePiece (`tokenizer.ggml.model = llama`), else byte-level BPE.
+    spm: Option<Spm>,
 }
 
 impl Tokenizer {
-    /// The tokenizer of `gguf`: `tokenizer.ggml.model` must be `gpt2` (byte-level BPE).
+    /// The tokenizer of `gguf`: `tokenizer.ggml.model` must be `gpt2` (byte-level BPE) or
+    /// `llama` (SentencePiece, see `spm.rs`).
     pub fn from_gguf(gguf: &Gguf) -> Result<Tokenizer> {
         let model = gguf.str("tokenizer.ggml.model")?;
+        if model == "llama" {
+            return Tokenizer::spm_from_gguf(gguf);
+        }
         if model != "gpt2" {
             return Err(Error::UnsupportedTokenizer {
                 found: format!("tokenizer.ggml.model = {model:?}"),
-                supported: "gpt2 (byte-level BPE)",
+                supported: "gpt2 (byte-level BPE), llama (SentencePiece)",
             });
         }
         let pre = PreTokenizer::from_gguf_name(gguf.str("tokenizer.ggml.pre").ok())?;
@@ -67,6 +74,67 @@ impl Tokenizer {
             id_key("tokenizer.ggml.unknown_token_id")?,
         );
         Tokenizer::new(tokens, &merges, types.as_deref(), pre, bos, eos, unknown)
+    }
+
+    fn spm_from_gguf(gguf: &Gguf) -> Result<Tokenizer> {
+        let tokens: Vec<String> = gguf
+            .strings("tokenizer.ggml.tokens")?
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        let types = gguf
+            .ints_opt("tokenizer.ggml.token_type")?
+            .unwrap_or_else(|| vec![1; tokens.len()]);
+        let scores = match gguf.get("tokenizer.ggml.scores") {
+            Some(candle_core::quantized::gguf_file::Value::Array(a)) => a
+                .iter()
+                .map(|v| v.to_f32().map_err(Error::from))
+                .collect::<Result<Vec<f32>>>()?,
+            _ => {
+                return Err(Error::BadMetadata {
+                    key: "tokenizer.ggml.scores".into(),
+                    reason: "missing or not an array (SentencePiece needs the scores)".into(),
+                })
+            }
+        };
+        let flag = |k: &str, default: bool| match gguf.get(k) {
+            Some(v) => v.to_bool().map_err(Error::from),
+            None => Ok(default),
+        };
+        let add_bos = flag("tokenizer.ggml.add_bos_token", true)?;
+        let add_space_prefix = flag("tokenizer.ggml.add_space_prefix", true)?;
+        let spm = Spm::new(&tokens, scores, types.clone(), add_bos, add_space_prefix)?;
+        let mut t = Tokenizer::from_parts_gguf(gguf, tokens, &types)?;
+        t.spm = Some(spm);
+        Ok(t)
+    }
+
+    fn from_parts_gguf(gguf: &Gguf, tokens: Vec<String>, types: &[i64]) -> Result<Tokenizer> {
+        let n = tokens.len();
+        let id_key = |k: &str| -> Result<Option<u32>> {
+            match gguf.usize_opt(k)? {
+                Some(id) if id < n => Ok(Some(id as u32)),
+                Some(id) => Err(Error::BadMetadata {
+                    key: k.into(),
+                    reason: format!("id {id} outside the vocabulary of {n}"),
+                }),
+                None => Ok(None),
+            }
+        };
+        let (bos, eos, unknown) = (
+            id_key("tokenizer.ggml.bos_token_id")?,
+            id_key("tokenizer.ggml.eos_token_id")?,
+            id_key("tokenizer.ggml.unknown_token_id")?,
+        );
+        Tokenizer::new(
+            tokens,
+            &[],
+            Some(types),
+            PreTokenizer::Gpt2,
+            bos,
+            eos,
+            unknown,
+        )
     }
 
     /// A tokenizer from its parts: `merges` are `"left right"` strings, best first; `types` the
@@ -135,6 +203,7 @@ impl Tokenizer {
             bos,
             eos,
             unknown,
+            spm: None,
         })
     }
 
@@ -164,8 +233,11 @@ impl Tokenizer {
     }
 
     /// Encodes `text` as plain text: a control token's spelling in it is encoded as characters.
+    /// A SentencePiece vocabulary whose file sets `tokenizer.ggml.add_bos_token` starts with the
+    /// beginning-of-sequence token, as llama.cpp does; a BPE one adds nothing.
     pub fn encode(&self, text: &str) -> Vec<u32> {
         let mut out = Vec::new();
+        self.push_bos(&mut out);
         self.encode_plain(text, &mut out);
         out
     }
@@ -174,6 +246,7 @@ impl Tokenizer {
     /// token: the form for chat templates.
     pub fn encode_with_specials(&self, text: &str) -> Vec<u32> {
         let mut out = Vec::new();
+        self.push_bos(&mut out);
         let mut rest = text;
         while !rest.is_empty() {
             let next = self
@@ -197,7 +270,19 @@ impl Tokenizer {
         out
     }
 
+    fn push_bos(&self, out: &mut Vec<u32>) {
+        if let (Some(spm), Some(bos)) = (&self.spm, self.bos) {
+            if spm.add_bos {
+                out.push(bos);
+            }
+        }
+    }
+
     fn encode_plain(&self, text: &str, out: &mut Vec<u32>) {
+        if let Some(spm) = &self.spm {
+            spm.encode(text, &self.ids, self.unknown, out);
+            return;
+        }
         let mut symbols = Vec::new();
         let mut chars = String::new();
         for piece in self.pre.split(text) {
@@ -248,6 +333,10 @@ impl Tokenizer {
             id,
             vocab: self.tokens.len(),
         })?;
+        if let Some(spm) = &self.spm {
+            spm.push_bytes(id, text, out);
+            return Ok(());
+        }
         for c in text.chars() {
             match self.char_byte.get(&c) {
                 Some(&b) => out.push(b),
