@@ -353,15 +353,21 @@ pub extern "C" fn cxlkv_device_poll(
         let dev = borrow(d, Kind::Device)?;
         need(done, "done")?;
         check_stats(stats)?;
-        match collect(dev, ticket, false)? {
-            Some(s) => {
-                stats_out(stats, &s);
-                put_out(done, 1);
-            }
-            None => put_out(done, 0),
-        }
+        deliver(collect(dev, ticket, false)?, stats, done);
         Ok(())
     })
+}
+
+/// Reports a collection to the caller: `*done = 1` and the command's cost in `*stats` (if not
+/// NULL) when the ticket was answered, else `*done = 0`.
+fn deliver(answer: Option<NdpStats>, stats: *mut cxlkv_ndp_stats, done: *mut i32) {
+    match answer {
+        Some(s) => {
+            stats_out(stats, &s);
+            put_out(done, 1);
+        }
+        None => put_out(done, 0),
+    }
 }
 
 /// Waits up to `timeout_ms` for `ticket` and collects it as `cxlkv_device_poll` does: `*done = 1`
@@ -396,13 +402,7 @@ pub extern "C" fn cxlkv_device_wait(
                 std::thread::sleep((deadline - now).min(Duration::from_micros(50)));
             }
         };
-        match answer {
-            Some(s) => {
-                stats_out(stats, &s);
-                put_out(done, 1);
-            }
-            None => put_out(done, 0),
-        }
+        deliver(answer, stats, done);
         Ok(())
     })
 }

@@ -42,6 +42,7 @@ from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 import cxlkv
 
 from ._read import read_view
+from ._torch import DTYPES as _DTYPES, dtype_name
 
 __all__ = ["CxlkvStorageBackend"]
 
@@ -50,24 +51,9 @@ _MAX_DIMS = 8
 # magic, memory format, dtype name (16 bytes), ndim, dims[8], payload length
 _HEAD = struct.Struct("<8sI16sI%dQQ" % _MAX_DIMS)
 
-_DTYPES = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "uint8": torch.uint8,
-    "int8": torch.int8,
-}
-for _name in ("float8_e4m3fn", "float8_e5m2"):
-    if hasattr(torch, _name):
-        _DTYPES[_name] = getattr(torch, _name)
-_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
-
 
 def _dtype_name(dtype: torch.dtype) -> str:
-    try:
-        return _DTYPE_NAMES[dtype]
-    except KeyError:
-        raise ValueError("cxlkv LMCache plugin: unsupported dtype %s" % dtype) from None
+    return dtype_name(dtype, "cxlkv LMCache plugin")
 
 
 class _Held:

@@ -33,23 +33,13 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 import cxlkv
 
 from ._read import read_view
+from ._torch import DTYPES as _DTYPES, dtype_name
 
 __all__ = ["CxlkvHiCacheStorage"]
 
 _MAGIC = b"CXLKVSG1"
 # magic, dtype name (16 bytes), element count, payload length
 _HEAD = struct.Struct("<8s16sQQ")
-_DTYPES = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "uint8": torch.uint8,
-    "int8": torch.int8,
-}
-for _name in ("float8_e4m3fn", "float8_e5m2"):
-    if hasattr(torch, _name):
-        _DTYPES[_name] = getattr(torch, _name)
-_NAMES = {v: k for k, v in _DTYPES.items()}
 
 
 def _bytes_of(t: torch.Tensor) -> memoryview:
@@ -98,7 +88,12 @@ class CxlkvHiCacheStorage(HiCacheStorage):
         if value is None:
             return False
         payload = _bytes_of(value)
-        head = _HEAD.pack(_MAGIC, _NAMES[value.dtype].encode(), value.numel(), len(payload))
+        head = _HEAD.pack(
+            _MAGIC,
+            dtype_name(value.dtype, "cxlkv HiCache storage").encode(),
+            value.numel(),
+            len(payload),
+        )
         self.me.put(self._key(key), head + payload)
         return True
 
