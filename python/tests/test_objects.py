@@ -4,13 +4,12 @@
 """
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import cxlkv
+from test_cxlkv import rand_bytes, run_child  # the helpers of the package's main test module
 
 BLOCK = 64 << 10
 
@@ -23,16 +22,6 @@ def spec(request):
         cxlkv.unlink(s)
     except cxlkv.Error:
         pass
-
-
-def rand_bytes(seed, n):
-    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
-
-
-def run_child(code):
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, "child failed:\n%s\n%s" % (r.stdout, r.stderr)
-    return r.stdout
 
 
 def test_objects_round_trip_at_part_boundaries(spec):
