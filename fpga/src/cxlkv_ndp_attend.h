@@ -128,8 +128,8 @@ WEIGHT:
     }
 }
 
-// Phase B, accumulator: one value element per cycle, o[q][d] += w[q] * v[d] for the G queries in
-// parallel (a product, then a sum: two roundings, as the reference). o[q][d] is touched every dim
+// Phase B, accumulator: one value element per cycle, o[q][d] = fma(w[q], v[d], o[q][d]) for the G
+// queries in parallel (one rounding, as the reference's fused multiply-add). o[q][d] is touched every dim
 // >= 16 elements, the distance that lets the loop run at II = 1.
 template <int GMAX, int DMAX>
 inline void value_unit(uint32_t rows, uint32_t dim, hls::stream<float>& vin,
@@ -145,8 +145,7 @@ ACC:
         float x = vin.read();
         for (int q = 0; q < GMAX; ++q) {
 #pragma HLS UNROLL
-            float p = w.v[q] * x;
-            out[q][d] = out[q][d] + p;
+            out[q][d] = fused_mul_add(w.v[q], x, out[q][d]);
         }
         d = (d + 1 == dim) ? 0 : d + 1;
     }

@@ -9,8 +9,8 @@
 //! maximum rescales the running sum and output by `exp(old − new)`), the chunk's weights
 //! `exp(scale · s − max)` and their sums, and the weighted sum of the chunk's value rows. The
 //! exponential is [`exp_neg`], a polynomial in plain IEEE operations (within 2 ulp of `exp`), and
-//! every sum runs in row order with a separate multiply and add, so every implementation returns
-//! bit-identical partials (the HLS engine of `fpga/` computes the same operations in the same
+//! every sum runs in row order (the weighted value sum as one fused multiply-add per element, the
+//! canonical dot product's rounding), so every implementation returns bit-identical partials (the HLS engine of `fpga/` computes the same operations in the same
 //! order; fpga/README.md, *Tolerance*).
 //!
 //! Implementations, chosen with the score kernel's [`Isa`]: AVX-512 (`attend_simd`: the
@@ -216,6 +216,7 @@ impl State {
             .iter_mut()
             .zip(self.sum.iter_mut())
             .zip(self.out.chunks_exact_mut(dim));
+        let mut grew = false;
         for (((max, sum), out), &m) in running.zip(cmax.iter()) {
             if m > *max {
                 if *sum > 0.0 {
@@ -226,12 +227,17 @@ impl State {
                     }
                 }
                 *max = m;
+                grew = true;
             }
         }
-        let maxes = &mut self.maxes[..c * g];
-        for row in maxes.chunks_exact_mut(g) {
-            row.copy_from_slice(&self.max);
+        // `maxes` holds the running maxima once per row of a whole chunk; it changes only when a
+        // maximum grows (rarely, after the first chunks).
+        if grew {
+            for row in self.maxes.chunks_exact_mut(g) {
+                row.copy_from_slice(&self.max);
+            }
         }
+        let maxes = &self.maxes[..c * g];
         let w = &mut self.weights[..c * g];
         for ((w, &s), &m) in w.iter_mut().zip(scores).zip(maxes.iter()) {
             *w = exp_neg(scale * s - m);
@@ -258,15 +264,16 @@ impl State {
 }
 
 /// `out[d] += w[i * g + j] * vals[i * dim + d]` for every row `i` in order, `d < dim =
-/// out.len()`: the portable form of the weighted value sum (separate multiply and add, like the
-/// SIMD form in [`crate::attend_simd`], so every form rounds alike); the compiler vectorizes it
-/// for the caller's target features.
+/// out.len()`: the portable form of the weighted value sum (one fused multiply-add per element,
+/// like the SIMD form in [`crate::attend_simd`], so every form rounds alike); the compiler
+/// vectorizes it for the caller's target features (a library call per element where the target
+/// has no FMA, as the canonical dot product's scalar form).
 #[inline(always)]
 fn accumulate(out: &mut [f32], vals: &[f32], w: &[f32], g: usize, j: usize) {
     for (v, row) in vals.chunks_exact(out.len()).zip(w.chunks_exact(g)) {
         let wj = row[j];
         for (o, &x) in out.iter_mut().zip(v) {
-            *o += wj * x;
+            *o = wj.mul_add(x, *o);
         }
     }
 }
