@@ -11,7 +11,7 @@
 //!   measured in the same run (`stream_sum_wide` over a 1 GiB private buffer in transparent huge
 //!   pages: widest vector loads, eight accumulators), with the same read over the blocks' own K
 //!   and V pages in the pool beside it (what the pool's base pages cost). Targets: key+value
-//!   bytes/s >= 0.8 of the huge-page read bandwidth, device overhead < 10 %. The four are timed
+//!   bytes/s >= 0.8 of the faster of the two reads, device overhead < 10 %. The four are timed
 //!   in rotation (medians of 11); each reads more than the last-level cache holds, so each
 //!   starts mostly cold.
 //!
@@ -343,13 +343,15 @@ fn benches(c: &mut Criterion) {
     );
     let gbps = |bytes: u64, t: Duration| bytes as f64 / t.as_secs_f64() / 1e9;
     let read_gbps = gbps(read_buf.bytes().len() as u64, read);
+    let pool_gbps = gbps(kv_bytes, pread);
+    // The limit is the faster of the two reads.
+    let limit = read_gbps.max(pool_gbps);
     eprintln!(
-        "ndp/attend_1M: read bandwidth {read_gbps:.2} GB/s (1 thread, 1 GiB; the blocks' own K+V pages in the pool {:.2} GB/s); bare fused kernel on the pool's rows {bare:?} = {:.2} GB/s of K+V = {:.2} x read (target >= 0.8); device round trip {device:?} (device-side {dev_ns:?}) = {:.2} GB/s = {:.2} x read; device overhead {:.1} % (target < 10 %); kernel {:?}; medians of 11, load {}",
-        gbps(kv_bytes, pread),
+        "ndp/attend_1M: read bandwidth {read_gbps:.2} GB/s (1 thread, 1 GiB in huge pages), {pool_gbps:.2} GB/s (the blocks' own K+V pages in the pool); bare fused kernel on the pool's rows {bare:?} = {:.2} GB/s of K+V = {:.2} x the faster read (target >= 0.8); device round trip {device:?} (device-side {dev_ns:?}) = {:.2} GB/s = {:.2} x the faster read; device overhead {:.1} % (target < 10 %); kernel {:?}; medians of 11, load {}",
         gbps(kv_bytes, bare),
-        gbps(kv_bytes, bare) / read_gbps,
+        gbps(kv_bytes, bare) / limit,
         gbps(kv_bytes, device),
-        gbps(kv_bytes, device) / read_gbps,
+        gbps(kv_bytes, device) / limit,
         (device.as_secs_f64() / bare.as_secs_f64() - 1.0) * 100.0,
         kernel.isa(),
         load_average(),
