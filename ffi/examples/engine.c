@@ -527,10 +527,12 @@ int main(int argc, char **argv) {
     CHECK(cxlkv_metrics_read(&m));
     uint64_t puts = m.put.ok + m.put.error;
     printf("engine A metrics: %llu puts (%llu bytes, mean %.1f us), %llu device top-k, "
-           "%llu host fallbacks\n",
+           "%llu ATTEND (%llu query bytes in, %llu partial bytes out), %llu host fallbacks\n",
            (unsigned long long)puts, (unsigned long long)m.put.bytes_in,
            puts ? m.put.latency_ns / 1e3 / (double)puts : 0.0,
            (unsigned long long)(m.score_topk.ok + m.score_topk.error),
+           (unsigned long long)(m.attend.ok + m.attend.error),
+           (unsigned long long)m.attend.bytes_in, (unsigned long long)m.attend.bytes_out,
            (unsigned long long)m.device_fallbacks);
     CHECK(cxlkv_participant_detach(a));
     CHECK(cxlkv_pool_close(pool));

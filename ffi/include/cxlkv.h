@@ -398,6 +398,11 @@ typedef struct cxlkv_metrics {
   uint64_t device_link_bytes;
   // Bytes that crossed the link for device commands computed on the host.
   uint64_t host_link_bytes;
+  // `cxlkv_device_submit_attend`, counted when its ticket is collected (or when the submit
+  // fails): `bytes_in` the query vectors, `bytes_out` the partials (`out`, `max`, `sum`).
+  // Appended after the first ABI 2 layout (320 bytes): a caller whose `struct_size` ends before
+  // it does not get it.
+  struct cxlkv_op_metrics attend;
 } cxlkv_metrics;
 
 #ifdef __cplusplus

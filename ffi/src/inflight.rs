@@ -42,6 +42,8 @@ pub(crate) enum Inflight {
     Attend {
         ticket: Ticket,
         out: AttendOut,
+        /// When it was submitted (the latency of a failed command).
+        t0: Instant,
     },
 }
 

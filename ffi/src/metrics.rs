@@ -1,8 +1,9 @@
 //! This process's metrics (`cxlkv_runtime::metrics::global`): the library's entry points record
-//! every put, get, pin, delete and device command here (outcome, bytes, latency, fallbacks), and
-//! two calls read them back: `cxlkv_metrics_read` as numbers in a struct whose first field says
-//! its size, `cxlkv_metrics_text` as the Prometheus text exposition. README ("Observability")
-//! names the metrics.
+//! every put, get, pin, delete and device command (SCORE_TOPK, GATHER, ATTEND; synchronous or
+//! through a ticket) here (outcome, bytes, latency, fallbacks), and two calls read them back:
+//! `cxlkv_metrics_read` as numbers in a struct whose first field says its size,
+//! `cxlkv_metrics_text` as the Prometheus text exposition. README ("Observability") names the
+//! metrics.
 //!
 //! The per-participant counters every participant publishes in its pool slot (any process that
 //! maps the pool reads them, as `cxlkv pool stat` does): `cxlkv_pool_participant_counters` as
@@ -65,6 +66,11 @@ pub struct cxlkv_metrics {
     pub device_link_bytes: u64,
     /// Bytes that crossed the link for device commands computed on the host.
     pub host_link_bytes: u64,
+    /// `cxlkv_device_submit_attend`, counted when its ticket is collected (or when the submit
+    /// fails): `bytes_in` the query vectors, `bytes_out` the partials (`out`, `max`, `sum`).
+    /// Appended after the first ABI 2 layout (320 bytes): a caller whose `struct_size` ends before
+    /// it does not get it.
+    pub attend: cxlkv_op_metrics,
 }
 
 sized!(cxlkv_metrics, 8);
@@ -190,6 +196,7 @@ pub extern "C" fn cxlkv_metrics_read(out: *mut cxlkv_metrics) -> cxlkv_result {
                 device_fallbacks: s.device_fallbacks(),
                 device_link_bytes: s.device_link_bytes,
                 host_link_bytes: s.host_link_bytes,
+                attend: op_out(s.op(Op::Attend)),
             },
         );
         Ok(())

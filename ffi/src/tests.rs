@@ -104,8 +104,10 @@ fn sized_structs_have_no_padding() {
     assert_eq!(size_of::<crate::device::cxlkv_device_config>(), 4 * 4);
     assert_eq!(
         size_of::<cxlkv_metrics>(),
-        8 + 6 * size_of::<cxlkv_op_metrics>() + 3 * 8
+        8 + 6 * size_of::<cxlkv_op_metrics>() + 3 * 8 + size_of::<cxlkv_op_metrics>()
     );
+    // `attend` was appended after the first ABI 2 layout (320 bytes), which stays as it was.
+    assert_eq!(std::mem::offset_of!(cxlkv_metrics, attend), 320);
     assert_eq!(
         size_of::<crate::metrics::cxlkv_participant_counters>(),
         8 + 11 * 8

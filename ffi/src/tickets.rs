@@ -7,6 +7,10 @@
 //! `cxlkv_device_poll` or `cxlkv_device_wait` call that reports the ticket done, and never after
 //! that call, after a failed collection, or after `cxlkv_device_close`. A collected ticket is
 //! forgotten: polling it again is `CXLKV_ERR_INVALID_ARG`.
+//!
+//! Metrics: a ticket's command counts in this process's metrics (`Op::ScoreTopk`, `Op::Attend`)
+//! once, when it is collected (its outcome, bytes and elapsed time from submit), or when the
+//! submit itself fails; a ticket dropped uncollected by `cxlkv_device_close` is not counted.
 
 use crate::args::{need, put_out, slice_in};
 use crate::device::{
@@ -18,8 +22,10 @@ use crate::errors::{fail, guard, map_ndp};
 use crate::handles::{borrow, Kind};
 use crate::inflight::{AttendOut, Inflight, TopKOut};
 use crate::kv::dtype_arg;
+use crate::metrics::record;
 use crate::sized::{read_in, sized};
-use cxlkv_runtime::ndp::{AttendRequest, Attended, NdpStats};
+use cxlkv_runtime::metrics::{global, Op, Outcome};
+use cxlkv_runtime::ndp::{AttendRequest, Attended, NdpError, NdpStats};
 use std::time::{Duration, Instant};
 
 /// `cxlkv_device_wait`'s `timeout_ms` that waits until the ticket is answered (by the device
@@ -142,18 +148,18 @@ pub extern "C" fn cxlkv_device_submit_score_topk(
         let t0 = Instant::now();
         let nq = args.queries.len();
         let mut st = dev.lock();
+        // A command that fails here counts as a failed SCORE_TOPK now; one filed counts when its
+        // ticket is collected.
         let (t, host) = if r.flags & CXLKV_SCORE_HOST != 0 {
             let top = cxlkv_runtime::ndp::host_score_topk(
                 st.client.participant().pool(),
                 &request,
                 cxlkv_runtime::ndp::NdpOptions::default().kernel,
             );
-            (None, Some(Box::new(top.map_err(map_ndp)?)))
+            (None, Some(Box::new(failed(Op::ScoreTopk, top, t0)?)))
         } else {
-            (
-                Some(st.client.submit_score(&request).map_err(map_ndp)?),
-                None,
-            )
+            let t = st.client.submit_score(&request);
+            (Some(failed(Op::ScoreTopk, t, t0)?), None)
         };
         let id = st.tickets.file(Inflight::TopK {
             ticket: t,
@@ -227,8 +233,9 @@ pub extern "C" fn cxlkv_device_submit_attend(
                 r.scale
             },
         };
+        let t0 = Instant::now();
         let mut st = dev.lock();
-        let t = st.client.submit_attend(&request).map_err(map_ndp)?;
+        let t = failed(Op::Attend, st.client.submit_attend(&request), t0)?;
         let id = st.tickets.file(Inflight::Attend {
             ticket: t,
             out: AttendOut {
@@ -238,10 +245,34 @@ pub extern "C" fn cxlkv_device_submit_attend(
                 group: g,
                 dim,
             },
+            t0,
         });
         put_out(ticket, id);
         Ok(())
     })
+}
+
+/// Passes `r` on; an error counts as a failed `op` that started at `t0` (a command refused or
+/// failed at submit, which no collection will count).
+fn failed<T>(op: Op, r: Result<T, NdpError>, t0: Instant) -> Result<T, cxlkv_result> {
+    r.map_err(|e| {
+        record(op, Outcome::Error, 0, 0, t0);
+        map_ndp(e)
+    })
+}
+
+/// Records an ATTEND's outcome in this process's metrics: the queries in (`group × dim` f32), the
+/// partials out (`out`, `max` and `sum`: `group × (dim + 2)` f32), its path and link bytes.
+pub(crate) fn record_attend(
+    a: Result<Attended, NdpError>,
+    o: &AttendOut,
+    t0: Instant,
+) -> Result<Attended, cxlkv_result> {
+    let a = failed(Op::Attend, a, t0)?;
+    let bytes_in = 4 * (o.group * o.dim) as u64;
+    let bytes_out = 4 * (o.group * (o.dim + 2)) as u64;
+    global().record_device(Op::Attend, &a.stats, bytes_in, bytes_out);
+    Ok(a)
 }
 
 /// Writes an ATTEND answer to the caller's arrays.
@@ -316,20 +347,21 @@ fn collect(dev: &cxlkv_device, id: u64, block: bool) -> Result<Option<NdpStats>,
             put_out(per_list, n);
             Ok(Some(top.stats))
         }
-        Inflight::Attend { ticket, out } => {
+        Inflight::Attend { ticket, out, t0 } => {
             let a = if block {
                 st.client.wait_attend(ticket)
             } else {
                 match st.client.poll_attend(&ticket) {
                     Ok(Some(a)) => Ok(a),
                     Ok(None) => {
-                        st.tickets.live.insert(id, Inflight::Attend { ticket, out });
+                        let again = Inflight::Attend { ticket, out, t0 };
+                        st.tickets.live.insert(id, again);
                         return Ok(None);
                     }
                     Err(e) => Err(e),
                 }
             };
-            let a = a.map_err(map_ndp)?;
+            let a = record_attend(a, &out, t0)?;
             write_attend(&a, &out)?;
             Ok(Some(a.stats))
         }

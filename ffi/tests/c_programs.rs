@@ -145,6 +145,12 @@ fn engine_example_shares_a_prefix_and_runs_an_ndp_topk() {
     assert!(text.contains("4 tickets in flight at once"), "{text}");
     assert!(text.contains(", 4 on the device;"), "{text}");
     assert!(text.contains("waited for 1 more (done=1)"), "{text}");
+    // The one ATTEND collected (the one left in flight at close is not counted), 3 queries of
+    // dim 64: 3 × 64 × 4 bytes in, 3 × (64 + 2) × 4 bytes of partials out.
+    assert!(
+        text.contains(", 1 ATTEND (768 query bytes in, 792 partial bytes out),"),
+        "{text}"
+    );
     assert!(text.contains("engine: OK"), "{text}");
     // Under valgrind the device process itself is not traced (--trace-children-skip).
     valgrind_env(&bin, "engine", &[("CXLKV_NDPD", ndpd())]);

@@ -3,7 +3,11 @@
  * back as exactly those counts and bytes from cxlkv_metrics_read, and as the same numbers in the
  * Prometheus text of cxlkv_metrics_text. A short `size` field gets only that many bytes. The
  * counters the participant publishes in its pool slot read the same through a second pool handle
- * (cxlkv_pool_participant_counters, cxlkv_pool_metrics_text). */
+ * (cxlkv_pool_participant_counters, cxlkv_pool_metrics_text). Device commands (no device runs, so
+ * the host answers each): SCORE_TOPK called and through tickets, ATTEND through tickets, each
+ * counted once under its own op, a failed one as an error; a caller sized before `attend` was
+ * appended gets the first layout only. */
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,7 +78,7 @@ int main(void) {
     CHECK(m.pin.ok == 1 && m.pin.bytes_out == 100);
     CHECK(m.del.ok == 1);
     CHECK(m.put.latency_ns > 0 && m.get.latency_ns > 0);
-    CHECK(m.score_topk.ok == 0 && m.device_fallbacks == 0);
+    CHECK(m.score_topk.ok == 0 && m.attend.ok == 0 && m.device_fallbacks == 0);
 
     /* A caller that knows only the size field and the put figures gets exactly those. */
     uint8_t small[8 + sizeof(cxlkv_op_metrics) + 8];
@@ -137,6 +141,94 @@ int main(void) {
     CHECK(contains(text, "cxlkv_ops_total{op=\"put\",result=\"ok\"} 3\n"));
     free(text);
     OK(cxlkv_pool_close(other));
+
+    /* Device commands on one typed block (sequence 5, 4 tokens, 2 query heads of dim 16, f32). */
+    enum { DIM = 16, TOK = 4, G = 2 };
+    float kv[TOK * DIM], q[G * DIM];
+    for (int i = 0; i < TOK * DIM; i++) kv[i] = (float)((i * 7) % 11) / 11.0f - 0.5f;
+    for (int i = 0; i < G * DIM; i++) q[i] = (float)((i * 5) % 13) / 13.0f - 0.5f;
+    cxlkv_kv_shape shape = {.struct_size = sizeof shape, .dtype = CXLKV_DTYPE_F32, .layer = 0,
+                            .kv_heads = 1, .head_dim = DIM, .tokens = TOK, .sequence = 5};
+    cxlkv_key kvkey = {50, 50};
+    OK(cxlkv_participant_put_kv(me, &kvkey, &shape, (uint8_t *)kv, sizeof kv, (uint8_t *)kv, sizeof kv));
+    cxlkv_device *dev = NULL;
+    OK(cxlkv_device_open(me, 0, &dev));
+    cxlkv_block_ref bref = {kvkey, 0};
+    cxlkv_score_request sr = {.struct_size = sizeof sr, .group = 1, .queries = q, .dim = DIM,
+                              .blocks = &bref, .nblocks = 1, .sequence = 5,
+                              .dtype = CXLKV_DTYPE_F32, .k = 2};
+    uint32_t idx[2];
+    float sc[2];
+    size_t per = 0;
+    uint64_t tk = 0;
+    int done = 0;
+    /* SCORE_TOPK: one call, one ticket, one ticket that fails (a block of another sequence). */
+    OK(cxlkv_device_score_topk(dev, &sr, idx, sc, 2, NULL, 0, &per, NULL));
+    OK(cxlkv_device_submit_score_topk(dev, &sr, idx, sc, 2, NULL, 0, &per, &tk));
+    OK(cxlkv_device_wait(dev, tk, CXLKV_WAIT_FOREVER, &done, NULL));
+    CHECK(done == 1 && per == 2);
+    sr.sequence = 6;
+    OK(cxlkv_device_submit_score_topk(dev, &sr, idx, sc, 2, NULL, 0, &per, &tk));
+    CHECK(cxlkv_device_wait(dev, tk, CXLKV_WAIT_FOREVER, &done, NULL) == CXLKV_ERR_INVALID_ARG);
+    /* ATTEND: one ticket polled until done, one waited, one that fails. */
+    float out[G * DIM], mx[G], sm[G];
+    cxlkv_attend_request ar = {.struct_size = sizeof ar, .group = G, .queries = q, .dim = DIM,
+                               .blocks = &bref, .nblocks = 1, .sequence = 5,
+                               .dtype = CXLKV_DTYPE_F32};
+    OK(cxlkv_device_submit_attend(dev, &ar, out, G * DIM, mx, sm, &tk));
+    done = 0;
+    for (int i = 0; i < 100000 && !done; i++) OK(cxlkv_device_poll(dev, tk, &done, NULL));
+    CHECK(done == 1 && sm[0] >= 1.0f && sm[1] >= 1.0f);
+    OK(cxlkv_device_submit_attend(dev, &ar, out, G * DIM, mx, sm, &tk));
+    OK(cxlkv_device_wait(dev, tk, CXLKV_WAIT_FOREVER, &done, NULL));
+    CHECK(done == 1);
+    ar.sequence = 6;
+    OK(cxlkv_device_submit_attend(dev, &ar, out, G * DIM, mx, sm, &tk));
+    CHECK(cxlkv_device_wait(dev, tk, CXLKV_WAIT_FOREVER, &done, NULL) == CXLKV_ERR_INVALID_ARG);
+    /* Refused before a ticket is filed (bad arguments): not a command, not counted. */
+    ar.sequence = 5;
+    ar.nblocks = 0;
+    CHECK(cxlkv_device_submit_attend(dev, &ar, out, G * DIM, mx, sm, &tk) == CXLKV_ERR_INVALID_ARG);
+    OK(cxlkv_device_close(dev));
+
+    memset(&m, 0, sizeof m);
+    m.struct_size = sizeof m;
+    OK(cxlkv_metrics_read(&m));
+    CHECK(m.score_topk.ok == 2 && m.score_topk.error == 1);
+    CHECK(m.score_topk.bytes_in == 2 * 4 * DIM && m.score_topk.bytes_out == 2 * 2 * 8);
+    CHECK(m.attend.ok == 2 && m.attend.error == 1 && m.attend.miss == 0);
+    CHECK(m.attend.bytes_in == 2 * 4 * G * DIM);
+    CHECK(m.attend.bytes_out == 2 * 4 * G * (DIM + 2)); /* out, max and sum per query */
+    CHECK(m.attend.latency_ns > 0);
+    CHECK(m.device_fallbacks == 4); /* every command that succeeded, on the host */
+    CHECK(m.host_link_bytes > 0 && m.device_link_bytes == 0);
+
+    /* A caller built before `attend` was appended (320 bytes) gets exactly its layout. */
+    uint8_t older[sizeof(cxlkv_metrics)];
+    memset(older, 0xee, sizeof older);
+    uint32_t first = (uint32_t)offsetof(cxlkv_metrics, attend);
+    CHECK(first == 320);
+    memcpy(older, &first, 4);
+    OK(cxlkv_metrics_read((cxlkv_metrics *)older));
+    memcpy(&got, older, 4);
+    CHECK(got == first);
+    cxlkv_op_metrics topk_old;
+    memcpy(&topk_old, older + offsetof(cxlkv_metrics, score_topk), sizeof topk_old);
+    CHECK(topk_old.ok == 2 && topk_old.error == 1);
+    CHECK(older[first] == 0xee && older[sizeof older - 1] == 0xee);
+
+    tlen = 0;
+    CHECK(cxlkv_metrics_text(NULL, 0, &tlen) == CXLKV_ERR_BUFFER_TOO_SMALL);
+    text = malloc(tlen + 1);
+    OK(cxlkv_metrics_text(text, tlen + 1, &tlen2));
+    CHECK(contains(text, "cxlkv_ops_total{op=\"attend\",result=\"ok\"} 2\n"));
+    CHECK(contains(text, "cxlkv_ops_total{op=\"attend\",result=\"error\"} 1\n"));
+    CHECK(contains(text, "cxlkv_op_in_bytes_total{op=\"attend\"} 256\n"));
+    CHECK(contains(text, "cxlkv_op_out_bytes_total{op=\"attend\"} 288\n"));
+    CHECK(contains(text, "cxlkv_op_latency_seconds_count{op=\"attend\"} 3\n"));
+    CHECK(contains(text, "cxlkv_ops_total{op=\"score_topk\",result=\"ok\"} 2\n"));
+    CHECK(contains(text, "cxlkv_ops_total{op=\"score_topk\",result=\"error\"} 1\n"));
+    free(text);
 
     OK(cxlkv_participant_detach(me));
     OK(cxlkv_pool_close(pool));

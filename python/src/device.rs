@@ -436,13 +436,22 @@ impl PyDevice {
             dtype: dtype_of(dtype)?,
             scale: scale_of(scale, dim)?,
         };
+        // Queries in; partials out (`out`, `max`, `sum`: G × (dim + 2) float32).
+        let qbytes = 4 * qs.len() as u64;
+        let pbytes = 4 * (qs.len() / dim * (dim + 2)) as u64;
         let got = py.detach(|| {
-            if host {
+            let t0 = Instant::now();
+            let got = if host {
                 let kernel = NdpOptions::default().kernel;
                 host_attend_with(self.participant.pool(), &req, kernel).map_err(Fail::from)
             } else {
                 self.with(|d| d.attend(&req).map_err(Fail::from))
+            };
+            match &got {
+                Ok(a) => global().record_device(Op::Attend, &a.stats, qbytes, pbytes),
+                Err(_) => record(Op::Attend, Outcome::Error, 0, 0, t0),
             }
+            got
         })?;
         attend_dict(py, &got.partials, dim, Some(&got.stats))
     }

@@ -13,7 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 /// This process's metrics as a dict: for each operation (`put`, `get`, `pin`, `delete`,
-/// `score_topk`, `gather`) a dict of `ok`, `miss`, `error` (calls), `bytes_in`, `bytes_out`,
+/// `score_topk`, `gather`, `attend`) a dict of `ok`, `miss`, `error` (calls), `bytes_in`, `bytes_out`,
 /// `latency_count` and `latency_sum_s`; and `device_fallbacks` (a dict by reason),
 /// `device_link_bytes`, `host_link_bytes`. With `pool`, also `participants`: for each held
 /// participant slot of the pool (by slot number) a dict of its published counters (`puts`, `hits`,

@@ -442,8 +442,9 @@ def test_device_falls_back_to_the_host_without_a_device(spec):
 
 def test_metrics_follow_known_operations(spec):
     """cxlkv.metrics() and cxlkv.metrics_text() count this process's operations: the deltas after
-    3 puts of 100 bytes and a typed put, 2 hits, 1 miss, a pin, a delete and a device command that
-    falls back to the host (no device runs)."""
+    3 puts of 100 bytes and a typed put, 2 hits, 1 miss, a pin, a delete, and device commands that
+    fall back to the host (no device runs): a SCORE_TOPK, two ATTENDs of two queries (one asked of
+    the host) and one that fails, each counted under its own op."""
     before = cxlkv.metrics()
     with make_pool(spec) as pool, pool.attach() as me:
         for i in range(3):
@@ -460,6 +461,13 @@ def test_metrics_follow_known_operations(spec):
         with me.device(timeout_ms=100) as d:
             q = np.ones(16, np.float32)
             d.score_topk(q, 16, [("m-kv", 0)], sequence=1, layer=0, kv_head=0, dtype="f32", k=3)
+            q2 = np.ones((2, 16), np.float32)
+            args = dict(layer=0, kv_head=0, dtype="f32")
+            a = d.attend(q2, 16, [("m-kv", 0)], sequence=1, **args)
+            assert a["sum"].shape == (2,) and float(a["sum"][0]) >= 1.0
+            d.attend(q2, 16, [("m-kv", 0)], sequence=1, host=True, **args)
+            with pytest.raises(cxlkv.Error):
+                d.attend(q2, 16, [("m-kv", 0)], sequence=2, **args)  # a block of another sequence
     after = cxlkv.metrics()
 
     def delta(op, field):
@@ -472,8 +480,15 @@ def test_metrics_follow_known_operations(spec):
     assert delta("delete", "ok") == 1
     assert delta("get", "latency_count") == 3 and delta("get", "latency_sum_s") > 0
     assert delta("score_topk", "ok") == 1 and delta("score_topk", "bytes_in") == 64
+    assert delta("score_topk", "error") == 0
+    # ATTEND: 2 queries of dim 16 in (128 bytes), partials out (out, max, sum: 2 x 18 floats).
+    assert (delta("attend", "ok"), delta("attend", "error")) == (2, 1)
+    assert (delta("attend", "bytes_in"), delta("attend", "bytes_out")) == (2 * 128, 2 * 144)
+    assert delta("attend", "latency_count") == 3 and delta("attend", "latency_sum_s") > 0
     fallbacks = after["device_fallbacks"]["absent"] - before["device_fallbacks"]["absent"]
-    assert fallbacks == 1
+    assert fallbacks == 2  # the SCORE_TOPK and the ATTEND sent to the absent device
+    forced = after["device_fallbacks"]["forced"] - before["device_fallbacks"]["forced"]
+    assert forced == 1  # the ATTEND asked of the host
     assert after["host_link_bytes"] > before["host_link_bytes"]
 
     text = cxlkv.metrics_text()
@@ -484,6 +499,8 @@ def test_metrics_follow_known_operations(spec):
     assert int(samples['cxlkv_ops_total{op="put",result="ok"}']) == after["put"]["ok"]
     assert int(samples['cxlkv_op_latency_seconds_count{op="get"}']) == after["get"]["latency_count"]
     assert int(samples['cxlkv_device_fallbacks_total{reason="absent"}']) >= 1
+    assert int(samples['cxlkv_ops_total{op="attend",result="ok"}']) == after["attend"]["ok"]
+    assert int(samples['cxlkv_op_out_bytes_total{op="attend"}']) == after["attend"]["bytes_out"]
 
 
 def test_pin_table_size_and_pool_counters(spec):

@@ -3,8 +3,8 @@
 //! Two kinds, because only what lies in shared memory can be read by another process:
 //!
 //! - **Process-local** ([`Metrics`], the process's one [`global`] registry): operation counts by
-//!   result, bytes in and out, latency histograms of puts, gets, pins, deletes and device commands,
-//!   and device fallbacks, recorded by the libraries' entry points (the C ABI and the Python
+//!   result, bytes in and out, latency histograms of puts, gets, pins, deletes and device commands
+//!   (`SCORE_TOPK`, `GATHER`, `ATTEND`), and device fallbacks, recorded by the libraries' entry points (the C ABI and the Python
 //!   package) with [`Metrics::record`] and [`Metrics::record_device`]. [`Metrics::snapshot`] gives
 //!   the numbers, [`Metrics::encode`] the text exposition.
 //! - **Pool-wide** ([`pool`]): the counters every participant publishes in its pool slot (puts,
@@ -62,17 +62,21 @@ pub enum Op {
     ScoreTopk,
     /// A device `GATHER`.
     Gather,
+    /// A device `ATTEND` (each query's partial attention; on the device or, falling back, on the
+    /// host).
+    Attend,
 }
 
 impl Op {
     /// Every operation, in label order.
-    pub const ALL: [Op; 6] = [
+    pub const ALL: [Op; 7] = [
         Op::Put,
         Op::Get,
         Op::Pin,
         Op::Delete,
         Op::ScoreTopk,
         Op::Gather,
+        Op::Attend,
     ];
 
     /// The `op` label's value.
@@ -84,6 +88,7 @@ impl Op {
             Op::Delete => "delete",
             Op::ScoreTopk => "score_topk",
             Op::Gather => "gather",
+            Op::Attend => "attend",
         }
     }
 }
@@ -518,5 +523,83 @@ mod tests {
             "{}",
             m.encode()
         );
+    }
+
+    /// Every operation has its own slot (its index is its place in `ALL`) and its own label, so
+    /// that a new operation cannot share another's counters or be left out of the exposition.
+    #[test]
+    fn every_op_has_its_own_slot_and_label() {
+        for (i, op) in Op::ALL.iter().enumerate() {
+            assert_eq!(*op as usize, i, "{op:?}");
+        }
+        let mut names: Vec<_> = Op::ALL.iter().map(|o| o.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Op::ALL.len(), "{names:?}");
+        let m = Metrics::new();
+        for (i, &op) in Op::ALL.iter().enumerate() {
+            m.record(op, Outcome::Ok, i as u64 + 1, 0, Duration::from_micros(1));
+        }
+        let text = m.encode();
+        for (i, &op) in Op::ALL.iter().enumerate() {
+            let line = format!(
+                "cxlkv_op_in_bytes_total{{op=\"{}\"}} {}\n",
+                op.name(),
+                i + 1
+            );
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+    }
+
+    /// An ATTEND is counted under `op="attend"` with its bytes, its latency (the command's own
+    /// elapsed time) and its path: a host fallback counts under its reason, apart from SCORE_TOPK.
+    #[test]
+    fn attend_counts_apart_from_score_topk() {
+        let m = Metrics::new();
+        let dev = NdpStats {
+            path: Some(NdpPath::Device),
+            bytes_to_device: 100,
+            bytes_from_device: 40,
+            elapsed: Duration::from_micros(20),
+            ..Default::default()
+        };
+        let host = NdpStats {
+            path: Some(NdpPath::Host(FallbackReason::Unsupported)),
+            host_scan_bytes: 4096,
+            elapsed: Duration::from_micros(30),
+            ..Default::default()
+        };
+        // Two queries of dim 16 in (2 × 16 × 4 bytes); partials out (2 × (16 + 2) × 4 bytes).
+        m.record_device(Op::Attend, &dev, 128, 144);
+        m.record_device(Op::Attend, &host, 128, 144);
+        m.record(Op::Attend, Outcome::Error, 0, 0, Duration::from_micros(2));
+        let s = m.snapshot();
+        let a = s.op(Op::Attend);
+        assert_eq!(
+            (a.ok, a.miss, a.error, a.bytes_in, a.bytes_out),
+            (2, 0, 1, 256, 288)
+        );
+        assert_eq!(a.latency.count, 3);
+        assert!(
+            (a.latency.sum_s - 52e-6).abs() < 1e-12,
+            "{}",
+            a.latency.sum_s
+        );
+        let top = s.op(Op::ScoreTopk);
+        assert_eq!((top.ok, top.error, top.latency.count), (0, 0, 0));
+        assert_eq!(s.device_fallbacks(), 1);
+        assert_eq!((s.device_link_bytes, s.host_link_bytes), (140, 4096));
+        let text = m.encode();
+        for line in [
+            "cxlkv_ops_total{op=\"attend\",result=\"ok\"} 2\n",
+            "cxlkv_ops_total{op=\"attend\",result=\"error\"} 1\n",
+            "cxlkv_op_in_bytes_total{op=\"attend\"} 256\n",
+            "cxlkv_op_out_bytes_total{op=\"attend\"} 288\n",
+            "cxlkv_op_latency_seconds_count{op=\"attend\"} 3\n",
+            "cxlkv_ops_total{op=\"score_topk\",result=\"ok\"} 0\n",
+            "cxlkv_device_fallbacks_total{reason=\"unsupported\"} 1\n",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
     }
 }
