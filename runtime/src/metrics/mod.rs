@@ -5,8 +5,9 @@
 //! - **Process-local** ([`Metrics`], the process's one [`global`] registry): operation counts by
 //!   result, bytes in and out, latency histograms of puts, gets, pins, deletes and device
 //!   commands (`SCORE_TOPK`, `GATHER`, `ATTEND`), and device fallbacks, recorded by the
-//!   libraries' entry points (the C ABI and the Python package) with [`Metrics::record`] and [`Metrics::record_device`]. [`Metrics::snapshot`] gives
-//!   the numbers, [`Metrics::encode`] the text exposition.
+//!   libraries' entry points (the C ABI and the Python package) with [`Metrics::record`] and
+//!   [`Metrics::record_device`]. [`Metrics::snapshot`] gives the numbers, [`Metrics::encode`] the
+//!   text exposition.
 //! - **Pool-wide** ([`pool`]): the counters every participant publishes in its pool slot (puts,
 //!   hits, misses, retries, evictions, deletes, pins, bytes in and out, device fallbacks, refused
 //!   pins) and each partition's occupancy, read by anyone through [`crate::pool_stats`] (`cxlkv pool
