@@ -37,6 +37,16 @@ static int contains(const char *text, const char *line) {
     return 1;
 }
 
+/* This process's metrics text: asks for its length, then reads it (the caller frees it). */
+static char *metrics_text(void) {
+    size_t len = 0, len2 = 0;
+    CHECK(cxlkv_metrics_text(NULL, 0, &len) == CXLKV_ERR_BUFFER_TOO_SMALL);
+    char *text = malloc(len + 1);
+    OK(cxlkv_metrics_text(text, len + 1, &len2));
+    CHECK(len2 == len && strlen(text) == len);
+    return text;
+}
+
 int main(void) {
     char spec[64];
     snprintf(spec, sizeof spec, "shm:cxlkv-metrics-%d", (int)getpid());
@@ -95,12 +105,8 @@ int main(void) {
     CHECK(small[want] == 0xee); /* nothing past `struct_size` */
 
     /* The text: ask for the length, then read it. */
-    size_t tlen = 0;
-    CHECK(cxlkv_metrics_text(NULL, 0, &tlen) == CXLKV_ERR_BUFFER_TOO_SMALL);
-    char *text = malloc(tlen + 1);
-    size_t tlen2 = 0;
-    OK(cxlkv_metrics_text(text, tlen + 1, &tlen2));
-    CHECK(tlen2 == tlen && strlen(text) == tlen);
+    char *text = metrics_text();
+    size_t tlen = 0, tlen2 = 0;
     CHECK(contains(text, "# TYPE cxlkv_ops counter"));
     CHECK(contains(text, "cxlkv_ops_total{op=\"put\",result=\"ok\"} 3\n"));
     CHECK(contains(text, "cxlkv_ops_total{op=\"get\",result=\"miss\"} 1\n"));
@@ -217,10 +223,7 @@ int main(void) {
     CHECK(topk_old.ok == 2 && topk_old.error == 1);
     CHECK(older[first] == 0xee && older[sizeof older - 1] == 0xee);
 
-    tlen = 0;
-    CHECK(cxlkv_metrics_text(NULL, 0, &tlen) == CXLKV_ERR_BUFFER_TOO_SMALL);
-    text = malloc(tlen + 1);
-    OK(cxlkv_metrics_text(text, tlen + 1, &tlen2));
+    text = metrics_text();
     CHECK(contains(text, "cxlkv_ops_total{op=\"attend\",result=\"ok\"} 2\n"));
     CHECK(contains(text, "cxlkv_ops_total{op=\"attend\",result=\"error\"} 1\n"));
     CHECK(contains(text, "cxlkv_op_in_bytes_total{op=\"attend\"} 256\n"));
