@@ -13,12 +13,12 @@
 //! canonical dot product's rounding), so every implementation returns bit-identical partials (the HLS engine of `fpga/` computes the same operations in the same
 //! order; fpga/README.md, *Tolerance*).
 //!
-//! Implementations, chosen with the score kernel's [`Isa`]: AVX-512 (`attend_simd`: the
-//! chunk's values prefetched while its keys are scored, maxima and sums in vector registers, the
-//! value rows widened in registers straight from the view and summed into register tiles of
-//! queries × columns); AVX2 + F16C and the portable scalar code (the value rows copied into
-//! private memory and widened, f16 by F16C, then summed by code the compiler vectorizes for the
-//! target features).
+//! Implementations, chosen with the score kernel's [`Isa`]: AVX-512 (`attend_simd`) and AVX2 +
+//! F16C + FMA (`attend_avx2`), the same design at 16 and 8 lanes: the chunk's values prefetched
+//! while its keys are scored, maxima and sums in vector registers, the value rows widened in
+//! registers straight from the view and summed into register tiles of queries × columns (tiles
+//! sized for 32 zmm and 16 ymm registers); and the portable scalar code (the value rows copied
+//! into private memory and widened, then summed by code the compiler vectorizes).
 
 use crate::dtype::DType;
 use crate::partial::Partial;
@@ -68,8 +68,8 @@ pub fn attend_block(
     assert_eq!(queries.dim(), dim, "query and key dimensions differ");
     assert_eq!(values.dim(), dim, "key and value dimensions differ");
     assert_eq!(values.len(), n, "one value row per key");
-    // The AVX-512 form reads the value rows in place: no private copies.
-    let copies = if kernel.isa() == Isa::Avx512 {
+    // The AVX-512 and AVX2 forms read the value rows in place: no private copies.
+    let copies = if matches!(kernel.isa(), Isa::Avx512 | Isa::Avx2) {
         0
     } else {
         CHUNK
@@ -90,7 +90,7 @@ pub fn attend_block(
         let c = r1 - r0;
         let vtile = values.slice(r0, r1);
         #[cfg(target_arch = "x86_64")]
-        if kernel.isa() == Isa::Avx512 {
+        if matches!(kernel.isa(), Isa::Avx512 | Isa::Avx2) {
             // The tile's values stream in while its keys are scored, a few rows at a time.
             let sub = crate::attend_simd::SCORE_SUB;
             let mut s0 = r0;
@@ -172,11 +172,17 @@ impl State {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,f16c,fma")]
     unsafe fn fold_avx2(&mut self, vrows: &KeyRows<'_>, g: usize, dim: usize, scale: f32) {
-        self.weigh(vrows.len(), g, dim, scale);
-        self.sum_copied(vrows, g, dim, |rows, raw, out| {
-            // SAFETY: this function runs only with the features `widen_f16c` needs.
-            unsafe { widen_f16c(rows, raw, out) }
-        })
+        use crate::attend_avx2::{add_sums, chunk_max, weighted_sum};
+        let c = vrows.len();
+        let mut cmax = [f32::NEG_INFINITY; crate::rows::MAX_DIM];
+        // SAFETY: this function runs only with the features `chunk_max` needs.
+        unsafe { chunk_max(&self.scores[..c * g], g, scale, &mut cmax) };
+        self.rescale_and_weigh(&cmax[..g], c, g, dim, scale);
+        let w = &self.weights[..c * g];
+        // SAFETY: as above, for `add_sums`.
+        unsafe { add_sums(&mut self.sum, w, g) };
+        // SAFETY: as above, for `weighted_sum`.
+        unsafe { weighted_sum(&mut self.out, vrows, w, g) }
     }
 
     /// The chunk's new running maxima (a larger one rescales what was accumulated), its weights
@@ -306,37 +312,6 @@ fn widen_copy(rows: &KeyRows<'_>, raw: &mut [u8], out: &mut [f32]) {
     let raw = &mut raw[..rows.byte_len()];
     rows.copy_to(raw);
     widen_scalar(raw, rows.dtype(), out);
-}
-
-/// [`widen_copy`], f16 converted straight from the view with F16C, eight elements per
-/// instruction.
-///
-/// # Safety
-/// The CPU must support AVX2 and F16C.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx2,f16c,fma")]
-unsafe fn widen_f16c(rows: &KeyRows<'_>, raw: &mut [u8], out: &mut [f32]) {
-    use std::arch::x86_64::*;
-    if rows.dtype() != DType::F16 {
-        return widen_copy(rows, raw, out);
-    }
-    // `dim` is a multiple of 16: the elements come in whole groups of eight.
-    let n = rows.byte_len() / 2;
-    assert!(out.len() >= n && n.is_multiple_of(8));
-    let src = rows.as_ptr();
-    let mut i = 0;
-    while i < n {
-        // SAFETY: `i + 8 <= n`: the 16 bytes at `src + 2i` are inside the view, whose
-        // `byte_len()` bytes are readable (its invariant, read only through the pointer), and the
-        // 8 floats at `out[i..]` are in bounds (asserted); unaligned loads and stores; the CPU has
-        // F16C and AVX (the caller's contract).
-        unsafe {
-            let h = _mm_loadu_si128(src.add(2 * i) as *const __m128i);
-            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
-        }
-        i += 8;
-    }
 }
 
 #[cfg(test)]

@@ -51,6 +51,8 @@
 
 pub mod attend;
 #[cfg(target_arch = "x86_64")]
+mod attend_avx2;
+#[cfg(target_arch = "x86_64")]
 mod attend_simd;
 pub mod attention;
 pub mod bench;
