@@ -118,6 +118,30 @@ pub fn attend_block(
         .collect()
 }
 
+/// A SIMD fold of one chunk: maxima, rescale and weights (vectorized by the compiler for the
+/// function's target features), then the sums and the weighted value sum of `$m`'s kernels,
+/// which read the value rows in place.
+macro_rules! simd_fold {
+    ($(#[$doc:meta])* $name:ident, $features:literal, $m:ident) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        unsafe fn $name(&mut self, vrows: &KeyRows<'_>, g: usize, dim: usize, scale: f32) {
+            use crate::$m::{add_sums, chunk_max, weighted_sum};
+            let c = vrows.len();
+            let mut cmax = [f32::NEG_INFINITY; crate::rows::MAX_DIM];
+            // SAFETY: this function runs only with the features `chunk_max` needs.
+            unsafe { chunk_max(&self.scores[..c * g], g, scale, &mut cmax) };
+            self.rescale_and_weigh(&cmax[..g], c, g, dim, scale);
+            let w = &self.weights[..c * g];
+            // SAFETY: as above, for `add_sums`.
+            unsafe { add_sums(&mut self.sum, w, g) };
+            // SAFETY: as above, for `weighted_sum`.
+            unsafe { weighted_sum(&mut self.out, vrows, w, g) }
+        }
+    };
+}
+
 /// Scratch and running partials of [`attend_block`].
 struct State {
     /// Running maximum, sum and output (`[G][dim]`) per query.
@@ -149,41 +173,21 @@ impl State {
         }
     }
 
-    /// # Safety
-    /// The CPU must support AVX-512F, AVX2, F16C and FMA.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx2,f16c,fma")]
-    unsafe fn fold_avx512(&mut self, vrows: &KeyRows<'_>, g: usize, dim: usize, scale: f32) {
-        use crate::attend_simd::{add_sums, chunk_max, weighted_sum};
-        let c = vrows.len();
-        let mut cmax = [f32::NEG_INFINITY; crate::rows::MAX_DIM];
-        // SAFETY: this function runs only with the features `chunk_max` needs.
-        unsafe { chunk_max(&self.scores[..c * g], g, scale, &mut cmax) };
-        self.rescale_and_weigh(&cmax[..g], c, g, dim, scale);
-        let w = &self.weights[..c * g];
-        // SAFETY: as above, for `add_sums`.
-        unsafe { add_sums(&mut self.sum, w, g) };
-        // SAFETY: as above, for `weighted_sum`.
-        unsafe { weighted_sum(&mut self.out, vrows, w, g) }
-    }
+    simd_fold!(
+        /// # Safety
+        /// The CPU must support AVX-512F, AVX2, F16C and FMA.
+        fold_avx512,
+        "avx512f,avx2,f16c,fma",
+        attend_simd
+    );
 
-    /// # Safety
-    /// The CPU must support AVX2, F16C and FMA.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,f16c,fma")]
-    unsafe fn fold_avx2(&mut self, vrows: &KeyRows<'_>, g: usize, dim: usize, scale: f32) {
-        use crate::attend_avx2::{add_sums, chunk_max, weighted_sum};
-        let c = vrows.len();
-        let mut cmax = [f32::NEG_INFINITY; crate::rows::MAX_DIM];
-        // SAFETY: this function runs only with the features `chunk_max` needs.
-        unsafe { chunk_max(&self.scores[..c * g], g, scale, &mut cmax) };
-        self.rescale_and_weigh(&cmax[..g], c, g, dim, scale);
-        let w = &self.weights[..c * g];
-        // SAFETY: as above, for `add_sums`.
-        unsafe { add_sums(&mut self.sum, w, g) };
-        // SAFETY: as above, for `weighted_sum`.
-        unsafe { weighted_sum(&mut self.out, vrows, w, g) }
-    }
+    simd_fold!(
+        /// # Safety
+        /// The CPU must support AVX2, F16C and FMA.
+        fold_avx2,
+        "avx2,f16c,fma",
+        attend_avx2
+    );
 
     /// The chunk's new running maxima (a larger one rescales what was accumulated), its weights
     /// `exp(scale · s − max)` and their sums, for the chunk of `c` rows whose scores are in

@@ -14,7 +14,7 @@
 //! `o = fma(w, v, o)` (one rounding), rows in order, so the result is bit-identical to
 //! [`crate::attend`]'s portable code.
 
-use crate::attend_simd::ROW_GROUP;
+use crate::attend_simd::{SumArgs, ROW_GROUP};
 use crate::dtype::DType;
 use crate::rows::KeyRows;
 use std::arch::x86_64::*;
@@ -26,18 +26,6 @@ const F32: u8 = DType::F32 as u8;
 /// f32 lanes of a ymm register.
 const W: usize = 8;
 
-/// Operands of one tile's weighted sum: `rows` value rows of `dim` elements at `vals`, weights
-/// `w[i * stride + j]`, and the running output `out[j * dim + d]` of the query tile.
-#[derive(Clone, Copy)]
-struct SumArgs {
-    vals: *const u8,
-    rows: usize,
-    dim: usize,
-    w: *const f32,
-    stride: usize,
-    out: *mut f32,
-}
-
 /// The weighted sum of one tile (see the module documentation): `out[j * dim + d] +=
 /// w[i * g + j] · v_i[d]` for every row `i` in order.
 ///
@@ -45,42 +33,22 @@ struct SumArgs {
 /// The CPU must support AVX2, F16C and FMA.
 #[target_feature(enable = "avx2,f16c,fma")]
 pub(crate) unsafe fn weighted_sum(out: &mut [f32], vals: &KeyRows<'_>, w: &[f32], g: usize) {
-    let (dim, rows) = (vals.dim(), vals.len());
-    assert!(out.len() == g * dim && w.len() >= rows * g && g > 0);
-    let args = SumArgs {
-        vals: vals.as_ptr(),
-        rows,
-        dim,
-        w: w.as_ptr(),
-        stride: g,
-        out: out.as_mut_ptr(),
-    };
+    let args = SumArgs::new(out, vals, w, g);
     macro_rules! tiles {
-        ($dt:expr) => {{
-            // Queries in tiles of four.
-            let mut j0 = 0;
-            while j0 < g {
-                let gt = (g - j0).min(4);
-                // SAFETY: the features are the caller's contract; queries `j0..j0 + gt` are
-                // inside the group, so the shifted weight and output pointers address rows of
-                // `stride` weights and `dim` outputs inside `w` and `out` (asserted above); the
-                // value rows are the view's readable bytes.
+        ($dt:expr) => {
+            args.query_tiles(|a, gt| {
+                // SAFETY: the features are the caller's contract; `a` addresses the tile's
+                // weights and outputs inside `w` and `out` and the view's readable value rows.
                 unsafe {
-                    let a = SumArgs {
-                        w: args.w.add(j0),
-                        out: args.out.add(j0 * dim),
-                        ..args
-                    };
                     match gt {
-                        1 => columns::<1, 8, { $dt }>(&a),
-                        2 => columns::<2, 4, { $dt }>(&a),
-                        3 => columns::<3, 2, { $dt }>(&a),
-                        _ => columns::<4, 2, { $dt }>(&a),
+                        1 => columns::<1, 8, { $dt }>(a),
+                        2 => columns::<2, 4, { $dt }>(a),
+                        3 => columns::<3, 2, { $dt }>(a),
+                        _ => columns::<4, 2, { $dt }>(a),
                     }
                 }
-                j0 += gt;
-            }
-        }};
+            })
+        };
     }
     match vals.dtype() {
         DType::F16 => tiles!(F16),

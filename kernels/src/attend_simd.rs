@@ -32,15 +32,52 @@ pub(crate) const ROW_GROUP: usize = 16;
 pub(crate) const SCORE_SUB: usize = 8;
 
 /// Operands of one tile's weighted sum: `rows` value rows of `dim` elements at `vals`, weights
-/// `w[i * stride + j]`, and the running output `out[j * dim + d]` of the query tile.
+/// `w[i * stride + j]`, and the running output `out[j * dim + d]` of the query tile. Shared by
+/// the AVX-512 and the AVX2 (`attend_avx2`) sums.
 #[derive(Clone, Copy)]
-struct SumArgs {
-    vals: *const u8,
-    rows: usize,
-    dim: usize,
-    w: *const f32,
-    stride: usize,
-    out: *mut f32,
+pub(crate) struct SumArgs {
+    pub(crate) vals: *const u8,
+    pub(crate) rows: usize,
+    pub(crate) dim: usize,
+    pub(crate) w: *const f32,
+    pub(crate) stride: usize,
+    pub(crate) out: *mut f32,
+}
+
+impl SumArgs {
+    /// The operands of `out[j * dim + d] += w[i * g + j] · v_i[d]` over every row of `vals`.
+    /// Panics unless `out` holds `g` rows of `dim` and `w` a weight per row and query.
+    pub(crate) fn new(out: &mut [f32], vals: &KeyRows<'_>, w: &[f32], g: usize) -> SumArgs {
+        let (dim, rows) = (vals.dim(), vals.len());
+        assert!(out.len() == g * dim && w.len() >= rows * g && g > 0);
+        SumArgs {
+            vals: vals.as_ptr(),
+            rows,
+            dim,
+            w: w.as_ptr(),
+            stride: g,
+            out: out.as_mut_ptr(),
+        }
+    }
+
+    /// Calls `sum(tile, gt)` for the queries in tiles of at most four, `tile` the operands of
+    /// the `gt` queries from `j0` on (weights and outputs shifted to them).
+    pub(crate) fn query_tiles(&self, mut sum: impl FnMut(&SumArgs, usize)) {
+        let mut j0 = 0;
+        while j0 < self.stride {
+            let gt = (self.stride - j0).min(4);
+            // Queries `j0..j0 + gt` are inside the group, so the shifted pointers address rows
+            // of `stride` weights and `dim` outputs inside the caller's `w` and `out` (checked by
+            // `new`); `wrapping_add` forms them without asserting that here.
+            let tile = SumArgs {
+                w: self.w.wrapping_add(j0),
+                out: self.out.wrapping_add(j0 * self.dim),
+                ..*self
+            };
+            sum(&tile, gt);
+            j0 += gt;
+        }
+    }
 }
 
 /// The weighted sum of one tile (see the module documentation): `out[j * dim + d] +=
@@ -50,42 +87,22 @@ struct SumArgs {
 /// The CPU must support AVX-512F, AVX2, F16C and FMA.
 #[target_feature(enable = "avx512f,avx2,f16c,fma")]
 pub(crate) unsafe fn weighted_sum(out: &mut [f32], vals: &KeyRows<'_>, w: &[f32], g: usize) {
-    let (dim, rows) = (vals.dim(), vals.len());
-    assert!(out.len() == g * dim && w.len() >= rows * g && g > 0);
-    let args = SumArgs {
-        vals: vals.as_ptr(),
-        rows,
-        dim,
-        w: w.as_ptr(),
-        stride: g,
-        out: out.as_mut_ptr(),
-    };
+    let args = SumArgs::new(out, vals, w, g);
     macro_rules! tiles {
-        ($dt:expr) => {{
-            // Queries in tiles of four.
-            let mut j0 = 0;
-            while j0 < g {
-                let gt = (g - j0).min(4);
-                // SAFETY: the features are the caller's contract; queries `j0..j0 + gt` are
-                // inside the group, so the shifted weight and output pointers address rows of
-                // `stride` weights and `dim` outputs inside `w` and `out` (asserted above); the
-                // value rows are the view's readable bytes.
+        ($dt:expr) => {
+            args.query_tiles(|a, gt| {
+                // SAFETY: the features are the caller's contract; `a` addresses the tile's
+                // weights and outputs inside `w` and `out` and the view's readable value rows.
                 unsafe {
-                    let a = SumArgs {
-                        w: args.w.add(j0),
-                        out: args.out.add(j0 * dim),
-                        ..args
-                    };
                     match gt {
-                        1 => columns::<1, 8, { $dt }>(&a),
-                        2 => columns::<2, 8, { $dt }>(&a),
-                        3 => columns::<3, 4, { $dt }>(&a),
-                        _ => columns::<4, 4, { $dt }>(&a),
+                        1 => columns::<1, 8, { $dt }>(a),
+                        2 => columns::<2, 8, { $dt }>(a),
+                        3 => columns::<3, 4, { $dt }>(a),
+                        _ => columns::<4, 4, { $dt }>(a),
                     }
                 }
-                j0 += gt;
-            }
-        }};
+            })
+        };
     }
     match vals.dtype() {
         DType::F16 => tiles!(F16),
