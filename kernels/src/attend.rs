@@ -10,8 +10,9 @@
 //! `exp(scale · s − max)` and their sums, and the weighted sum of the chunk's value rows. The
 //! exponential is [`exp_neg`], a polynomial in plain IEEE operations (within 2 ulp of `exp`), and
 //! every sum runs in row order (the weighted value sum as one fused multiply-add per element, the
-//! canonical dot product's rounding), so every implementation returns bit-identical partials (the HLS engine of `fpga/` computes the same operations in the same
-//! order; fpga/README.md, *Tolerance*).
+//! canonical dot product's rounding), so every implementation returns bit-identical partials
+//! (the HLS engine of `fpga/` computes the same operations in the same order; fpga/README.md,
+//! *Tolerance*).
 //!
 //! Implementations, chosen with the score kernel's [`Isa`]: AVX-512 (`attend_simd`) and AVX2 +
 //! F16C + FMA (`attend_avx2`), the same design at 16 and 8 lanes: the chunk's values prefetched
@@ -69,11 +70,8 @@ pub fn attend_block(
     assert_eq!(values.dim(), dim, "key and value dimensions differ");
     assert_eq!(values.len(), n, "one value row per key");
     // The AVX-512 and AVX2 forms read the value rows in place: no private copies.
-    let copies = if matches!(kernel.isa(), Isa::Avx512 | Isa::Avx2) {
-        0
-    } else {
-        CHUNK
-    };
+    let in_place = matches!(kernel.isa(), Isa::Avx512 | Isa::Avx2);
+    let copies = if in_place { 0 } else { CHUNK };
     let mut st = State {
         max: vec![f32::NEG_INFINITY; g],
         sum: vec![0f32; g],
@@ -90,7 +88,7 @@ pub fn attend_block(
         let c = r1 - r0;
         let vtile = values.slice(r0, r1);
         #[cfg(target_arch = "x86_64")]
-        if matches!(kernel.isa(), Isa::Avx512 | Isa::Avx2) {
+        if in_place {
             // The tile's values stream in while its keys are scored, a few rows at a time.
             let sub = crate::attend_simd::SCORE_SUB;
             let mut s0 = r0;
@@ -168,7 +166,7 @@ impl State {
             Isa::Avx2 => unsafe { self.fold_avx2(vrows, g, dim, scale) },
             _ => {
                 self.weigh(vrows.len(), g, dim, scale);
-                self.sum_copied(vrows, g, dim, widen_copy);
+                self.sum_copied(vrows, g, dim);
             }
         }
     }
@@ -256,16 +254,10 @@ impl State {
 
     /// The weighted value sum of the chunk through a widened private copy of its rows.
     #[inline(always)]
-    fn sum_copied(
-        &mut self,
-        vrows: &KeyRows<'_>,
-        g: usize,
-        dim: usize,
-        widen: impl Fn(&KeyRows<'_>, &mut [u8], &mut [f32]),
-    ) {
+    fn sum_copied(&mut self, vrows: &KeyRows<'_>, g: usize, dim: usize) {
         let c = vrows.len();
         let vals = &mut self.vals[..c * dim];
-        widen(vrows, &mut self.raw, vals);
+        widen_copy(vrows, &mut self.raw, vals);
         let w = &self.weights[..c * g];
         for (j, out) in self.out.chunks_exact_mut(dim).enumerate() {
             accumulate(out, vals, w, g, j);
