@@ -263,7 +263,7 @@ fn failed<T>(op: Op, r: Result<T, NdpError>, t0: Instant) -> Result<T, cxlkv_res
 
 /// Records an ATTEND's outcome in this process's metrics: the queries in (`group × dim` f32), the
 /// partials out (`out`, `max` and `sum`: `group × (dim + 2)` f32), its path and link bytes.
-pub(crate) fn record_attend(
+fn record_attend(
     a: Result<Attended, NdpError>,
     o: &AttendOut,
     t0: Instant,
