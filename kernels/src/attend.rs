@@ -120,12 +120,12 @@ pub fn attend_block(
 /// function's target features), then the sums and the weighted value sum of `$m`'s kernels,
 /// which read the value rows in place.
 macro_rules! simd_fold {
-    ($(#[$doc:meta])* $name:ident, $features:literal, $m:ident) => {
+    ($(#[$doc:meta])* $name:ident, $features:literal, $m:path) => {
         $(#[$doc])*
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
         unsafe fn $name(&mut self, vrows: &KeyRows<'_>, g: usize, dim: usize, scale: f32) {
-            use crate::$m::{add_sums, chunk_max, weighted_sum};
+            use $m::{add_sums, chunk_max, weighted_sum};
             let c = vrows.len();
             let mut cmax = [f32::NEG_INFINITY; crate::rows::MAX_DIM];
             // SAFETY: this function runs only with the features `chunk_max` needs.
@@ -176,7 +176,7 @@ impl State {
         /// The CPU must support AVX-512F, AVX2, F16C and FMA.
         fold_avx512,
         "avx512f,avx2,f16c,fma",
-        attend_simd
+        crate::attend_simd
     );
 
     simd_fold!(
@@ -184,7 +184,7 @@ impl State {
         /// The CPU must support AVX2, F16C and FMA.
         fold_avx2,
         "avx2,f16c,fma",
-        attend_avx2
+        crate::attend_avx2
     );
 
     /// The chunk's new running maxima (a larger one rescales what was accumulated), its weights
