@@ -210,7 +210,7 @@ pub extern "C" fn cxlkv_device_open(
     guard(|| {
         let me = borrow(p, Kind::Participant)?;
         need(out, "out")?;
-        open(me, timeout_ms, 0, out)
+        open(&me, timeout_ms, 0, out)
     })
 }
 
@@ -241,7 +241,7 @@ pub extern "C" fn cxlkv_device_open_with(
                 ),
             ));
         }
-        open(me, c.timeout_ms, c.staging, out)
+        open(&me, c.timeout_ms, c.staging, out)
     })
 }
 

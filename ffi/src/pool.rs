@@ -204,7 +204,7 @@ pub extern "C" fn cxlkv_pool_describe(
         let p = borrow(pool, Kind::Pool)?;
         check_out(info, "info")?;
         let sb = p.pool.superblock();
-        let (map_base, map_len) = mapping(p)?;
+        let (map_base, map_len) = mapping(&p)?;
         write_out(
             info,
             cxlkv_pool_info {
@@ -243,7 +243,7 @@ pub extern "C" fn cxlkv_pool_mapping(
         let p = borrow(pool, Kind::Pool)?;
         need(base, "base")?;
         need(len, "len")?;
-        let (b, n) = mapping(p)?;
+        let (b, n) = mapping(&p)?;
         if b.is_null() {
             return Err(fail(
                 CXLKV_ERR_UNAVAILABLE,

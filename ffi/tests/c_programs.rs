@@ -187,7 +187,10 @@ fn a_release_racing_a_call_never_frees_under_it() {
     let text = run(&mut Command::new(&bin), "race");
     assert!(text.contains("race: 0 failed"), "{text}");
     for kind in ["participant", "pool", "device"] {
-        assert!(text.contains(&format!("{kind}: ")), "{kind} not raced:\n{text}");
+        assert!(
+            text.contains(&format!("{kind}: ")),
+            "{kind} not raced:\n{text}"
+        );
     }
     valgrind(&bin, "race");
     let _ = std::fs::remove_file(bin);
