@@ -89,9 +89,9 @@ pub extern "C" fn cxlkv_participant_attach(
 }
 
 /// Detaches a participant: its partition's blocks stay in the pool for others. Pins and
-/// reservations still held keep it attached until they are released. Calls on the handle after
-/// this return `CXLKV_ERR_INVALID_HANDLE`. NULL is accepted and ignored. Not thread-safe with other
-/// calls on the same handle.
+/// reservations still held keep it attached until they are released, and so does a call on the
+/// handle already running on another thread, until it returns. Calls on the handle after this
+/// return `CXLKV_ERR_INVALID_HANDLE`. NULL is accepted and ignored. Thread-safe.
 #[no_mangle]
 pub extern "C" fn cxlkv_participant_detach(p: *mut cxlkv_participant) -> cxlkv_result {
     guard(|| {
@@ -347,7 +347,7 @@ pub extern "C" fn cxlkv_participant_pin(
 }
 
 /// Releases a pin; the payload address must not be used afterwards. NULL is accepted and ignored.
-/// Not thread-safe with other calls on the same handle.
+/// Thread-safe (a second release of the same pin returns `CXLKV_ERR_INVALID_HANDLE`).
 #[no_mangle]
 pub extern "C" fn cxlkv_pinned_release(pinned: *mut cxlkv_pinned) -> cxlkv_result {
     guard(|| {
@@ -409,7 +409,8 @@ pub extern "C" fn cxlkv_participant_reserve(
 }
 
 /// Checksums the written payload and publishes the block; releases the handle (also on error).
-/// Not thread-safe with other calls on the same handle.
+/// Thread-safe (a second commit or abort of the same reservation returns
+/// `CXLKV_ERR_INVALID_HANDLE`).
 #[no_mangle]
 pub extern "C" fn cxlkv_reservation_commit(r: *mut cxlkv_reservation) -> cxlkv_result {
     guard(|| {

@@ -157,8 +157,9 @@ pub extern "C" fn cxlkv_pool_open(spec: *const c_char, out: *mut *mut cxlkv_pool
     })
 }
 
-/// Releases a pool handle. Participants attached through it stay valid (they keep the mapping).
-/// NULL is accepted and ignored. Not thread-safe with other calls on the same handle.
+/// Releases a pool handle. Participants attached through it stay valid (they keep the mapping),
+/// and so does a call on the handle already running on another thread, until it returns; calls
+/// after this return `CXLKV_ERR_INVALID_HANDLE`. NULL is accepted and ignored. Thread-safe.
 #[no_mangle]
 pub extern "C" fn cxlkv_pool_close(pool: *mut cxlkv_pool) -> cxlkv_result {
     guard(|| {
