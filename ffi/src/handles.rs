@@ -72,9 +72,10 @@ pub(crate) fn borrow<T: Any + Send + Sync>(
     kind: Kind,
 ) -> Result<Arc<T>, cxlkv_result> {
     let object = match registry().get(&(p as usize)) {
-        Some(e) if e.is::<T>(kind) => e.object.clone(),
+        Some(e) if e.kind == kind => e.object.clone(),
         _ => return Err(CXLKV_ERR_INVALID_HANDLE),
     };
+    // The type check: a kind has one type, so this fails only for a mistyped `borrow` call.
     object.downcast().map_err(|_| CXLKV_ERR_INVALID_HANDLE)
 }
 
@@ -110,7 +111,7 @@ pub(crate) fn take<T: Any + Send + Sync>(p: *mut T, kind: Kind) -> Result<T, cxl
             Ok(t) => return Ok(t),
             Err(shared) => object = shared,
         }
-        // Calls are short; a device command can take up to its timeout.
+        // Calls are short: yield a few times, then sleep between checks so a slow one costs no CPU.
         if waited < 64 {
             std::thread::yield_now();
         } else {

@@ -32,8 +32,8 @@
 //!   release that consumes its object (`cxlkv_pinned_release`, `cxlkv_reservation_commit` /
 //!   `_abort`) waits for the calls inside to return first. Every release is therefore thread-safe;
 //!   `tests/race.c` races each kind of release against calls, under valgrind. The price is two
-//!   atomic operations per call beside the registry lookup it already made, and every handle's
-//!   object must be `Send + Sync`.
+//!   atomic read-modify-writes per call (the clone and its drop) beside the registry lock the
+//!   lookup already took, and every handle's object must be `Send + Sync`.
 //! - **The error rule** ([`errors`]): every call that can fail returns a numbered `cxlkv_result`
 //!   (stable numbers) and runs its body inside `guard`, which clears this thread's last error,
 //!   catches any panic (`CXLKV_ERR_PANIC`: no panic crosses the boundary), and makes sure a
