@@ -10,7 +10,11 @@
  * A call that found the handle live, was started before the release returned and returned after it
  * "spans" the release: on a library that frees at release, the object was freed under it. Rounds
  * repeat until each kind of handle has had SPANS such calls (or a time limit passes, which fails),
- * so a pass shows the race was run, not just the code. Exit status 0 when all checks pass. */
+ * so a pass shows the race was run, not just the code.
+ *
+ * Then two threads release the same pin, and commit and abort the same reservation, at once:
+ * exactly one release succeeds and the other returns CXLKV_ERR_INVALID_HANDLE. Exit status 0 when
+ * all checks pass. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -163,7 +167,62 @@ static int race(enum kind kind, const char *spec, cxlkv_participant *me) {
     return rounds;
 }
 
-/* With an argument (participant, pool or device) only that kind of handle is raced. */
+/* Two threads release one handle at the same moment. */
+struct double_release {
+    void *handle;
+    int reservation; /* 0: a pin, both threads release it; 1: a reservation, committed and aborted */
+    atomic_int ready;
+    cxlkv_result code[2];
+};
+
+static void release_once(struct double_release *d, int me) {
+    atomic_fetch_add(&d->ready, 1);
+    while (atomic_load(&d->ready) < 2) sched_yield();
+    if (!d->reservation) d->code[me] = cxlkv_pinned_release(d->handle);
+    else if (me == 0) d->code[me] = cxlkv_reservation_commit(d->handle);
+    else d->code[me] = cxlkv_reservation_abort(d->handle);
+}
+
+static void *second_releaser(void *arg) {
+    release_once(arg, 1);
+    return NULL;
+}
+
+enum { DOUBLE_ROUNDS = 200 };
+
+/* Exactly one of two simultaneous releases succeeds, for pins and for reservations. */
+static void race_double_releases(cxlkv_participant *me) {
+    for (int reservation = 0; reservation < 2; reservation++) {
+        int first = 0;
+        for (int i = 0; i < DOUBLE_ROUNDS && !failures; i++) {
+            struct double_release d = {.reservation = reservation};
+            const uint8_t *data = NULL;
+            size_t len = 0;
+            if (reservation) {
+                uint8_t *w = NULL;
+                cxlkv_key k = {500, (uint64_t)i};
+                OK(cxlkv_participant_reserve(me, &k, 8, (cxlkv_reservation **)&d.handle, &w));
+                if (w) memcpy(w, "reserved", 8);
+            } else {
+                OK(cxlkv_participant_pin(me, &blob_key, (cxlkv_pinned **)&d.handle, &data, &len));
+            }
+            if (failures) return;
+            pthread_t t;
+            CHECK(pthread_create(&t, NULL, second_releaser, &d) == 0, "pthread_create");
+            release_once(&d, 0);
+            pthread_join(t, NULL);
+            int ok = (d.code[0] == CXLKV_OK) + (d.code[1] == CXLKV_OK);
+            int refused = (d.code[0] == CXLKV_ERR_INVALID_HANDLE) + (d.code[1] == CXLKV_ERR_INVALID_HANDLE);
+            CHECK(ok == 1 && refused == 1, "%s released twice at once: %u and %u",
+                  reservation ? "reservation" : "pin", (unsigned)d.code[0], (unsigned)d.code[1]);
+            first += d.code[0] == CXLKV_OK;
+        }
+        printf("%s: %d double releases, the first thread won %d\n",
+               reservation ? "reservation" : "pin", DOUBLE_ROUNDS, first);
+    }
+}
+
+/* With an argument (participant, pool, device or double) only that part runs. */
 int main(int argc, char **argv) {
     char spec[64];
     snprintf(spec, sizeof spec, "shm:cxlkv-race-%d", (int)getpid());
@@ -180,6 +239,7 @@ int main(int argc, char **argv) {
     if (!failures) {
         for (enum kind k = PARTICIPANT; k <= DEVICE; k++)
             if (argc < 2 || strcmp(argv[1], kind_name[k]) == 0) race(k, spec, me);
+        if (argc < 2 || strcmp(argv[1], "double") == 0) race_double_releases(me);
     }
     OK(cxlkv_participant_detach(me));
     OK(cxlkv_pool_close(pool));
