@@ -63,7 +63,7 @@ pub extern "C" fn cxlkv_participant_put_batch(
         }
         each(n, results, |i| {
             let bytes = bytes_in(bufs[i], lens[i], "bufs[i]")?;
-            put_one(me, keys[i].into(), bytes)
+            put_one(&me, keys[i].into(), bytes)
         })
     })
 }
@@ -95,7 +95,7 @@ pub extern "C" fn cxlkv_participant_get_batch(
         each(n, results, |i| {
             let dst = bytes_out(bufs[i], caps[i], "bufs[i]")?;
             // SAFETY: i < n and the caller promises `n` writable lengths (checked non-null).
-            get_one(me, keys[i].into(), dst, unsafe { lens.add(i) })
+            get_one(&me, keys[i].into(), dst, unsafe { lens.add(i) })
         })
     })
 }

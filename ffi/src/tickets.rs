@@ -385,7 +385,7 @@ pub extern "C" fn cxlkv_device_poll(
         let dev = borrow(d, Kind::Device)?;
         need(done, "done")?;
         check_stats(stats)?;
-        deliver(collect(dev, ticket, false)?, stats, done);
+        deliver(collect(&dev, ticket, false)?, stats, done);
         Ok(())
     })
 }
@@ -421,10 +421,10 @@ pub extern "C" fn cxlkv_device_wait(
         check_stats(stats)?;
         let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
         let answer = if timeout_ms == CXLKV_WAIT_FOREVER {
-            collect(dev, ticket, true)?
+            collect(&dev, ticket, true)?
         } else {
             loop {
-                if let Some(s) = collect(dev, ticket, false)? {
+                if let Some(s) = collect(&dev, ticket, false)? {
                     break Some(s);
                 }
                 let now = Instant::now();
