@@ -3,7 +3,8 @@
 
 1. Links: every relative link of README.md and docs/*.md resolves to a file, and a `#anchor` to a
    heading of that file.
-2. References: every `docs/NAME.md` (and `ABI.md`-style sibling name in docs/) that a source,
+2. Paths and references: every repository path a doc names in backticks exists, every
+   `docs/NAME.md` (and `ABI.md`-style sibling name in docs/) that a source,
    script, header or doc mentions exists, and a section it names in quotes (`docs/C-ABI.md, "How
    structs grow"`, `README, "Use it from Python"`) is a heading there.
 3. Code blocks: each ```sh, ```c, ```python, ```rust and ```yaml block of README.md and docs/*.md
@@ -119,7 +120,7 @@ def check_references(errors):
                      r"(?:(?:,| section)? \"([^\"]+)\")?")
     docnames = {os.path.basename(d) for d in docs() if d.startswith("docs/")}
     for rel in tracked_files():
-        if not os.path.exists(os.path.join(ROOT, rel)):
+        if rel == "scripts/check-docs.py" or not os.path.exists(os.path.join(ROOT, rel)):
             continue
         try:
             text = read(rel)
@@ -147,6 +148,31 @@ def check_references(errors):
                 ):
                     errors.append('%s:%d: names %s, "%s": no such heading there'
                                   % (rel, lineno, target, section))
+
+
+def expand(path):
+    """`runtime/src/{format,pool}.rs` -> both paths."""
+    m = re.match(r"^(.*?)\{([^}]*)\}(.*)$", path)
+    if not m:
+        return [path]
+    return [q for alt in m.group(2).split(",") for q in expand(m.group(1) + alt + m.group(3))]
+
+
+def check_paths(errors):
+    """Every repository path a doc names in backticks exists (files move; docs must follow)."""
+    top = {p.split("/")[0] for p in tracked_files() if "/" in p}
+    import glob
+    for rel in docs():
+        for lineno, line in enumerate(read(rel).splitlines(), 1):
+            for code in re.findall(r"`([^`\s]+)`", line):
+                path = code.rstrip(".,:;")
+                if "/" not in path or path.split("/")[0] not in top or "/." in path:
+                    continue
+                if not re.match(r"^[\w.{},*/-]+$", path):
+                    continue
+                for p in expand(path):
+                    if not glob.glob(os.path.join(ROOT, p)):
+                        errors.append("%s:%d: names `%s`, which is not in the tree" % (rel, lineno, p))
 
 
 def help_flags(bin_dir, argv, cache={}):
@@ -314,6 +340,7 @@ def main():
                          % (b, a.bin_dir))
         check_links(errors)
         check_references(errors)
+        check_paths(errors)
     for rel in docs():
         for line, lang, marker, text in blocks(rel):
             where = "%s:%d" % (rel, line)
