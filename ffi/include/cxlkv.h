@@ -9,7 +9,7 @@
  * cxlkv_participant_pin -> cxlkv_pinned_release; cxlkv_participant_reserve ->
  * cxlkv_reservation_commit/_abort; cxlkv_device_open -> cxlkv_device_close). Out-parameters are written only on success, except the
  * needed size stored with CXLKV_ERR_BUFFER_TOO_SMALL and the per-key results of the batches. Every
- * struct a caller passes in or has filled starts with `struct_size` (CXLKV_STRUCT_INIT; docs/ABI.md,
+ * struct a caller passes in or has filled starts with `struct_size` (CXLKV_STRUCT_INIT; docs/C-ABI.md,
  * "How structs grow"). Released or foreign handles are detected
  * and return CXLKV_ERR_INVALID_HANDLE. A handle released while another thread is inside a call on
  * it stays alive until that call returns. No call aborts the process. */
@@ -25,7 +25,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 // Initializer of a struct that carries its size: `cxlkv_ndp_stats st = CXLKV_STRUCT_INIT(cxlkv_ndp_stats);`
-// sets `struct_size = sizeof(T)` and zeroes every other field (docs/ABI.md, "How structs grow").
+// sets `struct_size = sizeof(T)` and zeroes every other field (docs/C-ABI.md, "How structs grow").
 #ifdef __cplusplus
 #define CXLKV_STRUCT_INIT(T) ([] { T v_{}; v_.struct_size = static_cast<uint32_t>(sizeof(T)); return v_; }())
 #else
@@ -33,7 +33,7 @@
 #endif
 
 // Version of this C ABI; bumped on any incompatible change. 2: every struct a caller passes in or
-// has filled starts with `struct_size` (docs/ABI.md, "How structs grow").
+// has filled starts with `struct_size` (docs/C-ABI.md, "How structs grow").
 #define CXLKV_ABI_VERSION 2
 
 // Element types (`cxlkv_kv_shape::dtype`, `cxlkv_score_request::dtype`).
@@ -460,7 +460,7 @@ cxlkv_result cxlkv_pool_describe(const struct cxlkv_pool *pool, struct cxlkv_poo
 
 // The pool's mapped address range in this process: `*base` and `*len` (the whole pool: every
 // block payload a pin or reservation hands out lies inside it). Register it once with a GPU
-// runtime or an RDMA NIC instead of registering each pinned block (docs/ABI.md, "Registering the
+// runtime or an RDMA NIC instead of registering each pinned block (docs/C-ABI.md, "Registering the
 // pool with a GPU"). The range stays mapped while any handle of this pool (pool, participant,
 // pin, reservation, device) is open. `CXLKV_ERR_UNAVAILABLE` when the memory has no stable
 // address. Thread-safe.
@@ -586,7 +586,7 @@ cxlkv_result cxlkv_reservation_abort(struct cxlkv_reservation *r);
 
 // Stores `n` blocks: `bufs[i][0..lens[i]]` under `keys[i]` (as `cxlkv_participant_put`; a
 // `bufs[i]` may be NULL when `lens[i]` is 0). `results[i]` receives each key's code; the call
-// returns the first failure or `CXLKV_OK` (docs/ABI.md, "Batches"). Thread-safe.
+// returns the first failure or `CXLKV_OK` (docs/C-ABI.md, "Batches"). Thread-safe.
 cxlkv_result cxlkv_participant_put_batch(const struct cxlkv_participant *p,
                                          size_t n,
                                          const struct cxlkv_key *keys,

@@ -43,7 +43,7 @@ fn each(
 
 /// Stores `n` blocks: `bufs[i][0..lens[i]]` under `keys[i]` (as `cxlkv_participant_put`; a
 /// `bufs[i]` may be NULL when `lens[i]` is 0). `results[i]` receives each key's code; the call
-/// returns the first failure or `CXLKV_OK` (docs/ABI.md, "Batches"). Thread-safe.
+/// returns the first failure or `CXLKV_OK` (docs/C-ABI.md, "Batches"). Thread-safe.
 #[no_mangle]
 pub extern "C" fn cxlkv_participant_put_batch(
     p: *const cxlkv_participant,

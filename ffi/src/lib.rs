@@ -47,7 +47,7 @@
 //!
 //! - **Structs carry their size** (`sized`): every struct a caller passes in or has filled starts
 //!   with `struct_size`; the library reads and writes only what fits in it and refuses a size
-//!   below the struct's first layout (docs/ABI.md, "How structs grow"). A new field is appended
+//!   below the struct's first layout (docs/C-ABI.md, "How structs grow"). A new field is appended
 //!   and its struct's `sized!` line keeps the first layout's size.
 //! - **Batches** ([`batch`]): one call, a result per key, the first failure returned.
 //! - **Asynchronous device commands** ([`tickets`], table in `inflight`): submit returns a

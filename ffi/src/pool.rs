@@ -230,7 +230,7 @@ pub extern "C" fn cxlkv_pool_describe(
 
 /// The pool's mapped address range in this process: `*base` and `*len` (the whole pool: every
 /// block payload a pin or reservation hands out lies inside it). Register it once with a GPU
-/// runtime or an RDMA NIC instead of registering each pinned block (docs/ABI.md, "Registering the
+/// runtime or an RDMA NIC instead of registering each pinned block (docs/C-ABI.md, "Registering the
 /// pool with a GPU"). The range stays mapped while any handle of this pool (pool, participant,
 /// pin, reservation, device) is open. `CXLKV_ERR_UNAVAILABLE` when the memory has no stable
 /// address. Thread-safe.

@@ -2,7 +2,7 @@
 //! file a command and return a ticket at once; `cxlkv_device_poll` (non-blocking) and
 //! `cxlkv_device_wait` collect it. Several tickets may be in flight on one device handle.
 //!
-//! Ownership of the results (docs/ABI.md, "Asynchronous commands"): the caller names its result
+//! Ownership of the results (docs/C-ABI.md, "Asynchronous commands"): the caller names its result
 //! arrays at submit time and owns them throughout; the library writes them only inside the
 //! `cxlkv_device_poll` or `cxlkv_device_wait` call that reports the ticket done, and never after
 //! that call, after a failed collection, or after `cxlkv_device_close`. A collected ticket is
