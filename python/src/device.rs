@@ -6,7 +6,8 @@
 //! runs; calls from several threads are serialized on the client.
 
 use crate::buffer::{numpy, Bytes};
-use crate::errors::{code, Fail};
+use crate::errors::Fail;
+use cxlkv_runtime::api::Code;
 use crate::keys::key_of;
 use crate::metrics::record;
 use cxlkv_kernels::{DType, GroupMode, Partial};
@@ -47,7 +48,7 @@ impl PyDevice {
         let mut g = self.dev.lock().unwrap_or_else(|e| e.into_inner());
         let dev = g
             .as_mut()
-            .ok_or_else(|| Fail::new(code::INVALID_HANDLE, "the device was closed"))?;
+            .ok_or_else(|| Fail::new(Code::InvalidHandle, "the device was closed"))?;
         f(dev)
     }
 }
@@ -368,7 +369,7 @@ impl PyDevice {
             if gather_values {
                 let len = ix.len() * row;
                 let got = top.values.get(at..at + len).ok_or_else(|| {
-                    Fail::new(code::UNAVAILABLE, "the value rows of the answer are short")
+                    Fail::new(Code::Unavailable, "the value rows of the answer are short")
                 })?;
                 vals.extend_from_slice(got);
                 vals.resize(vals.len() + pad * row, 0);

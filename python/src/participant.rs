@@ -5,7 +5,8 @@
 
 use crate::buffer::{numpy, Bytes, BytesMut};
 use crate::device::PyDevice;
-use crate::errors::{code, Fail};
+use crate::errors::Fail;
+use cxlkv_runtime::api::Code;
 use crate::keys::{key_of, keys_of};
 use crate::kv::{dtype_arg, kv_block, shape_arg, PyKvBlock};
 use crate::metrics::{record, record_read, record_result};
@@ -38,7 +39,7 @@ impl PyParticipant {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
-            .ok_or_else(|| Fail::new(code::INVALID_HANDLE, "the participant was detached"))
+            .ok_or_else(|| Fail::new(Code::InvalidHandle, "the participant was detached"))
     }
 }
 
@@ -50,7 +51,7 @@ fn get_into(me: &Participant, key: Key, dst: &mut [u8]) -> Result<Option<usize>,
     match r {
         Ok(info) => Ok(info.map(|i| i.len as usize)),
         Err(PoolError::BufferTooSmall { needed, capacity }) => Err(Fail::new(
-            code::BUFFER_TOO_SMALL,
+            Code::BufferTooSmall,
             format!("block {key} has {needed} bytes, the buffer {capacity}"),
         )),
         Err(e) => Err(e.into()),

@@ -4,7 +4,8 @@
 //! view ever outlives the pin that keeps its bytes in place.
 
 use crate::buffer::{fill_readonly_view, numpy, BytesMut};
-use crate::errors::{code, Fail};
+use crate::errors::Fail;
+use cxlkv_runtime::api::Code;
 use crate::kv::{kv_block, PyKvBlock};
 use crate::metrics::record;
 use cxlkv_runtime::metrics::{Op, Outcome};
@@ -51,7 +52,7 @@ impl PyPin {
                 me.unpin_raw(raw);
                 return Err(match other {
                     Err(e) => e.into(),
-                    _ => Fail::new(code::UNAVAILABLE, "pool memory has no stable address"),
+                    _ => Fail::new(Code::Unavailable, "pool memory has no stable address"),
                 });
             }
         };
@@ -71,7 +72,7 @@ impl PyPin {
         self.held()
             .as_ref()
             .map(|h| (h.addr, h.len))
-            .ok_or_else(|| Fail::new(code::INVALID_HANDLE, "the pin was released"))
+            .ok_or_else(|| Fail::new(Code::InvalidHandle, "the pin was released"))
     }
 }
 
@@ -99,7 +100,7 @@ impl PyPin {
             let guard = self.held();
             let h = guard
                 .as_ref()
-                .ok_or_else(|| Fail::new(code::INVALID_HANDLE, "the pin was released"))?;
+                .ok_or_else(|| Fail::new(Code::InvalidHandle, "the pin was released"))?;
             *self.exports.lock().unwrap_or_else(|e| e.into_inner()) += 1;
             (h.addr, h.len)
         };
