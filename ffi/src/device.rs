@@ -12,16 +12,11 @@ use crate::handles::{borrow, register, unregister, Kind};
 use crate::inflight::{Tickets, TopKOut};
 use crate::keys::cxlkv_key;
 use crate::kv::dtype_arg;
-use crate::metrics::record;
 use crate::participant::cxlkv_participant;
 use crate::sized::{check_out, read_in, sized, write_out};
-use cxlkv_runtime::metrics::{global, Op, Outcome};
-use cxlkv_runtime::ndp::{
-    BlockSpec, NdpDevice, NdpError, NdpOptions, NdpPath, NdpStats, ScoreRequest, TopK,
-};
-use cxlkv_runtime::Participant;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use cxlkv_runtime::ndp::{BlockSpec, NdpDevice, NdpOptions, NdpPath, NdpStats, ScoreRequest, TopK};
+use std::sync::Mutex;
+use std::time::Duration;
 
 /// `cxlkv_score_request::flags`: one list for the group's maximum score instead of one per query.
 pub const CXLKV_SCORE_GROUP_MAX: u32 = 1;
@@ -115,10 +110,9 @@ pub struct cxlkv_ndp_stats {
 
 sized!(cxlkv_ndp_stats, 40);
 
-/// An open NDP device client (opaque); owns a reference to its participant.
+/// An open NDP device client (opaque); its client owns a reference to its participant.
 pub struct cxlkv_device {
     pub(crate) dev: Mutex<DeviceState>,
-    participant: Arc<Participant>,
 }
 
 /// The client and the tickets of `cxlkv_device_submit_*` not yet collected.
@@ -259,7 +253,7 @@ fn open(
     if staging > 0 {
         opts.staging = staging as usize;
     }
-    let dev = NdpDevice::open(participant.clone(), opts).map_err(map_ndp)?;
+    let dev = NdpDevice::open(participant, opts).map_err(map_ndp)?;
     put_out(
         out,
         register(
@@ -268,7 +262,6 @@ fn open(
                     client: dev,
                     tickets: Default::default(),
                 }),
-                participant,
             }),
             Kind::Device,
         ),
@@ -319,17 +312,12 @@ pub extern "C" fn cxlkv_device_score_topk(
         check_stats(stats)?;
         let args = ScoreArgs::parse(&r)?;
         let request = args.request();
-        let t0 = Instant::now();
         let top = if r.flags & CXLKV_SCORE_HOST != 0 {
-            cxlkv_runtime::ndp::host_score_topk(
-                dev.participant.pool(),
-                &request,
-                NdpOptions::default().kernel,
-            )
+            dev.lock().client.score_topk_on_host(&request)
         } else {
             dev.lock().client.score_topk(&request)
         };
-        let top = record_topk(top, args.queries.len(), t0)?;
+        let top = top.map_err(map_ndp)?;
         let n = write_topk(
             &top,
             &TopKOut {
@@ -412,28 +400,8 @@ impl<'a> ScoreArgs<'a> {
             },
             prune: r.flags & CXLKV_SCORE_PRUNE != 0,
             gather_values: r.flags & CXLKV_SCORE_GATHER_V != 0,
-            scale: 1.0 / (r.dim as f32).sqrt(),
+            scale: None,
             select: Default::default(),
-        }
-    }
-}
-
-/// Records a SCORE_TOPK's outcome in this process's metrics.
-pub(crate) fn record_topk(
-    top: Result<TopK, NdpError>,
-    nq: usize,
-    t0: Instant,
-) -> Result<TopK, cxlkv_result> {
-    match top {
-        Ok(top) => {
-            let hits: usize = top.indices.iter().map(Vec::len).sum();
-            let out = hits * 8 + top.values.len();
-            global().record_device(Op::ScoreTopk, &top.stats, 4 * nq as u64, out as u64);
-            Ok(top)
-        }
-        Err(e) => {
-            record(Op::ScoreTopk, Outcome::Error, 0, 0, t0);
-            Err(map_ndp(e))
         }
     }
 }
@@ -522,22 +490,11 @@ pub extern "C" fn cxlkv_device_gather(
                 format!("{need_bytes} value bytes, capacity {values_cap}"),
             ));
         }
-        let t0 = Instant::now();
-        let got =
-            dev.lock()
-                .client
-                .gather(&blocks, sequence, layer, kv_head, dtype, dim as usize, toks);
-        let (rows, st) = match got {
-            Ok((rows, st)) => {
-                let tokens_in = 4 * toks.len() as u64;
-                global().record_device(Op::Gather, &st, tokens_in, rows.len() as u64);
-                (rows, st)
-            }
-            Err(e) => {
-                record(Op::Gather, Outcome::Error, 0, 0, t0);
-                return Err(map_ndp(e));
-            }
-        };
+        let (rows, st) = dev
+            .lock()
+            .client
+            .gather(&blocks, sequence, layer, kv_head, dtype, dim as usize, toks)
+            .map_err(map_ndp)?;
         if rows.len() != need_bytes {
             return Err(fail(
                 CXLKV_ERR_UNAVAILABLE,

@@ -63,24 +63,24 @@ impl From<Code> for cxlkv_result {
 /// The C name of a code (exhaustive: a new code does not compile until it has one).
 const fn c_name(c: Code) -> cxlkv_result {
     match c {
-            Code::Ok => CXLKV_OK,
-            Code::Null => CXLKV_ERR_NULL,
-            Code::InvalidHandle => CXLKV_ERR_INVALID_HANDLE,
-            Code::InvalidArg => CXLKV_ERR_INVALID_ARG,
-            Code::NotFound => CXLKV_ERR_NOT_FOUND,
-            Code::BufferTooSmall => CXLKV_ERR_BUFFER_TOO_SMALL,
-            Code::PayloadTooLarge => CXLKV_ERR_PAYLOAD_TOO_LARGE,
-            Code::Io => CXLKV_ERR_IO,
-            Code::BadPool => CXLKV_ERR_BAD_POOL,
-            Code::NoParticipantSlot => CXLKV_ERR_NO_PARTICIPANT_SLOT,
-            Code::NoPartition => CXLKV_ERR_NO_PARTITION,
-            Code::Fenced => CXLKV_ERR_FENCED,
-            Code::NotOwner => CXLKV_ERR_NOT_OWNER,
-            Code::PinTableFull => CXLKV_ERR_PIN_TABLE_FULL,
-            Code::Full => CXLKV_ERR_FULL,
-            Code::Panic => CXLKV_ERR_PANIC,
-            Code::Unavailable => CXLKV_ERR_UNAVAILABLE,
-        }
+        Code::Ok => CXLKV_OK,
+        Code::Null => CXLKV_ERR_NULL,
+        Code::InvalidHandle => CXLKV_ERR_INVALID_HANDLE,
+        Code::InvalidArg => CXLKV_ERR_INVALID_ARG,
+        Code::NotFound => CXLKV_ERR_NOT_FOUND,
+        Code::BufferTooSmall => CXLKV_ERR_BUFFER_TOO_SMALL,
+        Code::PayloadTooLarge => CXLKV_ERR_PAYLOAD_TOO_LARGE,
+        Code::Io => CXLKV_ERR_IO,
+        Code::BadPool => CXLKV_ERR_BAD_POOL,
+        Code::NoParticipantSlot => CXLKV_ERR_NO_PARTICIPANT_SLOT,
+        Code::NoPartition => CXLKV_ERR_NO_PARTITION,
+        Code::Fenced => CXLKV_ERR_FENCED,
+        Code::NotOwner => CXLKV_ERR_NOT_OWNER,
+        Code::PinTableFull => CXLKV_ERR_PIN_TABLE_FULL,
+        Code::Full => CXLKV_ERR_FULL,
+        Code::Panic => CXLKV_ERR_PANIC,
+        Code::Unavailable => CXLKV_ERR_UNAVAILABLE,
+    }
 }
 
 impl cxlkv_result {
@@ -169,10 +169,8 @@ fn write_text(text: &str, buf: *mut c_char, len: usize) -> usize {
 /// to ask for the size. Thread-safe.
 #[no_mangle]
 pub extern "C" fn cxlkv_result_message(result: u32, buf: *mut c_char, len: usize) -> usize {
-    let text = catch_unwind(|| {
-        Code::from_u32(result).map_or("unknown result code", Code::text)
-    })
-    .unwrap_or("unknown result code");
+    let text = catch_unwind(|| Code::from_u32(result).map_or("unknown result code", Code::text))
+        .unwrap_or("unknown result code");
     write_text(text, buf, len)
 }
 

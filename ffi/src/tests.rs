@@ -245,6 +245,10 @@ fn the_header_numbers_are_the_runtime_table() {
         .collect();
     assert_eq!(rows, want);
     for c in Code::ALL {
-        assert_eq!(crate::errors::cxlkv_result::from(c) as u32, c as u32, "{c:?}");
+        assert_eq!(
+            crate::errors::cxlkv_result::from(c) as u32,
+            c as u32,
+            "{c:?}"
+        );
     }
 }

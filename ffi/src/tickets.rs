@@ -8,24 +8,24 @@
 //! that call, after a failed collection, or after `cxlkv_device_close`. A collected ticket is
 //! forgotten: polling it again is `CXLKV_ERR_INVALID_ARG`.
 //!
-//! Metrics: a ticket's command counts in this process's metrics (`Op::ScoreTopk`, `Op::Attend`)
-//! once, when it is collected (its outcome, bytes and elapsed time from submit), or when the
-//! submit itself fails; a ticket dropped uncollected by `cxlkv_device_close` is not counted.
+//! Metrics: the runtime counts a ticket's command in this process's metrics (`Op::ScoreTopk`,
+//! `Op::Attend`) once, when it is collected (its outcome, bytes and elapsed time from submit), or
+//! when the submit itself fails (a request refused by its checks is not counted); a ticket dropped
+//! uncollected by `cxlkv_device_close` is not counted. A `CXLKV_SCORE_HOST` ticket is computed, and
+//! counted, in its submit.
 
 use crate::args::{need, put_out, slice_in};
 use crate::device::{
-    check_stats, cxlkv_block_ref, cxlkv_device, cxlkv_ndp_stats, cxlkv_score_request, record_topk,
-    stats_out, write_topk, ScoreArgs, CXLKV_SCORE_GATHER_V, CXLKV_SCORE_HOST,
+    check_stats, cxlkv_block_ref, cxlkv_device, cxlkv_ndp_stats, cxlkv_score_request, stats_out,
+    write_topk, ScoreArgs, CXLKV_SCORE_GATHER_V, CXLKV_SCORE_HOST,
 };
 use crate::errors::cxlkv_result::{self, CXLKV_ERR_BUFFER_TOO_SMALL, CXLKV_ERR_INVALID_ARG};
 use crate::errors::{fail, guard, map_ndp};
 use crate::handles::{borrow, Kind};
 use crate::inflight::{AttendOut, Inflight, TopKOut};
 use crate::kv::dtype_arg;
-use crate::metrics::record;
 use crate::sized::{read_in, sized};
-use cxlkv_runtime::metrics::{global, Op, Outcome};
-use cxlkv_runtime::ndp::{AttendRequest, Attended, NdpError, NdpStats};
+use cxlkv_runtime::ndp::{AttendRequest, Attended, NdpStats};
 use std::time::{Duration, Instant};
 
 /// `cxlkv_device_wait`'s `timeout_ms` that waits until the ticket is answered (by the device
@@ -145,29 +145,21 @@ pub extern "C" fn cxlkv_device_submit_score_topk(
             values_cap,
             gather,
         };
-        let t0 = Instant::now();
-        let nq = args.queries.len();
         let mut st = dev.lock();
-        // A command that fails here counts as a failed SCORE_TOPK now; one filed counts when its
-        // ticket is collected.
         let (t, host) = if r.flags & CXLKV_SCORE_HOST != 0 {
-            let top = cxlkv_runtime::ndp::host_score_topk(
-                st.client.participant().pool(),
-                &request,
-                cxlkv_runtime::ndp::NdpOptions::default().kernel,
-            );
-            (None, Some(Box::new(failed(Op::ScoreTopk, top, t0)?)))
+            let top = st.client.score_topk_on_host(&request).map_err(map_ndp)?;
+            (None, Some(Box::new(top)))
         } else {
-            let t = st.client.submit_score(&request);
-            (Some(failed(Op::ScoreTopk, t, t0)?), None)
+            (
+                Some(st.client.submit_score(&request).map_err(map_ndp)?),
+                None,
+            )
         };
         let id = st.tickets.file(Inflight::TopK {
             ticket: t,
             host,
             out,
             per_list,
-            nq,
-            t0,
         });
         put_out(ticket, id);
         Ok(())
@@ -227,15 +219,10 @@ pub extern "C" fn cxlkv_device_submit_attend(
             layer: r.layer,
             kv_head: r.kv_head,
             dtype: dtype_arg(r.dtype)?,
-            scale: if r.scale == 0.0 {
-                1.0 / (dim as f32).sqrt()
-            } else {
-                r.scale
-            },
+            scale: (r.scale != 0.0).then_some(r.scale),
         };
-        let t0 = Instant::now();
         let mut st = dev.lock();
-        let t = failed(Op::Attend, st.client.submit_attend(&request), t0)?;
+        let t = st.client.submit_attend(&request).map_err(map_ndp)?;
         let id = st.tickets.file(Inflight::Attend {
             ticket: t,
             out: AttendOut {
@@ -245,34 +232,10 @@ pub extern "C" fn cxlkv_device_submit_attend(
                 group: g,
                 dim,
             },
-            t0,
         });
         put_out(ticket, id);
         Ok(())
     })
-}
-
-/// Passes `r` on; an error counts as a failed `op` that started at `t0` (a command refused or
-/// failed at submit, which no collection will count).
-fn failed<T>(op: Op, r: Result<T, NdpError>, t0: Instant) -> Result<T, cxlkv_result> {
-    r.map_err(|e| {
-        record(op, Outcome::Error, 0, 0, t0);
-        map_ndp(e)
-    })
-}
-
-/// Records an ATTEND's outcome in this process's metrics: the queries in (`group × dim` f32), the
-/// partials out (`out`, `max` and `sum`: `group × (dim + 2)` f32), its path and link bytes.
-fn record_attend(
-    a: Result<Attended, NdpError>,
-    o: &AttendOut,
-    t0: Instant,
-) -> Result<Attended, cxlkv_result> {
-    let a = failed(Op::Attend, a, t0)?;
-    let bytes_in = 4 * (o.group * o.dim) as u64;
-    let bytes_out = 4 * (o.group * (o.dim + 2)) as u64;
-    global().record_device(Op::Attend, &a.stats, bytes_in, bytes_out);
-    Ok(a)
 }
 
 /// Writes an ATTEND answer to the caller's arrays.
@@ -318,8 +281,6 @@ fn collect(dev: &cxlkv_device, id: u64, block: bool) -> Result<Option<NdpStats>,
             host,
             out,
             per_list,
-            nq,
-            t0,
         } => {
             let top = match (host, ticket) {
                 (Some(top), _) => Ok(*top),
@@ -332,8 +293,6 @@ fn collect(dev: &cxlkv_device, id: u64, block: bool) -> Result<Option<NdpStats>,
                             host: None,
                             out,
                             per_list,
-                            nq,
-                            t0,
                         };
                         st.tickets.live.insert(id, again);
                         return Ok(None);
@@ -342,26 +301,26 @@ fn collect(dev: &cxlkv_device, id: u64, block: bool) -> Result<Option<NdpStats>,
                 },
                 (None, None) => unreachable!("a SCORE_TOPK ticket has a ticket or an answer"),
             };
-            let top = record_topk(top, nq, t0)?;
+            let top = top.map_err(map_ndp)?;
             let n = write_topk(&top, &out)?;
             put_out(per_list, n);
             Ok(Some(top.stats))
         }
-        Inflight::Attend { ticket, out, t0 } => {
+        Inflight::Attend { ticket, out } => {
             let a = if block {
                 st.client.wait_attend(ticket)
             } else {
                 match st.client.poll_attend(&ticket) {
                     Ok(Some(a)) => Ok(a),
                     Ok(None) => {
-                        let again = Inflight::Attend { ticket, out, t0 };
+                        let again = Inflight::Attend { ticket, out };
                         st.tickets.live.insert(id, again);
                         return Ok(None);
                     }
                     Err(e) => Err(e),
                 }
             };
-            let a = record_attend(a, &out, t0)?;
+            let a = a.map_err(map_ndp)?;
             write_attend(&a, &out)?;
             Ok(Some(a.stats))
         }

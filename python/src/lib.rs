@@ -14,14 +14,17 @@
 //! - Thread safety: every class is `Send + Sync` with no shared scratch buffer; a device client
 //!   serializes its commands. Locks are taken only without the GIL, or never held across a release
 //!   of it.
-//! - Errors: `cxlkv.Error` and its subclasses with `.code` (the C ABI's result numbers) and
-//!   `.message` ([`errors`]).
+//! - Errors: `cxlkv.Error` and its subclasses with `.code` (the runtime's result numbers,
+//!   `cxlkv.ERR_*`, which the C ABI's `cxlkv_result` carries too) and `.message` ([`errors`]).
 //!
-//! - Metrics: `cxlkv.metrics()` (a dict) and `cxlkv.metrics_text()` (Prometheus text) read this
-//!   process's counts, bytes and latencies of puts, gets, pins, deletes and device commands
-//!   ([`metrics`] records them); given a pool, also its participants' slot counters ([`observe`]).
+//! - Metrics: `cxlkv.metrics()` (a dict) and `cxlkv.metrics_text()` (Prometheus text) read the
+//!   counts, bytes and latencies of puts, gets, pins, deletes and device commands that the runtime
+//!   records inside those operations, by the rules of `cxlkv_runtime::metrics` (so they count
+//!   what the C ABI and Rust callers count); given a pool, also its participants' slot counters
+//!   ([`observe`]). The registry is this extension module's own copy of the runtime's: a process
+//!   that also loads `libcxlkv.so` has a second one, which only the C calls read.
 //!
-//! Modules: [`metrics`], [`observe`], [`errors`], [`buffer`] (the only one that makes slices of raw addresses), [`keys`],
+//! Modules: [`observe`], [`errors`], [`buffer`] (the only one that makes slices of raw addresses), [`keys`],
 //! [`pool`], [`participant`], [`pin`], [`kv`], [`device`], [`bench`] (reference loops for
 //! python/bench.py).
 
@@ -31,7 +34,6 @@ pub mod device;
 pub mod errors;
 pub mod keys;
 pub mod kv;
-pub mod metrics;
 pub mod observe;
 pub mod participant;
 pub mod pin;

@@ -5,17 +5,14 @@
 
 use crate::buffer::{fill_readonly_view, numpy, BytesMut};
 use crate::errors::Fail;
-use cxlkv_runtime::api::Code;
 use crate::kv::{kv_block, PyKvBlock};
-use crate::metrics::record;
-use cxlkv_runtime::metrics::{Op, Outcome};
+use cxlkv_runtime::api::Code;
 use cxlkv_runtime::{Key, Participant, RawPin};
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use std::os::raw::c_int;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
 
 struct Held {
     raw: RawPin,
@@ -35,14 +32,7 @@ pub struct PyPin {
 impl PyPin {
     /// Pins `key` for `me`: None on a miss; UnavailableError on memory without stable addresses.
     pub fn take(me: Arc<Participant>, key: Key) -> Result<Option<PyPin>, Fail> {
-        let t0 = Instant::now();
-        let r = me.pin(key);
-        match &r {
-            Ok(Some(p)) => record(Op::Pin, Outcome::Ok, 0, p.info().len, t0),
-            Ok(None) => record(Op::Pin, Outcome::Miss, 0, 0, t0),
-            Err(_) => record(Op::Pin, Outcome::Error, 0, 0, t0),
-        }
-        let Some(pinned) = r? else {
+        let Some(pinned) = me.pin(key)? else {
             return Ok(None);
         };
         let raw = pinned.into_raw();

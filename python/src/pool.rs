@@ -2,9 +2,9 @@
 //! queries (`contains`, `batch_contains`, `lookup_prefix`), `check`, `attach`, `unlink`.
 
 use crate::errors::Fail;
-use cxlkv_runtime::api::Code;
 use crate::keys::{key_of, keys_of};
 use crate::participant::PyParticipant;
+use cxlkv_runtime::api::Code;
 use cxlkv_runtime::region::{Backend, RegionOptions};
 use cxlkv_runtime::{Pool, PoolConfig, Region};
 use pyo3::prelude::*;
