@@ -77,12 +77,12 @@ fn reading_messages_leaves_the_last_error_alone() {
 /// `sized` rely on it) and starts with its `struct_size`.
 #[test]
 fn sized_structs_have_no_padding() {
+    use crate::device::cxlkv_attend_request;
     use crate::device::{cxlkv_ndp_stats, cxlkv_score_request};
     use crate::kv::cxlkv_kv_shape;
     use crate::metrics::{cxlkv_metrics, cxlkv_op_metrics};
     use crate::participant::cxlkv_stats;
     use crate::pool::{cxlkv_pool_config, cxlkv_pool_info};
-    use crate::tickets::cxlkv_attend_request;
     use std::mem::size_of;
     // Sum of the field sizes = the struct size: no padding anywhere.
     assert_eq!(size_of::<cxlkv_pool_config>(), 4 + 4 + 8 + 4 + 4);
@@ -101,6 +101,10 @@ fn sized_structs_have_no_padding() {
         4 + 4 + 8 + 4 + 4 + 8 + 8 + 8 + 4 * 4
     );
     assert_eq!(size_of::<cxlkv_ndp_stats>(), 4 * 4 + 3 * 8);
+    assert_eq!(
+        size_of::<crate::device::cxlkv_select>(),
+        4 + 4 + 8 + 4 * 8 + 4 + 4
+    );
     assert_eq!(size_of::<crate::device::cxlkv_device_config>(), 4 * 4);
     assert_eq!(
         size_of::<cxlkv_metrics>(),

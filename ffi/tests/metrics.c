@@ -307,6 +307,36 @@ int main(void) {
     CHECK(contains(text, "cxlkv_ops_total{op=\"score_topk\",result=\"error\"} 1\n"));
     free(text);
 
+    /* Parity on purpose: the synchronous ATTEND answers what a ticket answers, and a SCORE_TOPK
+     * with a selection (token 0 forced) answers the same on the device path and the host's;
+     * each call counts once under its op. */
+    OK(cxlkv_device_open(me, 0, &dev));
+    cxlkv_metrics pb = CXLKV_STRUCT_INIT(cxlkv_metrics), pa = CXLKV_STRUCT_INIT(cxlkv_metrics);
+    OK(cxlkv_metrics_read(&pb));
+    float out2[G * DIM], mx2[G], sm2[G];
+    ar.nblocks = 1;
+    OK(cxlkv_device_submit_attend(dev, &ar, out, G * DIM, mx, sm, &tk));
+    OK(cxlkv_device_wait(dev, tk, CXLKV_WAIT_FOREVER, &done, NULL));
+    OK(cxlkv_device_attend(dev, &ar, out2, G * DIM, mx2, sm2, NULL));
+    CHECK(memcmp(out, out2, sizeof out) == 0 && memcmp(mx, mx2, sizeof mx) == 0);
+    CHECK(memcmp(sm, sm2, sizeof sm) == 0);
+    cxlkv_select sel = CXLKV_STRUCT_INIT(cxlkv_select);
+    sel.sinks = 1;
+    sr.sequence = 5;
+    uint32_t cnt[1], cnt2[1], idx2[2];
+    float lom[1], lom2[1], sc2[2];
+    OK(cxlkv_device_score_select(dev, &sr, &sel, idx, sc, 2, cnt, lom, 1, NULL, 0, NULL));
+    sr.flags = CXLKV_SCORE_HOST;
+    OK(cxlkv_device_score_select(dev, &sr, &sel, idx2, sc2, 2, cnt2, lom2, 1, NULL, 0, NULL));
+    sr.flags = 0;
+    CHECK(cnt[0] == 2 && cnt2[0] == 2 && (idx[0] == 0 || idx[1] == 0));
+    CHECK(memcmp(idx, idx2, sizeof idx) == 0 && memcmp(sc, sc2, sizeof sc) == 0);
+    CHECK(lom[0] == lom2[0] && lom[0] >= 0.0f && lom[0] < 1.0f);
+    OK(cxlkv_metrics_read(&pa));
+    expect_delta("attend", &pb.attend, &pa.attend, 2, 0, 0, 2 * 4 * G * DIM, 2 * 4 * G * (DIM + 2));
+    expect_delta("score_topk", &pb.score_topk, &pa.score_topk, 2, 0, 0, 2 * 4 * DIM, 2 * 2 * 8);
+    OK(cxlkv_device_close(dev));
+
     OK(cxlkv_participant_detach(me));
     OK(cxlkv_pool_close(pool));
     OK(cxlkv_pool_unlink(spec));

@@ -24,6 +24,13 @@
 //!   ([`observe`]). The registry is this extension module's own copy of the runtime's: a process
 //!   that also loads `libcxlkv.so` has a second one, which only the C calls read.
 //!
+//! - Parity with the C ABI: the same pool, batch, typed-KV and device calls (SCORE_TOPK with a
+//!   selection, ATTEND, GATHER), except two, on purpose. No reserve/commit: its zero-copy write
+//!   needs a writable view into pool memory that must not outlive the commit, while `put` already
+//!   copies once, straight from the caller's buffer with the GIL released (the copy a C put makes
+//!   too). No tickets: every device call releases the GIL, so Python threads overlap commands
+//!   the way C tickets do.
+//!
 //! Modules: [`observe`], [`errors`], [`buffer`] (the only one that makes slices of raw addresses), [`keys`],
 //! [`pool`], [`participant`], [`pin`], [`kv`], [`device`], [`bench`] (reference loops for
 //! python/bench.py).
