@@ -158,14 +158,11 @@ pub(crate) fn stats_out(p: *mut cxlkv_ndp_stats, s: &NdpStats) {
     }
 }
 
-/// A non-empty block list argument.
+/// A block list argument (the runtime's request check refuses an empty one).
 pub(crate) fn block_specs(
     blocks: *const cxlkv_block_ref,
     n: usize,
 ) -> Result<Vec<BlockSpec>, cxlkv_result> {
-    if n == 0 {
-        return Err(fail(CXLKV_ERR_INVALID_ARG, "no blocks"));
-    }
     Ok(slice_in(blocks, n, "blocks")?
         .iter()
         .map(|b| BlockSpec {
@@ -503,14 +500,9 @@ pub(crate) struct ScoreArgs<'a> {
 }
 
 impl<'a> ScoreArgs<'a> {
-    /// Checks `r`'s fields and arrays.
+    /// Reads `r`'s flags and arrays; the runtime's request check judges the rest (group, dim,
+    /// k, blocks, scale).
     pub(crate) fn parse(r: &cxlkv_score_request) -> Result<ScoreArgs<'a>, cxlkv_result> {
-        if r.group == 0 || r.dim == 0 || r.k == 0 {
-            return Err(fail(
-                CXLKV_ERR_INVALID_ARG,
-                "group, dim and k must be positive",
-            ));
-        }
         if r.flags
             & !(CXLKV_SCORE_GROUP_MAX | CXLKV_SCORE_PRUNE | CXLKV_SCORE_GATHER_V | CXLKV_SCORE_HOST)
             != 0
@@ -667,17 +659,12 @@ pub(crate) struct AttendArgs<'a> {
 }
 
 impl<'a> AttendArgs<'a> {
-    /// Checks `r`'s fields and arrays, and that `out_cap` floats hold `group × dim` outputs.
+    /// Reads `r`'s arrays and checks that `out_cap` floats hold `group × dim` outputs; the
+    /// runtime's request check judges the rest (group, dim, blocks, scale).
     pub(crate) fn parse(
         r: &cxlkv_attend_request,
         out_cap: usize,
     ) -> Result<AttendArgs<'a>, cxlkv_result> {
-        if r.group == 0 || r.dim == 0 {
-            return Err(fail(
-                CXLKV_ERR_INVALID_ARG,
-                "group and dim must be positive",
-            ));
-        }
         if r.reserved != 0 {
             return Err(fail(CXLKV_ERR_INVALID_ARG, "reserved must be 0"));
         }
@@ -808,12 +795,6 @@ pub extern "C" fn cxlkv_device_gather(
         check_stats(stats)?;
         let blocks = block_specs(blocks, nblocks)?;
         let dtype = dtype_arg(dtype)?;
-        if ntokens == 0 || dim == 0 {
-            return Err(fail(
-                CXLKV_ERR_INVALID_ARG,
-                "ntokens and dim must be positive",
-            ));
-        }
         let toks = slice_in(tokens, ntokens, "tokens")?;
         need(values, "values")?;
         let need_bytes = ntokens

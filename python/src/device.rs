@@ -466,9 +466,6 @@ impl PyDevice {
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyDict>)> {
         let specs = blocks_of(blocks)?;
         let dt = dtype_of(dtype)?;
-        if tokens.is_empty() || dim == 0 {
-            return Err(Fail::bad("tokens and dim must be non-empty / positive").into());
-        }
         let (rows, st) = py.detach(|| {
             self.with(|d| {
                 d.gather(&specs, sequence, layer, kv_head, dt, dim, &tokens)

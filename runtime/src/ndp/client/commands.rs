@@ -651,7 +651,7 @@ impl NdpDevice {
     /// unavailable, on the host.
     ///
     /// Counted as `gather` in the process's metrics: the token list in (4 bytes a token), the
-    /// rows out.
+    /// rows out. No blocks, no tokens or a zero `dim` is a bad request (not counted).
     #[allow(clippy::too_many_arguments)]
     pub fn gather(
         &mut self,
@@ -663,6 +663,13 @@ impl NdpDevice {
         dim: usize,
         tokens: &[u32],
     ) -> Result<(Vec<u8>, NdpStats)> {
+        if blocks.is_empty() || tokens.is_empty() || dim == 0 {
+            return Err(NdpError::BadRequest(format!(
+                "{} blocks, {} tokens and dim {dim}: each must be positive",
+                blocks.len(),
+                tokens.len()
+            )));
+        }
         let t0 = Instant::now();
         let r = self.gather_rows(blocks, sequence, layer, kv_head, dtype, dim, tokens);
         count_device(Op::Gather, t0, &r, |(rows, stats)| {
