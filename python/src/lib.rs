@@ -25,14 +25,12 @@
 //!   that also loads `libcxlkv.so` has a second one, which only the C calls read.
 //!
 //! - Parity with the C ABI: the same pool, batch, typed-KV and device calls (SCORE_TOPK with a
-//!   selection, ATTEND, GATHER), except two, on purpose. No reserve/commit: its zero-copy write
-//!   needs a writable view into pool memory that must not outlive the commit, while `put` already
-//!   copies once, straight from the caller's buffer with the GIL released (the copy a C put makes
-//!   too). No tickets: every device call releases the GIL, so Python threads overlap commands
-//!   the way C tickets do.
+//!   selection, ATTEND, GATHER), reserve/commit included ([`reservation`]: a writable zero-copy
+//!   view of the reserved block that cannot outlive the commit). No tickets, on purpose: every
+//!   device call releases the GIL, so Python threads overlap commands the way C tickets do.
 //!
 //! Modules: [`observe`], [`errors`], [`buffer`] (the only one that makes slices of raw addresses), [`keys`],
-//! [`pool`], [`participant`], [`pin`], [`kv`], [`device`], [`bench`] (reference loops for
+//! [`pool`], [`participant`], [`pin`], [`reservation`], [`kv`], [`device`], [`bench`] (reference loops for
 //! python/bench.py).
 
 pub mod bench;
@@ -45,6 +43,7 @@ pub mod observe;
 pub mod participant;
 pub mod pin;
 pub mod pool;
+pub mod reservation;
 
 use pyo3::prelude::*;
 
@@ -56,6 +55,7 @@ fn _cxlkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::PyPool>()?;
     m.add_class::<participant::PyParticipant>()?;
     m.add_class::<pin::PyPin>()?;
+    m.add_class::<reservation::PyReservation>()?;
     m.add_class::<kv::PyKvBlock>()?;
     m.add_class::<device::PyDevice>()?;
     m.add_function(wrap_pyfunction!(keys::key_chain, m)?)?;

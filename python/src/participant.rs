@@ -9,6 +9,7 @@ use crate::errors::Fail;
 use crate::keys::{key_of, keys_of};
 use crate::kv::{dtype_arg, kv_block, shape_arg, PyKvBlock};
 use crate::pin::PyPin;
+use crate::reservation::PyReservation;
 use cxlkv_runtime::api::Code;
 use cxlkv_runtime::{Key, Participant, PoolError};
 use pyo3::prelude::*;
@@ -255,6 +256,20 @@ impl PyParticipant {
     fn pin(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Option<PyPin>> {
         let (me, k) = (self.inner()?, key_of(key)?);
         Ok(py.detach(|| PyPin::take(me, k))?)
+    }
+
+    /// Reserves `length` bytes under `key` for an in-place write: a `Reservation`, a writable
+    /// zero-copy buffer in pool memory. Fill it, then `commit()` (or `abort()`); as a `with` block
+    /// it commits at the end, or aborts if the block raises. Longer than a block: BadInputError
+    /// (code 6).
+    fn reserve(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        length: u64,
+    ) -> PyResult<PyReservation> {
+        let (me, k) = (self.inner()?, key_of(key)?);
+        Ok(py.detach(|| PyReservation::take(me, k, length))?)
     }
 
     /// Stores a typed KV block: `k` and `v` are `[kv_heads, tokens, head_dim]` arrays (float16 or

@@ -3,7 +3,7 @@
 //! when the block raises. While a view is exported the pin refuses to release (BufferError), so no
 //! view ever outlives the pin that keeps its bytes in place.
 
-use crate::buffer::{fill_readonly_view, numpy, BytesMut};
+use crate::buffer::{fill_view, numpy, BytesMut};
 use crate::errors::Fail;
 use crate::kv::{kv_block, PyKvBlock};
 use cxlkv_runtime::api::Code;
@@ -170,7 +170,7 @@ impl PyPin {
             .ok_or_else(|| PyBufferError::new_err("the pin was released"))?;
         // SAFETY: the payload stays in place and unchanged while the pin is held, and the pin is
         // not released while an export is counted (incremented below, under the same lock).
-        unsafe { fill_readonly_view(view, slf.as_any(), h.addr, h.len, flags)? };
+        unsafe { fill_view(view, slf.as_any(), h.addr, h.len, true, flags)? };
         *this.exports.lock().unwrap_or_else(|e| e.into_inner()) += 1;
         Ok(())
     }
