@@ -120,7 +120,9 @@ impl PyReservation {
                 // mapped and is written by this reservation alone until it is finished, which
                 // cannot happen while this copy is counted as an export; src is the caller's
                 // memory, distinct from pool memory.
-                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), (addr + offset) as *mut u8, n) }
+                unsafe {
+                    std::ptr::copy_nonoverlapping(src.as_ptr(), (addr + offset) as *mut u8, n)
+                }
             });
         }
         *self.exports() -= 1;
