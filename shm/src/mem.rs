@@ -237,6 +237,12 @@ mod tests {
         // SAFETY: `base` is a live, page-aligned allocation of 4096 bytes, freed only below, after
         // the last use of `m`.
         let m = unsafe { RawMemory::new(base, 4096) };
+        check_raw_memory(&m, base);
+        // SAFETY: allocated above with this layout; `m` is not used again.
+        unsafe { std::alloc::dealloc(base, layout) };
+    }
+
+    fn check_raw_memory(m: &RawMemory, base: *mut u8) {
         m.write(4090, b"cxlkv!").unwrap();
         let mut six = [0u8; 6];
         m.read(4090, &mut six).unwrap();
@@ -261,8 +267,5 @@ mod tests {
         assert!(m.load_u64(4096, Ordering::Relaxed).is_err());
         assert_eq!(m.raw_range(4096, 0), Ok(base.wrapping_add(4096)));
         assert!(m.raw_range(4000, 97).is_err());
-        drop(m);
-        // SAFETY: allocated above with this layout; `m`, the only user, is gone.
-        unsafe { std::alloc::dealloc(base, layout) };
     }
 }
