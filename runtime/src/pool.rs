@@ -18,10 +18,10 @@ use crate::format::{
     VERSION_MAJOR, VERSION_MINOR,
 };
 use crate::key::Key;
+use crate::sync::{fence, spin_loop, Ordering};
 use crate::watch::Watch;
 use cxlkv_shm::mem::{MemError, Result as MemResult, SharedMemory};
 use cxlkv_shm::region::{Backend, Region, RegionError, RegionOptions};
-use crate::sync::{fence, spin_loop, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;

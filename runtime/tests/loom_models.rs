@@ -129,7 +129,12 @@ fn seqlock_slot_snapshots_are_never_torn() {
                     4 => (Key(2), 202),
                     d => panic!("impossible version v0 + {d}"),
                 };
-                assert_eq!((key, entry), want, "torn snapshot at version v0 + {}", v - v0);
+                assert_eq!(
+                    (key, entry),
+                    want,
+                    "torn snapshot at version v0 + {}",
+                    v - v0
+                );
             }
         }
         w.join().unwrap();
@@ -166,7 +171,11 @@ fn optimistic_reads_never_keep_a_reused_block() {
                 let mut copy = [0u8; 8];
                 mem.read(PAYLOAD, &mut copy).unwrap();
                 if lockfree::slot_version(&*mem, 0).unwrap() == v {
-                    assert_eq!(u64::from_le_bytes(copy), 111, "kept a copy of the reused block");
+                    assert_eq!(
+                        u64::from_le_bytes(copy),
+                        111,
+                        "kept a copy of the reused block"
+                    );
                 }
             }
         }
@@ -239,6 +248,9 @@ fn ring_delivers_in_order_without_loss() {
         let sent = p.join().unwrap();
         while pop(&mut got) {}
         let want: Vec<Entry> = (1..=sent).map(Entry::of).collect();
-        assert_eq!(got, want, "ring lost, duplicated, reordered or tore an entry");
+        assert_eq!(
+            got, want,
+            "ring lost, duplicated, reordered or tore an entry"
+        );
     });
 }

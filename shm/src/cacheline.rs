@@ -331,7 +331,10 @@ mod tests {
     }
 
     #[test]
-    #[cfg_attr(miri, ignore = "non-temporal stores and cache-line flushes are inline assembly, which Miri cannot run")]
+    #[cfg_attr(
+        miri,
+        ignore = "non-temporal stores and cache-line flushes are inline assembly, which Miri cannot run"
+    )]
     fn streaming_copies_every_alignment_and_length() {
         let src: Vec<u8> = (0..1000u32).map(|i| (i * 13 + 5) as u8).collect();
         let mut kinds = vec![detect(), FlushKind::Clflush, FlushKind::Fence];
@@ -358,7 +361,10 @@ mod tests {
 
     #[cfg(target_arch = "x86_64")]
     #[test]
-    #[cfg_attr(miri, ignore = "non-temporal stores are inline assembly, which Miri cannot run")]
+    #[cfg_attr(
+        miri,
+        ignore = "non-temporal stores are inline assembly, which Miri cannot run"
+    )]
     fn both_streaming_loops_copy_whole_lines() {
         let src: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 1) as u8).collect();
         let mut dst = vec![0u8; 4096 + 64];
@@ -375,7 +381,10 @@ mod tests {
     }
 
     #[test]
-    #[cfg_attr(miri, ignore = "cache-line flushes are inline assembly, which Miri cannot run")]
+    #[cfg_attr(
+        miri,
+        ignore = "cache-line flushes are inline assembly, which Miri cannot run"
+    )]
     fn flushes_keep_contents() {
         let mut v = vec![7u8; 4096];
         let kind = detect();

@@ -111,7 +111,12 @@ impl Ring {
 
     /// Producer: writes `entry` at index `*tail`, then publishes `*tail + 1` (which it stores in
     /// `*tail`). The caller has checked for room ([`in_flight`](Self::in_flight)).
-    pub fn produce<T: Plain>(&self, mem: &dyn SharedMemory, tail: &mut u64, entry: &T) -> Result<()> {
+    pub fn produce<T: Plain>(
+        &self,
+        mem: &dyn SharedMemory,
+        tail: &mut u64,
+        entry: &T,
+    ) -> Result<()> {
         debug_assert!(std::mem::size_of::<T>() as u64 <= self.entry);
         let slot = self.slot(*tail);
         format::write_plain(mem, slot, entry)?;

@@ -23,11 +23,16 @@ pub(super) fn write_slot(
     entry: u64,
     generation: u64,
 ) -> Result<()> {
-    write_slot_at(pool.mem(), pool.index_slot_off(p, s), key, entry, generation)?.map_err(|v| {
-        PoolError::Fenced {
-            partition: p,
-            generation: slot_version::generation(v) as u32,
-        }
+    write_slot_at(
+        pool.mem(),
+        pool.index_slot_off(p, s),
+        key,
+        entry,
+        generation,
+    )?
+    .map_err(|v| PoolError::Fenced {
+        partition: p,
+        generation: slot_version::generation(v) as u32,
     })
 }
 

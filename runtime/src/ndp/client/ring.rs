@@ -18,8 +18,8 @@ use crate::ndp::layout::{qpi, reg, DeviceLayout, DEPTH};
 use crate::ndp::queue::Ring;
 use crate::participant::{Participant, RawReservation};
 use crate::pool::Pool;
-use std::collections::HashMap;
 use crate::sync::{fence, Ordering};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
