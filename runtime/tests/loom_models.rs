@@ -6,6 +6,10 @@
 //! points at memory offsets (`cxlkv_runtime::lockfree`); this file backs [`SharedMemory`] with
 //! loom atomics, so loom sees every load, store, swap and fence the protocols make.
 //!
+//! Each model fails with an ordering it covers weakened in the runtime (docs/COHERENCE.md lists
+//! which). loom does not explore load buffering, so the rings' credit direction (`release` and
+//! `in_flight`) is beyond it.
+//!
 //! `publish` and `acquire` order nothing here: the protocols must hold by their own atomics and
 //! fences, as on software-coherent memory, where those calls move cache lines. (On
 //! hardware-coherent memory they are fences as well, which only removes behaviours.)
@@ -42,7 +46,7 @@ impl LoomMemory {
     /// The words of `[offset, offset + len)`.
     fn span(&self, offset: u64, len: u64) -> Result<std::ops::Range<usize>> {
         let at = check_range(offset, len, self.size())?;
-        if at % 8 != 0 || len % 8 != 0 {
+        if !at.is_multiple_of(8) || !len.is_multiple_of(8) {
             return Err(MemError::Misaligned { offset, align: 8 });
         }
         Ok(at / 8..(at + len as usize) / 8)
