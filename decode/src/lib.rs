@@ -29,9 +29,12 @@
 //!
 //! ```
 //! use cxlkv_decode::{DeviceChoice, Env, EnvOptions, ModeSpec};
+//! use cxlkv_kernels::attention::default_scale;
 //! use cxlkv_model::{Attention, AttentionShape};
 //!
-//! let shape = AttentionShape { layers: 1, heads: 2, kv_heads: 1, head_dim: 16, scale: 0.25 };
+//! let (layers, heads, kv_heads, head_dim) = (1, 2, 1, 16);
+//! let scale = default_scale(head_dim);
+//! let shape = AttentionShape { layers, heads, kv_heads, head_dim, scale };
 //! let specs = ModeSpec::parse_list("dense,pool")?;
 //! let opts = EnvOptions { device: DeviceChoice::Host, block_tokens: 4, ..EnvOptions::default() };
 //! let env = Env::open_for(&specs, &opts, shape, 64)?; // a private pool, removed on drop
@@ -104,7 +107,7 @@ pub use daemon::find_ndpd;
 pub use env::{DeviceChoice, Env, EnvOptions};
 pub use error::{Error, Result};
 pub use mode::{
-    parse_layers, Build, ModeArg, ModeDef, ModeSpec, Modes, Needs, Takes, DEFAULT_TOPP_K_MAX, MODES,
+    parse_layers, Build, ModeArg, ModeDef, ModeSpec, Needs, Site, Takes, DEFAULT_TOPP_K_MAX,
 };
 pub use phases::Phased;
-pub use registry::Site;
+pub use registry::{Modes, MODES};

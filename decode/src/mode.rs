@@ -1,14 +1,14 @@
 //! Attention modes as users name them on the command line (`dense`, `pool`, `ndp-exact`,
-//! `topk:256`, `topp:0.95`, each optionally `+dense0-2` to keep layers exact): the one parser.
+//! `topk:256`, `topp:0.95`, each optionally `+dense0-2` to keep layers exact): what a mode is.
 //!
 //! A mode is a [`ModeDef`]: its name, the argument after `NAME:` ([`Takes`]), what it needs
-//! (private memory, the pool, the device) and its constructor. [`Modes`] is a set of them (the
-//! built-in [`MODES`], plus any a caller adds) and parses strings into [`ModeSpec`]s; a spec
-//! carries its definition, so building its backend needs no second table (`registry.rs`).
+//! (private memory, the pool, the device) and its constructor, which builds the backend on a
+//! [`Site`]. A parsed mode is a [`ModeSpec`]; it carries its definition, so building its backend
+//! needs no second table. The set of modes, the parser and the factory are in `registry.rs`.
 
+use crate::env::Env;
 use crate::error::{Error, Result};
-use crate::registry::Site;
-use cxlkv_model::Attention;
+use cxlkv_model::{Attention, AttentionShape};
 use std::fmt;
 
 /// What a mode's backend needs beside the model's shape.
@@ -79,124 +79,8 @@ impl fmt::Debug for ModeDef {
 /// Default cap of a `topp:P` mode without an explicit `:KMAX`.
 pub const DEFAULT_TOPP_K_MAX: usize = 2048;
 
-/// The built-in modes, in the order help texts list them.
-pub static MODES: [&ModeDef; 6] = [
-    &crate::registry::DENSE,
-    &crate::registry::DENSE_F16,
-    &crate::registry::POOL,
-    &crate::registry::NDP_EXACT,
-    &crate::registry::TOPK,
-    &crate::registry::TOPP,
-];
-
-/// A set of modes: the one parser of mode strings.
-#[derive(Clone, Debug)]
-pub struct Modes {
-    defs: Vec<&'static ModeDef>,
-}
-
-impl Default for Modes {
-    fn default() -> Self {
-        Modes::builtin()
-    }
-}
-
-impl Modes {
-    /// The built-in [`MODES`].
-    pub fn builtin() -> Modes {
-        Modes {
-            defs: MODES.to_vec(),
-        }
-    }
-
-    /// These modes and `def` (which replaces a mode of the same name).
-    pub fn with(mut self, def: &'static ModeDef) -> Modes {
-        self.defs.retain(|d| d.name != def.name);
-        self.defs.push(def);
-        self
-    }
-
-    /// The definitions, in order.
-    pub fn defs(&self) -> &[&'static ModeDef] {
-        &self.defs
-    }
-
-    /// The mode called `name`.
-    pub fn get(&self, name: &str) -> Option<&'static ModeDef> {
-        self.defs.iter().copied().find(|d| d.name == name)
-    }
-
-    /// One line per mode (`  topk:K: ...`), for help texts.
-    pub fn help(&self) -> String {
-        let lines: Vec<String> = self
-            .defs
-            .iter()
-            .map(|d| format!("  {}: {}", d.syntax, d.help))
-            .collect();
-        lines.join("\n")
-    }
-
-    fn known(&self) -> String {
-        let names: Vec<&str> = self.defs.iter().map(|d| d.syntax).collect();
-        format!(
-            "{} (any of them + `+denseL` or `+denseA-B` to keep layers exact)",
-            names.join(", ")
-        )
-    }
-
-    /// Parses one mode: `NAME[:ARG][+denseL|+denseA-B]...`.
-    pub fn parse(&self, s: &str) -> Result<ModeSpec> {
-        let bad = |why: String| Error::Mode {
-            found: s.to_string(),
-            why,
-        };
-        let mut parts = s.trim().split('+');
-        let head = parts.next().unwrap_or_default();
-        let (name, arg) = match head.split_once(':') {
-            Some((n, a)) => (n, Some(a)),
-            None => (head, None),
-        };
-        let def = self
-            .get(name)
-            .ok_or_else(|| bad(format!("unknown mode; known: {}", self.known())))?;
-        let arg = parse_arg(def, arg).map_err(&bad)?;
-        let mut dense_layers = Vec::new();
-        for part in parts {
-            let Some(range) = part.strip_prefix("dense") else {
-                return Err(bad(format!(
-                    "unknown modifier +{part}; the modifier is +denseL or +denseA-B"
-                )));
-            };
-            dense_layers.extend(parse_layers(range).map_err(&bad)?);
-        }
-        let mut spec = ModeSpec {
-            def,
-            arg,
-            dense_layers: Vec::new(),
-        };
-        spec.add_dense_layers(&dense_layers);
-        Ok(spec)
-    }
-
-    /// Parses a comma-separated list of modes (`--modes dense,pool,topk:256`).
-    pub fn parse_list(&self, s: &str) -> Result<Vec<ModeSpec>> {
-        let specs: Vec<ModeSpec> = s
-            .split(',')
-            .filter(|m| !m.trim().is_empty())
-            .map(|m| self.parse(m))
-            .collect::<Result<_>>()?;
-        if specs.is_empty() {
-            return Err(Error::Mode {
-                found: s.to_string(),
-                why: format!("no mode given; known: {}", self.known()),
-            });
-        }
-        Ok(specs)
-    }
-}
-
 /// The argument of `def` from what followed `NAME:` (`None`: no colon).
-fn parse_arg(def: &ModeDef, arg: Option<&str>) -> std::result::Result<ModeArg, String> {
+pub(crate) fn parse_arg(def: &ModeDef, arg: Option<&str>) -> std::result::Result<ModeArg, String> {
     let name = def.name;
     match (def.takes, arg) {
         (Takes::Nothing, None) => Ok(ModeArg::None),
@@ -235,10 +119,38 @@ fn parse_arg(def: &ModeDef, arg: Option<&str>) -> std::result::Result<ModeArg, S
     }
 }
 
+/// Where a backend is built: the model's attention shape, the sequence it holds, and the run's
+/// [`Env`] (the pool and the device) if one is open.
+pub struct Site<'e> {
+    pub(crate) shape: AttentionShape,
+    pub(crate) env: Option<&'e Env>,
+    pub(crate) sequence: u64,
+}
+
+impl<'e> Site<'e> {
+    /// The model's attention shape.
+    pub fn shape(&self) -> AttentionShape {
+        self.shape
+    }
+
+    /// The sequence's id in the pool (backends alive at once on one [`Env`] hold different ids).
+    pub fn sequence(&self) -> u64 {
+        self.sequence
+    }
+
+    /// The run's [`Env`]; an error naming `spec` if none is open.
+    pub fn env(&self, spec: &ModeSpec) -> Result<&'e Env> {
+        self.env.ok_or_else(|| Error::Mode {
+            found: spec.to_string(),
+            why: "this mode needs the pool: open an Env (Env::open) and build it there".into(),
+        })
+    }
+}
+
 /// A mode, its argument, and the layers that stay exact under it.
 #[derive(Clone, Debug)]
 pub struct ModeSpec {
-    def: &'static ModeDef,
+    pub(crate) def: &'static ModeDef,
     /// The mode's argument.
     pub arg: ModeArg,
     /// Layers computed by exact dense attention whatever the mode (`+dense0-1`, `--dense-layers`);
@@ -255,25 +167,6 @@ impl PartialEq for ModeSpec {
 }
 
 impl ModeSpec {
-    /// Parses one built-in mode (see [`Modes::parse`]).
-    pub fn parse(s: &str) -> Result<ModeSpec> {
-        Modes::builtin().parse(s)
-    }
-
-    /// Parses a comma-separated list of built-in modes (see [`Modes::parse_list`]).
-    pub fn parse_list(s: &str) -> Result<Vec<ModeSpec>> {
-        Modes::builtin().parse_list(s)
-    }
-
-    /// `dense`, the reference.
-    pub fn dense() -> ModeSpec {
-        ModeSpec {
-            def: &crate::registry::DENSE,
-            arg: ModeArg::None,
-            dense_layers: Vec::new(),
-        }
-    }
-
     /// The mode's definition.
     pub fn def(&self) -> &'static ModeDef {
         self.def
@@ -358,94 +251,5 @@ impl fmt::Display for ModeSpec {
             i = j + 1;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn modes_parse_and_print_back() {
-        for s in [
-            "dense",
-            "dense-f16",
-            "pool",
-            "ndp-exact",
-            "topk:256",
-            "topp:0.95",
-            "topp:0.99:512",
-            "topk:64+dense0",
-            "topp:0.9+dense0-2+dense5",
-        ] {
-            assert_eq!(ModeSpec::parse(s).unwrap().to_string(), s);
-        }
-        let m = ModeSpec::parse("topk:8+dense3+dense1-2").unwrap();
-        assert_eq!(m.dense_layers, vec![1, 2, 3]);
-        assert!(m.is_dense_layer(2) && !m.is_dense_layer(0));
-        let p = ModeSpec::parse("topp:0.5").unwrap();
-        assert_eq!(p.name(), "topp");
-        assert_eq!(
-            p.arg,
-            ModeArg::Mass {
-                p: 0.5,
-                k_max: DEFAULT_TOPP_K_MAX
-            }
-        );
-        let list = ModeSpec::parse_list("dense, pool,topk:4").unwrap();
-        assert_eq!(list.len(), 3);
-        assert!(!list[0].uses_pool() && list[1].uses_pool() && !list[1].uses_device());
-        assert!(list[2].uses_device());
-        assert_eq!(list[0], ModeSpec::dense());
-    }
-
-    #[test]
-    fn bad_modes_say_why() {
-        for (s, why) in [
-            ("flash", "unknown mode"),
-            ("topk", "needs a budget"),
-            ("topk:0", "k ≥ 1"),
-            ("topk:x", "not a count"),
-            ("topp:0", "outside (0, 1]"),
-            ("topp:1.5", "outside (0, 1]"),
-            ("topp:nan", "outside (0, 1]"),
-            ("topp:0.9:0", "cap"),
-            ("pool+sparse", "unknown modifier"),
-            ("topk:4+dense3-1", "empty"),
-            ("topk:4+densex", "not a layer"),
-            ("dense:3", "no argument"),
-        ] {
-            let e = ModeSpec::parse(s).unwrap_err().to_string();
-            assert!(e.contains(why) && e.contains(s), "{s}: {e}");
-        }
-        assert!(ModeSpec::parse_list(" , ").is_err());
-    }
-
-    /// Moved from `cxlkv-model` (`unknown_backend_lists_the_known`), where the backend names
-    /// were a second table: an unknown name is an error naming it and listing the known ones,
-    /// and a private mode builds without a pool.
-    #[test]
-    fn unknown_mode_lists_the_known() {
-        let e = ModeSpec::parse("flash").unwrap_err().to_string();
-        assert!(
-            e.contains("\"flash\"") && e.contains("dense, dense-f16, pool, ndp-exact"),
-            "{e}"
-        );
-        let shape = cxlkv_model::AttentionShape {
-            layers: 1,
-            heads: 2,
-            kv_heads: 1,
-            head_dim: 16,
-            scale: cxlkv_kernels::attention::default_scale(16),
-        };
-        let f16 = ModeSpec::parse("dense-f16").unwrap();
-        assert_eq!(f16.backend(shape, None, 1).unwrap().name(), "dense-f16");
-        let e = ModeSpec::parse("pool")
-            .unwrap()
-            .backend(shape, None, 1)
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(e.contains("needs the pool"), "{e}");
     }
 }

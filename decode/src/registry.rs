@@ -1,41 +1,144 @@
-//! The one factory: [`ModeSpec::backend`] builds the backend of any mode, dense included, from
-//! the [`ModeDef`] the spec carries; and the built-in modes' definitions.
+//! The modes known ([`MODES`], the built-in definitions, and [`Modes`], a set a caller may
+//! extend), the one parser ([`Modes::parse`]) and the one factory ([`ModeSpec::backend`]: the
+//! backend of any mode, dense included, from the [`ModeDef`] the spec carries).
 
 use crate::env::{Env, EnvOptions};
 use crate::error::{Error, Result};
 use crate::exact::NdpExact;
 use crate::layered::Layered;
-use crate::mode::{ModeArg, ModeDef, ModeSpec, Needs, Takes};
+use crate::mode::{parse_arg, parse_layers, ModeArg, ModeDef, ModeSpec, Needs, Site, Takes};
 use crate::pool_attn::PoolAttention;
 use crate::select::Selected;
 use cxlkv_kernels::DType;
 use cxlkv_model::{Attention, AttentionShape, Dense};
 
-/// Where a backend is built: the model's attention shape, the sequence it holds, and the run's
-/// [`Env`] (the pool and the device) if one is open.
-pub struct Site<'e> {
-    shape: AttentionShape,
-    env: Option<&'e Env>,
-    sequence: u64,
+/// The built-in modes, in the order help texts list them.
+pub static MODES: [&ModeDef; 6] = [&DENSE, &DENSE_F16, &POOL, &NDP_EXACT, &TOPK, &TOPP];
+
+/// A set of modes: the one parser of mode strings.
+#[derive(Clone, Debug)]
+pub struct Modes {
+    defs: Vec<&'static ModeDef>,
 }
 
-impl<'e> Site<'e> {
-    /// The model's attention shape.
-    pub fn shape(&self) -> AttentionShape {
-        self.shape
+impl Default for Modes {
+    fn default() -> Self {
+        Modes::builtin()
+    }
+}
+
+impl Modes {
+    /// The built-in [`MODES`].
+    pub fn builtin() -> Modes {
+        Modes {
+            defs: MODES.to_vec(),
+        }
     }
 
-    /// The sequence's id in the pool (backends alive at once on one [`Env`] hold different ids).
-    pub fn sequence(&self) -> u64 {
-        self.sequence
+    /// These modes and `def` (which replaces a mode of the same name).
+    pub fn with(mut self, def: &'static ModeDef) -> Modes {
+        self.defs.retain(|d| d.name != def.name);
+        self.defs.push(def);
+        self
     }
 
-    /// The run's [`Env`]; an error naming `spec` if none is open.
-    pub fn env(&self, spec: &ModeSpec) -> Result<&'e Env> {
-        self.env.ok_or_else(|| Error::Mode {
-            found: spec.to_string(),
-            why: "this mode needs the pool: open an Env (Env::open) and build it there".into(),
-        })
+    /// The definitions, in order.
+    pub fn defs(&self) -> &[&'static ModeDef] {
+        &self.defs
+    }
+
+    /// The mode called `name`.
+    pub fn get(&self, name: &str) -> Option<&'static ModeDef> {
+        self.defs.iter().copied().find(|d| d.name == name)
+    }
+
+    /// One line per mode (`  topk:K: ...`), for help texts.
+    pub fn help(&self) -> String {
+        let lines: Vec<String> = self
+            .defs
+            .iter()
+            .map(|d| format!("  {}: {}", d.syntax, d.help))
+            .collect();
+        lines.join("\n")
+    }
+
+    fn known(&self) -> String {
+        let names: Vec<&str> = self.defs.iter().map(|d| d.syntax).collect();
+        format!(
+            "{} (any of them + `+denseL` or `+denseA-B` to keep layers exact)",
+            names.join(", ")
+        )
+    }
+
+    /// Parses one mode: `NAME[:ARG][+denseL|+denseA-B]...`.
+    pub fn parse(&self, s: &str) -> Result<ModeSpec> {
+        let bad = |why: String| Error::Mode {
+            found: s.to_string(),
+            why,
+        };
+        let mut parts = s.trim().split('+');
+        let head = parts.next().unwrap_or_default();
+        let (name, arg) = match head.split_once(':') {
+            Some((n, a)) => (n, Some(a)),
+            None => (head, None),
+        };
+        let def = self
+            .get(name)
+            .ok_or_else(|| bad(format!("unknown mode; known: {}", self.known())))?;
+        let arg = parse_arg(def, arg).map_err(&bad)?;
+        let mut dense_layers = Vec::new();
+        for part in parts {
+            let Some(range) = part.strip_prefix("dense") else {
+                return Err(bad(format!(
+                    "unknown modifier +{part}; the modifier is +denseL or +denseA-B"
+                )));
+            };
+            dense_layers.extend(parse_layers(range).map_err(&bad)?);
+        }
+        let mut spec = ModeSpec {
+            def,
+            arg,
+            dense_layers: Vec::new(),
+        };
+        spec.add_dense_layers(&dense_layers);
+        Ok(spec)
+    }
+
+    /// Parses a comma-separated list of modes (`--modes dense,pool,topk:256`).
+    pub fn parse_list(&self, s: &str) -> Result<Vec<ModeSpec>> {
+        let specs: Vec<ModeSpec> = s
+            .split(',')
+            .filter(|m| !m.trim().is_empty())
+            .map(|m| self.parse(m))
+            .collect::<Result<_>>()?;
+        if specs.is_empty() {
+            return Err(Error::Mode {
+                found: s.to_string(),
+                why: format!("no mode given; known: {}", self.known()),
+            });
+        }
+        Ok(specs)
+    }
+}
+
+impl ModeSpec {
+    /// Parses one built-in mode (see [`Modes::parse`]).
+    pub fn parse(s: &str) -> Result<ModeSpec> {
+        Modes::builtin().parse(s)
+    }
+
+    /// Parses a comma-separated list of built-in modes (see [`Modes::parse_list`]).
+    pub fn parse_list(s: &str) -> Result<Vec<ModeSpec>> {
+        Modes::builtin().parse_list(s)
+    }
+
+    /// `dense`, the reference.
+    pub fn dense() -> ModeSpec {
+        ModeSpec {
+            def: &DENSE,
+            arg: ModeArg::None,
+            dense_layers: Vec::new(),
+        }
     }
 }
 
@@ -174,5 +277,95 @@ impl Env {
         } else {
             Ok(None)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mode::DEFAULT_TOPP_K_MAX;
+
+    #[test]
+    fn modes_parse_and_print_back() {
+        for s in [
+            "dense",
+            "dense-f16",
+            "pool",
+            "ndp-exact",
+            "topk:256",
+            "topp:0.95",
+            "topp:0.99:512",
+            "topk:64+dense0",
+            "topp:0.9+dense0-2+dense5",
+        ] {
+            assert_eq!(ModeSpec::parse(s).unwrap().to_string(), s);
+        }
+        let m = ModeSpec::parse("topk:8+dense3+dense1-2").unwrap();
+        assert_eq!(m.dense_layers, vec![1, 2, 3]);
+        assert!(m.is_dense_layer(2) && !m.is_dense_layer(0));
+        let p = ModeSpec::parse("topp:0.5").unwrap();
+        assert_eq!(p.name(), "topp");
+        assert_eq!(
+            p.arg,
+            ModeArg::Mass {
+                p: 0.5,
+                k_max: DEFAULT_TOPP_K_MAX
+            }
+        );
+        let list = ModeSpec::parse_list("dense, pool,topk:4").unwrap();
+        assert_eq!(list.len(), 3);
+        assert!(!list[0].uses_pool() && list[1].uses_pool() && !list[1].uses_device());
+        assert!(list[2].uses_device());
+        assert_eq!(list[0], ModeSpec::dense());
+    }
+
+    #[test]
+    fn bad_modes_say_why() {
+        for (s, why) in [
+            ("flash", "unknown mode"),
+            ("topk", "needs a budget"),
+            ("topk:0", "k ≥ 1"),
+            ("topk:x", "not a count"),
+            ("topp:0", "outside (0, 1]"),
+            ("topp:1.5", "outside (0, 1]"),
+            ("topp:nan", "outside (0, 1]"),
+            ("topp:0.9:0", "cap"),
+            ("pool+sparse", "unknown modifier"),
+            ("topk:4+dense3-1", "empty"),
+            ("topk:4+densex", "not a layer"),
+            ("dense:3", "no argument"),
+        ] {
+            let e = ModeSpec::parse(s).unwrap_err().to_string();
+            assert!(e.contains(why) && e.contains(s), "{s}: {e}");
+        }
+        assert!(ModeSpec::parse_list(" , ").is_err());
+    }
+
+    /// Moved from `cxlkv-model` (`unknown_backend_lists_the_known`), where the backend names
+    /// were a second table: an unknown name is an error naming it and listing the known ones,
+    /// and a private mode builds without a pool.
+    #[test]
+    fn unknown_mode_lists_the_known() {
+        let e = ModeSpec::parse("flash").unwrap_err().to_string();
+        assert!(
+            e.contains("\"flash\"") && e.contains("dense, dense-f16, pool, ndp-exact"),
+            "{e}"
+        );
+        let shape = cxlkv_model::AttentionShape {
+            layers: 1,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 16,
+            scale: cxlkv_kernels::attention::default_scale(16),
+        };
+        let f16 = ModeSpec::parse("dense-f16").unwrap();
+        assert_eq!(f16.backend(shape, None, 1).unwrap().name(), "dense-f16");
+        let e = ModeSpec::parse("pool")
+            .unwrap()
+            .backend(shape, None, 1)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("needs the pool"), "{e}");
     }
 }

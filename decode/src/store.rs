@@ -164,8 +164,13 @@ impl<'e> Store<'e> {
     pub(crate) fn host_head(&self, layer: usize, h: usize, from: usize) -> HeadRows<'_> {
         let t = &self.layers[layer].tail;
         let at = (from - t.start) * self.row_bytes();
-        HeadRows::new(&t.k[h][at..], &t.v[h][at..], self.dtype, self.shape.head_dim)
-            .expect("whole rows")
+        HeadRows::new(
+            &t.k[h][at..],
+            &t.v[h][at..],
+            self.dtype,
+            self.shape.head_dim,
+        )
+        .expect("whole rows")
     }
 
     fn key(&self, layer: usize, block: usize) -> Key {

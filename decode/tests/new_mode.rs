@@ -157,16 +157,27 @@ fn a_registered_mode_parses_and_builds_like_the_built_in_ones() {
         .err()
         .unwrap()
         .to_string();
-    assert!(e.contains("layer 7"), "the factory's layer check applies: {e}");
+    assert!(
+        e.contains("layer 7"),
+        "the factory's layer check applies: {e}"
+    );
 
     // Step 5: against dense. A window over every position is dense, bit for bit (one loop).
     let s = shape();
     let dense = run(ModeSpec::dense().backend(s, None, 1).unwrap().as_mut(), &s);
-    let mut wide = modes.parse("window:64").unwrap().backend(s, None, 2).unwrap();
+    let mut wide = modes
+        .parse("window:64")
+        .unwrap()
+        .backend(s, None, 2)
+        .unwrap();
     assert_eq!(wide.name(), "window:64");
     assert_eq!(run(wide.as_mut(), &s), dense);
     // A window of one position returns that position's value row.
-    let mut one = modes.parse("window:1").unwrap().backend(s, None, 3).unwrap();
+    let mut one = modes
+        .parse("window:1")
+        .unwrap()
+        .backend(s, None, 3)
+        .unwrap();
     let outs = run(one.as_mut(), &s);
     assert_ne!(outs, dense);
     let last = outs.last().unwrap();
