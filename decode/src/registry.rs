@@ -158,6 +158,15 @@ impl ModeSpec {
                 why: format!("layer {l} does not exist (the model has {})", shape.layers),
             });
         }
+        if let Some(e) = env.filter(|e| e.shape() != shape) {
+            return Err(Error::Mode {
+                found: self.to_string(),
+                why: format!(
+                    "the Env was opened for {:?}, not this model's {shape:?}",
+                    e.shape()
+                ),
+            });
+        }
         let site = Site {
             shape,
             env,
@@ -367,5 +376,35 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("needs the pool"), "{e}");
+    }
+
+    #[test]
+    fn an_env_of_another_shape_is_refused() {
+        let shape = cxlkv_model::AttentionShape {
+            layers: 1,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 16,
+            scale: cxlkv_kernels::attention::default_scale(16),
+        };
+        let opts = EnvOptions {
+            device: crate::DeviceChoice::Host,
+            block_tokens: 4,
+            ..EnvOptions::default()
+        };
+        let pool = ModeSpec::parse("pool").unwrap();
+        let env = Env::open_for(std::slice::from_ref(&pool), &opts, shape, 16)
+            .unwrap()
+            .expect("pool needs an Env");
+        let other = cxlkv_model::AttentionShape { layers: 2, ..shape };
+        let e = pool
+            .backend(other, Some(&env), 1)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("opened for"), "{e}");
+        assert_eq!(pool.backend(shape, Some(&env), 1).unwrap().name(), "pool");
+        let dense = [ModeSpec::dense()];
+        assert!(Env::open_for(&dense, &opts, shape, 16).unwrap().is_none());
     }
 }

@@ -80,13 +80,13 @@ fn mode_of(a: &GenerateArgs) -> Result<ModeSpec> {
     Ok(spec)
 }
 
-fn device_of(a: &GenerateArgs) -> Result<DeviceChoice> {
-    match a.device.as_str() {
+/// The device named by `--device` (`thread`, `host` or `ndpd`, whose binary is `ndpd`, else found
+/// next to `cxlkv`); `cxlkv eval` takes it the same way.
+pub(super) fn device_choice(name: &str, ndpd: Option<PathBuf>) -> Result<DeviceChoice> {
+    match name {
         "thread" => Ok(DeviceChoice::Thread),
         "host" => Ok(DeviceChoice::Host),
-        "ndpd" => a
-            .ndpd
-            .clone()
+        "ndpd" => ndpd
             .or_else(find_ndpd)
             .map(DeviceChoice::Ndpd)
             .ok_or_else(|| {
@@ -105,7 +105,7 @@ fn device_of(a: &GenerateArgs) -> Result<DeviceChoice> {
 /// Runs `cxlkv generate`.
 pub fn run(a: &GenerateArgs) -> Result<ExitCode> {
     let spec = mode_of(a)?;
-    let device = device_of(a)?;
+    let device = device_choice(&a.device, a.ndpd.clone())?;
     let format: WeightFormat = a.weights.parse().map_err(Error::Usage)?;
     let prompt = match (&a.prompt, &a.prompt_file) {
         (Some(p), _) => p.clone(),

@@ -14,7 +14,7 @@ mod score;
 
 use super::{Error, Result};
 use clap::Args;
-use cxlkv::decode::{find_ndpd, DeviceChoice, Env, EnvOptions, ModeSpec};
+use cxlkv::decode::{Env, EnvOptions, ModeSpec};
 use cxlkv::model::{Attention, AttentionShape, Config, Gguf, Model, Tokenizer, WeightFormat};
 use report::{ModeResult, Setting};
 use std::path::PathBuf;
@@ -81,27 +81,7 @@ pub struct EvalArgs {
 
 /// The pool modes' environment from the command line (as `cxlkv generate` takes it).
 fn env_options(a: &EvalArgs) -> Result<EnvOptions> {
-    let device = match a.device.as_str() {
-        "thread" => DeviceChoice::Thread,
-        "host" => DeviceChoice::Host,
-        "ndpd" => a
-            .ndpd
-            .clone()
-            .or_else(find_ndpd)
-            .map(DeviceChoice::Ndpd)
-            .ok_or_else(|| {
-                Error::Usage(
-                    "--device ndpd: cxlkv-ndpd not found next to cxlkv; give --ndpd PATH or set \
-                     CXLKV_NDPD"
-                        .into(),
-                )
-            })?,
-        other => {
-            return Err(Error::Usage(format!(
-                "--device {other:?}: use thread, ndpd or host"
-            )))
-        }
-    };
+    let device = super::generate::device_choice(&a.device, a.ndpd.clone())?;
     let dtype = a
         .dtype
         .parse()
