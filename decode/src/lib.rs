@@ -7,7 +7,6 @@
 //! [`ModeSpec`] is how users name them.
 
 mod backend;
-mod daemon;
 mod env;
 mod error;
 mod exact;
@@ -19,7 +18,7 @@ mod pool_attn;
 mod select;
 mod store;
 
-pub use daemon::find_ndpd;
+pub use cxlkv_ndp::daemon::find_ndpd;
 pub use env::{DeviceChoice, Env, EnvOptions};
 pub use error::{Error, Result};
 pub use mode::{parse_layers, Mode, ModeSpec, DEFAULT_TOPP_K_MAX, MODES};

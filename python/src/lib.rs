@@ -22,9 +22,10 @@
 //!   ([`metrics`] records them); given a pool, also its participants' slot counters ([`observe`]).
 //!
 //! Modules: [`metrics`], [`observe`], [`errors`], [`buffer`] (the only one that makes slices of raw addresses), [`keys`],
-//! [`pool`], [`participant`], [`pin`], [`kv`], [`device`], [`bench`] (reference loops for
-//! python/bench.py).
+//! [`pool`], [`participant`], [`pin`], [`kv`], [`device`]; `bench` (reference loops for
+//! python/bench.py) only with the non-default `bench-loops` feature, which the wheel leaves out.
 
+#[cfg(feature = "bench-loops")]
 pub mod bench;
 pub mod buffer;
 pub mod device;
@@ -53,8 +54,11 @@ fn _cxlkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pool::unlink, m)?)?;
     m.add_function(wrap_pyfunction!(observe::metrics, m)?)?;
     m.add_function(wrap_pyfunction!(observe::metrics_text, m)?)?;
-    m.add_function(wrap_pyfunction!(bench::_bench_rust_get, m)?)?;
-    m.add_function(wrap_pyfunction!(bench::_bench_memcpy, m)?)?;
+    #[cfg(feature = "bench-loops")]
+    {
+        m.add_function(wrap_pyfunction!(bench::_bench_rust_get, m)?)?;
+        m.add_function(wrap_pyfunction!(bench::_bench_memcpy, m)?)?;
+    }
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -9,7 +9,7 @@
 //! so a late device can never write into a buffer that was handed to another command.
 
 use crate::coherence::{self, Site};
-use crate::format::{self, Codec};
+use crate::format::Codec;
 use crate::key::Key;
 use crate::ndp::abi::*;
 use crate::ndp::client::error::{FallbackReason, NdpError, Result};
@@ -256,7 +256,7 @@ impl NdpDevice {
                 off,
                 u64::from(CXLKV_NDP_CPL_SIZE),
             );
-            let c: cxlkv_ndp_cpl = format::read_plain(&*mem, off)?;
+            let c: cxlkv_ndp_cpl = cxlkv_shm::mem::read_obj(&*mem, off)?;
             self.cq_head = self.cq_head.wrapping_add(1);
             if self.pending.values().any(|p| p.tag == c.tag) {
                 // Its result is still to be read from the staging block: the block stays ours
@@ -302,7 +302,7 @@ impl NdpDevice {
             return Ok(Err(FallbackReason::Busy));
         }
         let slot = self.layout.sq_slot(self.qp, self.sq_tail);
-        format::write_plain(&*mem, slot, cmd)?;
+        cxlkv_shm::mem::write_obj(&*mem, slot, cmd)?;
         coherence::publish(
             &*mem,
             Site::NdpSubmitWrite,

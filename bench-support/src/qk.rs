@@ -7,12 +7,12 @@
 //! the read back to back; the report gives medians (the headline figures) and bests.
 
 use crate::cold::evict;
-use crate::dtype::DType;
-use crate::parallel::{scan_topk_parallel, stream_sum_parallel};
-use crate::rng::SplitMix64;
-use crate::rows::{KeyRows, QueryGroup, ShapeError};
-use crate::score::ScoreKernel;
-use crate::topk::{Hit, TopK};
+use cxlkv_kernels::dtype::DType;
+use cxlkv_kernels::parallel::{scan_topk_parallel, stream_sum_parallel};
+use cxlkv_kernels::rng::SplitMix64;
+use cxlkv_kernels::rows::{KeyRows, QueryGroup, ShapeError};
+use cxlkv_kernels::score::ScoreKernel;
+use cxlkv_kernels::topk::{Hit, TopK};
 use std::fmt;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -101,7 +101,7 @@ pub fn synthetic_keys(tokens: usize, dim: usize, dtype: DType, seed: u64) -> Vec
         let f32_bits = (sign << 31) | ((124 + exp) << 23) | (man << 10);
         match dtype {
             DType::F16 => out.extend_from_slice(
-                &crate::dtype::f32_to_f16(f32::from_bits(f32_bits)).to_le_bytes(),
+                &cxlkv_kernels::dtype::f32_to_f16(f32::from_bits(f32_bits)).to_le_bytes(),
             ),
             DType::Bf16 => out.extend_from_slice(&((f32_bits >> 16) as u16).to_le_bytes()),
             DType::F32 => out.extend_from_slice(&f32_bits.to_le_bytes()),
@@ -323,10 +323,12 @@ mod tests {
         let keys = synthetic_keys(5000, 64, DType::F16, cfg.seed);
         let q = SplitMix64::new(cfg.seed ^ 0x5eed).normal_vec(2 * 64);
         let rows = KeyRows::new(&keys, DType::F16, 64).unwrap();
-        let scores = crate::attention::dense_scores(&q[..64], &rows);
+        let scores = cxlkv_kernels::attention::dense_scores(&q[..64], &rows);
         assert_eq!(
             r.best_hit,
-            crate::topk::topk_by_sort(&scores, 1).first().copied()
+            cxlkv_kernels::topk::topk_by_sort(&scores, 1)
+                .first()
+                .copied()
         );
     }
 }

@@ -1,0 +1,103 @@
+//! # cxlkv-test-support
+//!
+//! The helpers that the workspace's tests and benches share, written once (`publish = false`: no
+//! library of the product depends on it; crates take it as a dev-dependency).
+//!
+//! - [`TempPool`]: a pool on a fresh `/dev/shm` backend, removed when dropped (a failed assertion
+//!   included), built on the runtime's [`TempBackend`] guard.
+//! - [`ndpd`] and [`spawn_ndpd`]: the `cxlkv-ndpd` binary and a daemon serving a pool, through
+//!   the device crate's launcher ([`cxlkv_ndp::daemon`]), with the message a test wants when the
+//!   binary is not built.
+//! - [`SplitMix64`]: the seeded generator every test and bench draws its data from (the
+//!   kernels' generator, which the simulator also runs on).
+//! - [`median`]: the upper median of measurements, as the benches report them.
+//!
+//! Python's counterparts (the daemon binary, temporary pools, the seeded generator) are in
+//! `python/tests/conftest.py`.
+
+use cxlkv_ndp::daemon::{find_ndpd, Daemon};
+use cxlkv_runtime::{Backend, Pool, PoolConfig, RegionOptions};
+use std::path::PathBuf;
+
+pub use cxlkv_kernels::rng::{push_elem, SplitMix64};
+pub use cxlkv_runtime::region::TempBackend;
+
+/// A pool on its own `/dev/shm` file, removed when this is dropped.
+pub struct TempPool {
+    // Declared first: the pool's mapping goes before its file does.
+    pool: Pool,
+    backend: TempBackend,
+}
+
+impl TempPool {
+    /// Creates a pool of `size` bytes with `cfg` on a fresh backend named after `tag`.
+    pub fn create(tag: &str, size: u64, cfg: &PoolConfig) -> TempPool {
+        let backend = TempBackend::unique_shm(&format!("cxlkv-test-{tag}"));
+        let pool = Pool::create_on(backend.backend(), size, cfg, &RegionOptions::default())
+            .unwrap_or_else(|e| panic!("create pool on {}: {e}", backend.backend()));
+        TempPool { pool, backend }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Where it lives (for a daemon or another process to open).
+    pub fn backend(&self) -> &Backend {
+        self.backend.backend()
+    }
+}
+
+/// The `cxlkv-ndpd` binary ([`find_ndpd`]: `$CXLKV_NDPD`, else beside the test executables);
+/// panics with how to build it when it is missing.
+pub fn ndpd() -> PathBuf {
+    find_ndpd().expect(
+        "cxlkv-ndpd is not built next to the test executables: `cargo build -p cxlkv-ndp` \
+         (scripts/test.sh builds the workspace first) or set CXLKV_NDPD",
+    )
+}
+
+/// `cxlkv-ndpd --pool BACKEND ARGS..` ([`ndpd`]), serving when this returns, stopped when the
+/// [`Daemon`] is dropped.
+pub fn spawn_ndpd(backend: &Backend, args: &[&str]) -> Daemon {
+    let exe = ndpd();
+    Daemon::spawn(&exe, &backend.to_string(), args).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The upper median of `v` (the element at `len / 2` once sorted); `v` must be non-empty and
+/// free of NaN.
+pub fn median<T: Copy + PartialOrd>(mut v: Vec<T>) -> T {
+    assert!(!v.is_empty(), "median of no measurements");
+    v.sort_by(|a, b| a.partial_cmp(b).expect("median of values without NaN"));
+    v[v.len() / 2]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn median_is_the_upper_middle_element() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 3.0);
+        let d = |ms| Duration::from_millis(ms);
+        assert_eq!(median(vec![d(9), d(1), d(5)]), d(5));
+    }
+
+    #[test]
+    fn a_temp_pool_is_removed_when_dropped() {
+        let cfg = PoolConfig {
+            block_size: 64 << 10,
+            participants: 2,
+            ..PoolConfig::default()
+        };
+        let t = TempPool::create("self", 8 << 20, &cfg);
+        let path = t.backend().path().unwrap();
+        assert!(path.exists());
+        t.pool().attach().unwrap();
+        drop(t);
+        assert!(!path.exists(), "{} left behind", path.display());
+    }
+}
