@@ -12,6 +12,7 @@
 """
 
 import os
+import re
 import subprocess
 import sys
 
@@ -56,8 +57,8 @@ def spec(request):
     import cxlkv
 
     module = request.module.__name__.removeprefix("test_")
-    s = "shm:cxlkv-py-%d-%s-%s" % (os.getpid(), module[:12], request.node.name[:40])
-    s = s.replace("[", "-").replace("]", "")
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", "%s-%s" % (module[:12], request.node.name[:48]))
+    s = "shm:cxlkv-py-%d-%s" % (os.getpid(), name)
     yield s
     try:
         cxlkv.unlink(s)
