@@ -6,9 +6,16 @@
 #
 # - llama-cpp-python 0.3.36: builds llama.cpp from source (cmake and ninja come from PyPI as
 #   build requirements; a C/C++ compiler is needed). A lean CPU build: no examples, tests, tools,
-#   server or curl; native CPU flags kept (GGML_NATIVE, the default) for speed. The build took
-#   814 s on the 2-core machine shared with other builds (2,574 s under heavier load). pip caches
-#   the built wheel, so a second run on the same machine takes seconds.
+#   server or curl, and *portable*: the CPU features are named here, never taken from the build
+#   machine (GGML_NATIVE=OFF). llama.cpp's native build compiles its AMX path on a CPU that
+#   advertises AMX in CPUID, and on a VM whose kernel does not grant the tile state every decode
+#   then dies with a general protection fault at `ldtilecfg`. The set below (x86-64-v3: AVX, AVX2,
+#   FMA, F16C, BMI2; no AVX-512, no AMX) runs on every x86-64 CPU of the last decade, Intel or AMD;
+#   on a CPU without AVX2 set CXLKV_LLAMA_CMAKE_CPU to the flags it has. The built wheel is kept in
+#   a folder named by its flags (~/.cache/cxlkv/wheels/...), never in pip's own cache, where a
+#   native build of the same version could be picked up; after the install the script checks that
+#   libggml-cpu.so holds no AMX tile instruction. The build took 814 s on the 2-core machine shared
+#   with other builds (2,574 s under heavier load); a second run on the same machine takes seconds.
 # - With CXLKV_ENGINES=all, also LMCache and SGLang, which need torch: torch 2.15.0 from PyPI (the
 #   Linux wheel pulls the CUDA libraries: ~5.3 GB installed; it imports and runs on a CPU-only
 #   machine), lmcache 0.5.6 with its dependencies, and sglang 0.5.23 without its dependencies
@@ -42,16 +49,45 @@ fi
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 pip=("$venv/bin/pip" --disable-pip-version-check)
 
-if "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('llama-cpp-python') != '${LLAMA_CPP_PYTHON#*==}')" 2>/dev/null; then
-    echo "setup-engines: $LLAMA_CPP_PYTHON already installed in $venv"
+# CPU features of the llama.cpp build: named, never the build machine's (see the header).
+LLAMA_CMAKE_CPU="${CXLKV_LLAMA_CMAKE_CPU:--DGGML_NATIVE=OFF -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF}"
+LLAMA_CMAKE_ARGS="-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF $LLAMA_CMAKE_CPU"
+flags_id="$(printf '%s %s' "$LLAMA_CPP_PYTHON" "$LLAMA_CMAKE_ARGS" | sha256sum | cut -c1-16)"
+marker="$venv/cxlkv-llama-cpp-build"
+echo "setup-engines: llama.cpp CMAKE_ARGS: $LLAMA_CMAKE_ARGS"
+echo "setup-engines: this CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'); AMX in CPUID: $(grep -qw amx_tile /proc/cpuinfo && echo yes || echo no)"
+if [ "$(cat "$marker" 2>/dev/null)" = "$flags_id" ] &&
+    "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('llama-cpp-python') != '${LLAMA_CPP_PYTHON#*==}')" 2>/dev/null; then
+    echo "setup-engines: $LLAMA_CPP_PYTHON (build $flags_id) already installed in $venv"
 else
-    echo "setup-engines: installing $LLAMA_CPP_PYTHON into $venv (builds llama.cpp from source; minutes on 2 cores)"
-    SECONDS=0
-    CMAKE_ARGS="-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF" \
-        CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
-        "${pip[@]}" install -q "$LLAMA_CPP_PYTHON"
-    echo "setup-engines: $LLAMA_CPP_PYTHON installed in ${SECONDS} s"
+    wheels="${XDG_CACHE_HOME:-$HOME/.cache}/cxlkv/wheels/llama-cpp-python-$flags_id"
+    if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+        echo "setup-engines: building $LLAMA_CPP_PYTHON (build $flags_id) into $wheels (llama.cpp from source; minutes on 2 cores)"
+        SECONDS=0
+        rm -rf "$wheels.partial"
+        mkdir -p "$wheels.partial"
+        # --no-cache-dir: never a wheel that pip built earlier with other flags (a native one).
+        CMAKE_ARGS="$LLAMA_CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+            "${pip[@]}" wheel -q --no-cache-dir --no-deps -w "$wheels.partial" "$LLAMA_CPP_PYTHON"
+        rm -rf "$wheels"
+        mv "$wheels.partial" "$wheels"
+        echo "setup-engines: built in ${SECONDS} s"
+    fi
+    "${pip[@]}" install -q --force-reinstall "$wheels"/llama_cpp_python-*.whl
+    echo "$flags_id" >"$marker"
+    echo "setup-engines: $LLAMA_CPP_PYTHON (build $flags_id) installed in $venv"
 fi
+# The check that the build is portable: no AMX tile instruction in llama.cpp's CPU backend.
+ggml_cpu="$(find "$venv" -name 'libggml-cpu*.so' | head -n 1)"
+if [ -z "$ggml_cpu" ]; then
+    echo "setup-engines: libggml-cpu.so not found in $venv" >&2
+    exit 1
+fi
+if objdump -d --no-show-raw-insn "$ggml_cpu" | grep -qE '\b(ldtilecfg|tileloadd|tdpbssd|tdpbf16ps)\b'; then
+    echo "setup-engines: $ggml_cpu holds AMX tile instructions: the build took the build machine's CPU features" >&2
+    exit 1
+fi
+echo "setup-engines: $(basename "$ggml_cpu") holds no AMX tile instruction"
 "$venv/bin/python" -c "import llama_cpp; print('setup-engines: llama_cpp', llama_cpp.__version__, 'imports')"
 
 if [ "$engines" = all ]; then

@@ -39,6 +39,9 @@ cargo clippy --workspace --all-targets --features cxlkv-runtime/hwloc -- -D warn
 step "cargo build (workspace: the cxlkv binaries and libcxlkv.so for the C tests)"
 cargo build --workspace --features cxlkv-runtime/hwloc
 
+step "docs: README and docs/ links resolve, code blocks that claim to run run, cxlkv flags exist"
+python3 scripts/check-docs.py --bin-dir "$target_dir/debug"
+
 step "shipped artifacts carry no test-only code (teeth, crash points)"
 ./scripts/check-shipped.sh
 
@@ -68,6 +71,7 @@ SECONDS=0
 PATH="$venv/bin:$PATH" "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
 echo "pip install ./python: ${SECONDS} s"
 CXLKV_NDPD="$target_dir/debug/cxlkv-ndpd" "$venv/bin/python" -m pytest -q -rs python/tests
+"$venv/bin/python" scripts/check-docs.py --python-only   # README's Python example, run
 
 step "cxlkv topo"
 cargo run -q --features cxlkv-runtime/hwloc -- topo

@@ -447,7 +447,7 @@ static int pool_extras(cxlkv_pool *pool, cxlkv_participant *a) {
         fprintf(stderr, "engine: a pinned payload lies outside the pool's mapping\n");
         return 1;
     }
-    /* What a GPU runtime's host registration does first: page-lock the range (docs/ABI.md). */
+    /* What a GPU runtime's host registration does first: page-lock the range (docs/C-ABI.md). */
     int locked = mlock(base, len) == 0;
     if (locked) munlock(base, len);
     printf("engine: pool mapping %zu MiB, every pinned payload inside it; mlock of the range %s\n", len >> 20,

@@ -9,9 +9,10 @@
  * cxlkv_participant_pin -> cxlkv_pinned_release; cxlkv_participant_reserve ->
  * cxlkv_reservation_commit/_abort; cxlkv_device_open -> cxlkv_device_close). Out-parameters are written only on success, except the
  * needed size stored with CXLKV_ERR_BUFFER_TOO_SMALL and the per-key results of the batches. Every
- * struct a caller passes in or has filled starts with `struct_size` (CXLKV_STRUCT_INIT; docs/ABI.md,
+ * struct a caller passes in or has filled starts with `struct_size` (CXLKV_STRUCT_INIT; docs/C-ABI.md,
  * "How structs grow"). Released or foreign handles are detected
- * and return CXLKV_ERR_INVALID_HANDLE. No call aborts the process. */
+ * and return CXLKV_ERR_INVALID_HANDLE. A handle released while another thread is inside a call on
+ * it stays alive until that call returns. No call aborts the process. */
 
 #ifndef CXLKV_H
 #define CXLKV_H
@@ -24,7 +25,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 // Initializer of a struct that carries its size: `cxlkv_ndp_stats st = CXLKV_STRUCT_INIT(cxlkv_ndp_stats);`
-// sets `struct_size = sizeof(T)` and zeroes every other field (docs/ABI.md, "How structs grow").
+// sets `struct_size = sizeof(T)` and zeroes every other field (docs/C-ABI.md, "How structs grow").
 #ifdef __cplusplus
 #define CXLKV_STRUCT_INIT(T) ([] { T v_{}; v_.struct_size = static_cast<uint32_t>(sizeof(T)); return v_; }())
 #else
@@ -32,7 +33,7 @@
 #endif
 
 // Version of this C ABI; bumped on any incompatible change. 2: every struct a caller passes in or
-// has filled starts with `struct_size` (docs/ABI.md, "How structs grow").
+// has filled starts with `struct_size` (docs/C-ABI.md, "How structs grow").
 #define CXLKV_ABI_VERSION 2
 
 // Element types (`cxlkv_kv_shape::dtype`, `cxlkv_score_request::dtype`).
@@ -443,8 +444,9 @@ cxlkv_result cxlkv_pool_create(const char *spec,
 // Thread-safe.
 cxlkv_result cxlkv_pool_open(const char *spec, struct cxlkv_pool **out);
 
-// Releases a pool handle. Participants attached through it stay valid (they keep the mapping).
-// NULL is accepted and ignored. Not thread-safe with other calls on the same handle.
+// Releases a pool handle. Participants attached through it stay valid (they keep the mapping),
+// and so does a call on the handle already running on another thread, until it returns; calls
+// after this return `CXLKV_ERR_INVALID_HANDLE`. NULL is accepted and ignored. Thread-safe.
 cxlkv_result cxlkv_pool_close(struct cxlkv_pool *pool);
 
 // Removes the backing file of a shm or file pool (the mapping of open handles stays valid).
@@ -458,7 +460,7 @@ cxlkv_result cxlkv_pool_describe(const struct cxlkv_pool *pool, struct cxlkv_poo
 
 // The pool's mapped address range in this process: `*base` and `*len` (the whole pool: every
 // block payload a pin or reservation hands out lies inside it). Register it once with a GPU
-// runtime or an RDMA NIC instead of registering each pinned block (docs/ABI.md, "Registering the
+// runtime or an RDMA NIC instead of registering each pinned block (docs/C-ABI.md, "Registering the
 // pool with a GPU"). The range stays mapped while any handle of this pool (pool, participant,
 // pin, reservation, device) is open. `CXLKV_ERR_UNAVAILABLE` when the memory has no stable
 // address. Thread-safe.
@@ -501,9 +503,9 @@ cxlkv_result cxlkv_participant_attach(const struct cxlkv_pool *pool,
                                       struct cxlkv_participant **out);
 
 // Detaches a participant: its partition's blocks stay in the pool for others. Pins and
-// reservations still held keep it attached until they are released. Calls on the handle after
-// this return `CXLKV_ERR_INVALID_HANDLE`. NULL is accepted and ignored. Not thread-safe with other
-// calls on the same handle.
+// reservations still held keep it attached until they are released, and so does a call on the
+// handle already running on another thread, until it returns. Calls on the handle after this
+// return `CXLKV_ERR_INVALID_HANDLE`. NULL is accepted and ignored. Thread-safe.
 cxlkv_result cxlkv_participant_detach(struct cxlkv_participant *p);
 
 // This participant's slot number (its host id) in `*id`, and its partition in `*partition`
@@ -562,7 +564,7 @@ cxlkv_result cxlkv_participant_pin(const struct cxlkv_participant *p,
                                    size_t *len);
 
 // Releases a pin; the payload address must not be used afterwards. NULL is accepted and ignored.
-// Not thread-safe with other calls on the same handle.
+// Thread-safe (a second release of the same pin returns `CXLKV_ERR_INVALID_HANDLE`).
 cxlkv_result cxlkv_pinned_release(struct cxlkv_pinned *pinned);
 
 // Reserves a block of `len` bytes under `key` for an in-place write: stores a handle in `*out`
@@ -575,7 +577,8 @@ cxlkv_result cxlkv_participant_reserve(const struct cxlkv_participant *p,
                                        uint8_t **data);
 
 // Checksums the written payload and publishes the block; releases the handle (also on error).
-// Not thread-safe with other calls on the same handle.
+// Thread-safe (a second commit or abort of the same reservation returns
+// `CXLKV_ERR_INVALID_HANDLE`).
 cxlkv_result cxlkv_reservation_commit(struct cxlkv_reservation *r);
 
 // Abandons a reservation and frees its block; releases the handle. NULL is accepted and ignored.
@@ -583,7 +586,7 @@ cxlkv_result cxlkv_reservation_abort(struct cxlkv_reservation *r);
 
 // Stores `n` blocks: `bufs[i][0..lens[i]]` under `keys[i]` (as `cxlkv_participant_put`; a
 // `bufs[i]` may be NULL when `lens[i]` is 0). `results[i]` receives each key's code; the call
-// returns the first failure or `CXLKV_OK` (docs/ABI.md, "Batches"). Thread-safe.
+// returns the first failure or `CXLKV_OK` (docs/C-ABI.md, "Batches"). Thread-safe.
 cxlkv_result cxlkv_participant_put_batch(const struct cxlkv_participant *p,
                                          size_t n,
                                          const struct cxlkv_key *keys,
@@ -656,8 +659,10 @@ cxlkv_result cxlkv_device_open_with(const struct cxlkv_participant *p,
 
 // Closes a device client. NULL is accepted and ignored. Tickets not yet collected are dropped:
 // their result buffers are never written after this returns, and a command still on the device
-// keeps its staging block out of use until the device is done. Not thread-safe with other calls
-// on the same handle.
+// keeps its staging block out of use until the device is done. A call on the handle already
+// running on another thread finishes first (a poll or wait writes the answer of the ticket it
+// collects), and the client is closed when it returns; calls after this return
+// `CXLKV_ERR_INVALID_HANDLE`. Thread-safe.
 cxlkv_result cxlkv_device_close(struct cxlkv_device *d);
 
 // Top-k attention scores over typed blocks, computed by the near-data device (or by the host

@@ -43,7 +43,7 @@ fn each(
 
 /// Stores `n` blocks: `bufs[i][0..lens[i]]` under `keys[i]` (as `cxlkv_participant_put`; a
 /// `bufs[i]` may be NULL when `lens[i]` is 0). `results[i]` receives each key's code; the call
-/// returns the first failure or `CXLKV_OK` (docs/ABI.md, "Batches"). Thread-safe.
+/// returns the first failure or `CXLKV_OK` (docs/C-ABI.md, "Batches"). Thread-safe.
 #[no_mangle]
 pub extern "C" fn cxlkv_participant_put_batch(
     p: *const cxlkv_participant,
@@ -63,7 +63,7 @@ pub extern "C" fn cxlkv_participant_put_batch(
         }
         each(n, results, |i| {
             let bytes = bytes_in(bufs[i], lens[i], "bufs[i]")?;
-            put_one(me, keys[i].into(), bytes)
+            put_one(&me, keys[i].into(), bytes)
         })
     })
 }
@@ -95,7 +95,7 @@ pub extern "C" fn cxlkv_participant_get_batch(
         each(n, results, |i| {
             let dst = bytes_out(bufs[i], caps[i], "bufs[i]")?;
             // SAFETY: i < n and the caller promises `n` writable lengths (checked non-null).
-            get_one(me, keys[i].into(), dst, unsafe { lens.add(i) })
+            get_one(&me, keys[i].into(), dst, unsafe { lens.add(i) })
         })
     })
 }

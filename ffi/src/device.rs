@@ -210,7 +210,7 @@ pub extern "C" fn cxlkv_device_open(
     guard(|| {
         let me = borrow(p, Kind::Participant)?;
         need(out, "out")?;
-        open(me, timeout_ms, 0, out)
+        open(&me, timeout_ms, 0, out)
     })
 }
 
@@ -241,7 +241,7 @@ pub extern "C" fn cxlkv_device_open_with(
                 ),
             ));
         }
-        open(me, c.timeout_ms, c.staging, out)
+        open(&me, c.timeout_ms, c.staging, out)
     })
 }
 
@@ -278,8 +278,10 @@ fn open(
 
 /// Closes a device client. NULL is accepted and ignored. Tickets not yet collected are dropped:
 /// their result buffers are never written after this returns, and a command still on the device
-/// keeps its staging block out of use until the device is done. Not thread-safe with other calls
-/// on the same handle.
+/// keeps its staging block out of use until the device is done. A call on the handle already
+/// running on another thread finishes first (a poll or wait writes the answer of the ticket it
+/// collects), and the client is closed when it returns; calls after this return
+/// `CXLKV_ERR_INVALID_HANDLE`. Thread-safe.
 #[no_mangle]
 pub extern "C" fn cxlkv_device_close(d: *mut cxlkv_device) -> cxlkv_result {
     guard(|| {

@@ -63,3 +63,10 @@ impl Tickets {
         id
     }
 }
+
+// SAFETY: the raw pointers are the caller's result arrays, named at submit and written only by the
+// poll or wait that collects the ticket, under the device handle's lock. The header makes the
+// caller keep them valid and untouched until then (or until `cxlkv_device_close`), from whichever
+// thread collects: a device handle is thread-safe, so its registered object (`handles`) must be
+// `Send + Sync`, and moving these addresses to another thread moves no data.
+unsafe impl Send for Inflight {}

@@ -7,7 +7,7 @@
 //! `cxlkv-python`), bound to the Rust API instead; its error classes carry the same result codes.
 //!
 //! Shape (after rustls-ffi):
-//! - **Opaque handles with one ownership rule each**, every one a registered box
+//! - **Opaque handles with one ownership rule each**, every one a registered `Arc`
 //!   (`handles`):
 //!   - `cxlkv_pool` ([`pool`]): from `cxlkv_pool_create` or `cxlkv_pool_open`, released by
 //!     `cxlkv_pool_close`. Participants attached through it keep the mapping after the close.
@@ -24,6 +24,16 @@
 //!   another type returns `CXLKV_ERR_INVALID_HANDLE` instead of touching freed memory (a released
 //!   address that the allocator hands out again for a new handle of the same type is the one case
 //!   this cannot detect).
+//! - **Handles cannot dangle** (after rustls-ffi): the registry holds each handle's `Arc`, and
+//!   `borrow` gives every call its own clone, so a call owns its object until it returns. A release
+//!   (`_close`, `_detach`) only takes the registry's reference out: a call already inside on
+//!   another thread finishes on a live object, calls that start later get
+//!   `CXLKV_ERR_INVALID_HANDLE`, and the object is dropped by whichever of them lets go last. A
+//!   release that consumes its object (`cxlkv_pinned_release`, `cxlkv_reservation_commit` /
+//!   `_abort`) waits for the calls inside to return first. Every release is therefore thread-safe;
+//!   `tests/race.c` races each kind of release against calls, under valgrind. The price is two
+//!   atomic read-modify-writes per call (the clone and its drop) beside the registry lock the
+//!   lookup already took, and every handle's object must be `Send + Sync`.
 //! - **The error rule** ([`errors`]): every call that can fail returns a numbered `cxlkv_result`
 //!   (stable numbers) and runs its body inside `guard`, which clears this thread's last error,
 //!   catches any panic (`CXLKV_ERR_PANIC`: no panic crosses the boundary), and makes sure a
@@ -37,7 +47,7 @@
 //!
 //! - **Structs carry their size** (`sized`): every struct a caller passes in or has filled starts
 //!   with `struct_size`; the library reads and writes only what fits in it and refuses a size
-//!   below the struct's first layout (docs/ABI.md, "How structs grow"). A new field is appended
+//!   below the struct's first layout (docs/C-ABI.md, "How structs grow"). A new field is appended
 //!   and its struct's `sized!` line keeps the first layout's size.
 //! - **Batches** ([`batch`]): one call, a result per key, the first failure returned.
 //! - **Asynchronous device commands** ([`tickets`], table in `inflight`): submit returns a
@@ -50,14 +60,15 @@
 //!
 //! Other modules: [`version`] (library and ABI versions), [`keys`] (the key struct and the key
 //! functions), [`kv`] (typed KV blocks) and `args` (checks of pointer, string and array
-//! arguments). Every `unsafe` block (a read or write through a caller's pointer, a registered
-//! box taken back) says why it holds.
+//! arguments). Every `unsafe` block (a read or write through a caller's pointer, a ticket's
+//! result arrays sent to the thread that collects it) says why it holds; `handles` has none.
 //!
 //! ## Adding a C function
 //!
 //! 1. Put it in the module of the handle it takes (a new handle type gets its own module and a
 //!    `Kind` in `handles`). Write it as `#[no_mangle] pub extern "C" fn cxlkv_<type>_<verb>`
-//!    returning `cxlkv_result`, with a body of `guard(|| ...)`: borrow handles with `borrow`,
+//!    returning `cxlkv_result`, with a body of `guard(|| ...)`: borrow handles with `borrow`
+//!    (it returns the call's `Arc`; pass `&handle` on, and never keep it past the call),
 //!    check pointers with the `args` helpers, map library errors with `map_err` / `map_ndp`, and
 //!    write out-parameters last, with `put_out`. Its doc comment becomes the header's text: say
 //!    what it stores, its errors, and whether it is thread-safe.

@@ -11,7 +11,7 @@ use crate::errors::cxlkv_result::{
     CXLKV_ERR_UNAVAILABLE,
 };
 use crate::errors::{fail, guard, map_err};
-use crate::handles::{borrow, register, unregister, Kind};
+use crate::handles::{borrow, register, take, unregister, Kind};
 use crate::keys::{cxlkv_key, key_arg};
 use crate::metrics::record;
 use crate::pool::cxlkv_pool;
@@ -89,9 +89,9 @@ pub extern "C" fn cxlkv_participant_attach(
 }
 
 /// Detaches a participant: its partition's blocks stay in the pool for others. Pins and
-/// reservations still held keep it attached until they are released. Calls on the handle after
-/// this return `CXLKV_ERR_INVALID_HANDLE`. NULL is accepted and ignored. Not thread-safe with other
-/// calls on the same handle.
+/// reservations still held keep it attached until they are released, and so does a call on the
+/// handle already running on another thread, until it returns. Calls on the handle after this
+/// return `CXLKV_ERR_INVALID_HANDLE`. NULL is accepted and ignored. Thread-safe.
 #[no_mangle]
 pub extern "C" fn cxlkv_participant_detach(p: *mut cxlkv_participant) -> cxlkv_result {
     guard(|| {
@@ -138,7 +138,7 @@ pub extern "C" fn cxlkv_participant_put(
         let me = borrow(p, Kind::Participant)?;
         let key = key_arg(key)?;
         let bytes = bytes_in(data, len, "data")?;
-        put_one(me, key, bytes)
+        put_one(&me, key, bytes)
     })
 }
 
@@ -202,7 +202,7 @@ pub extern "C" fn cxlkv_participant_get(
         let key = key_arg(key)?;
         need(len, "len")?;
         let dst = bytes_out(buf, cap, "buf")?;
-        get_one(me, key, dst, len)
+        get_one(&me, key, dst, len)
     })
 }
 
@@ -347,14 +347,14 @@ pub extern "C" fn cxlkv_participant_pin(
 }
 
 /// Releases a pin; the payload address must not be used afterwards. NULL is accepted and ignored.
-/// Not thread-safe with other calls on the same handle.
+/// Thread-safe (a second release of the same pin returns `CXLKV_ERR_INVALID_HANDLE`).
 #[no_mangle]
 pub extern "C" fn cxlkv_pinned_release(pinned: *mut cxlkv_pinned) -> cxlkv_result {
     guard(|| {
         if pinned.is_null() {
             return Ok(());
         }
-        let mut b = unregister(pinned, Kind::Pinned)?;
+        let mut b = take(pinned, Kind::Pinned)?;
         if let Some(raw) = b.pin.take() {
             b.participant.unpin_raw(raw);
         }
@@ -409,11 +409,12 @@ pub extern "C" fn cxlkv_participant_reserve(
 }
 
 /// Checksums the written payload and publishes the block; releases the handle (also on error).
-/// Not thread-safe with other calls on the same handle.
+/// Thread-safe (a second commit or abort of the same reservation returns
+/// `CXLKV_ERR_INVALID_HANDLE`).
 #[no_mangle]
 pub extern "C" fn cxlkv_reservation_commit(r: *mut cxlkv_reservation) -> cxlkv_result {
     guard(|| {
-        let mut b = unregister(r, Kind::Reservation)?;
+        let mut b = take(r, Kind::Reservation)?;
         let res = b.res.take().ok_or(CXLKV_ERR_INVALID_HANDLE)?;
         let (t0, len) = (Instant::now(), res.len());
         let r = b.participant.commit_raw(res);
@@ -435,7 +436,7 @@ pub extern "C" fn cxlkv_reservation_abort(r: *mut cxlkv_reservation) -> cxlkv_re
         if r.is_null() {
             return Ok(());
         }
-        let mut b = unregister(r, Kind::Reservation)?;
+        let mut b = take(r, Kind::Reservation)?;
         if let Some(res) = b.res.take() {
             b.participant.abort_raw(res);
         }

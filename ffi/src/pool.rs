@@ -157,8 +157,9 @@ pub extern "C" fn cxlkv_pool_open(spec: *const c_char, out: *mut *mut cxlkv_pool
     })
 }
 
-/// Releases a pool handle. Participants attached through it stay valid (they keep the mapping).
-/// NULL is accepted and ignored. Not thread-safe with other calls on the same handle.
+/// Releases a pool handle. Participants attached through it stay valid (they keep the mapping),
+/// and so does a call on the handle already running on another thread, until it returns; calls
+/// after this return `CXLKV_ERR_INVALID_HANDLE`. NULL is accepted and ignored. Thread-safe.
 #[no_mangle]
 pub extern "C" fn cxlkv_pool_close(pool: *mut cxlkv_pool) -> cxlkv_result {
     guard(|| {
@@ -204,7 +205,7 @@ pub extern "C" fn cxlkv_pool_describe(
         let p = borrow(pool, Kind::Pool)?;
         check_out(info, "info")?;
         let sb = p.pool.superblock();
-        let (map_base, map_len) = mapping(p)?;
+        let (map_base, map_len) = mapping(&p)?;
         write_out(
             info,
             cxlkv_pool_info {
@@ -229,7 +230,7 @@ pub extern "C" fn cxlkv_pool_describe(
 
 /// The pool's mapped address range in this process: `*base` and `*len` (the whole pool: every
 /// block payload a pin or reservation hands out lies inside it). Register it once with a GPU
-/// runtime or an RDMA NIC instead of registering each pinned block (docs/ABI.md, "Registering the
+/// runtime or an RDMA NIC instead of registering each pinned block (docs/C-ABI.md, "Registering the
 /// pool with a GPU"). The range stays mapped while any handle of this pool (pool, participant,
 /// pin, reservation, device) is open. `CXLKV_ERR_UNAVAILABLE` when the memory has no stable
 /// address. Thread-safe.
@@ -243,7 +244,7 @@ pub extern "C" fn cxlkv_pool_mapping(
         let p = borrow(pool, Kind::Pool)?;
         need(base, "base")?;
         need(len, "len")?;
-        let (b, n) = mapping(p)?;
+        let (b, n) = mapping(&p)?;
         if b.is_null() {
             return Err(fail(
                 CXLKV_ERR_UNAVAILABLE,

@@ -1,4 +1,4 @@
-//! Structs that carry their size (docs/ABI.md, "How structs grow"). Every struct a caller passes
+//! Structs that carry their size (docs/C-ABI.md, "How structs grow"). Every struct a caller passes
 //! in or has filled starts with `uint32_t struct_size`, which the caller sets to `sizeof` of the
 //! struct as its header declares it. The library
 //! - refuses a size below the struct's first layout (`MIN_SIZE`) with `CXLKV_ERR_INVALID_ARG`;

@@ -2,7 +2,7 @@
 //! file a command and return a ticket at once; `cxlkv_device_poll` (non-blocking) and
 //! `cxlkv_device_wait` collect it. Several tickets may be in flight on one device handle.
 //!
-//! Ownership of the results (docs/ABI.md, "Asynchronous commands"): the caller names its result
+//! Ownership of the results (docs/C-ABI.md, "Asynchronous commands"): the caller names its result
 //! arrays at submit time and owns them throughout; the library writes them only inside the
 //! `cxlkv_device_poll` or `cxlkv_device_wait` call that reports the ticket done, and never after
 //! that call, after a failed collection, or after `cxlkv_device_close`. A collected ticket is
@@ -385,7 +385,7 @@ pub extern "C" fn cxlkv_device_poll(
         let dev = borrow(d, Kind::Device)?;
         need(done, "done")?;
         check_stats(stats)?;
-        deliver(collect(dev, ticket, false)?, stats, done);
+        deliver(collect(&dev, ticket, false)?, stats, done);
         Ok(())
     })
 }
@@ -421,10 +421,10 @@ pub extern "C" fn cxlkv_device_wait(
         check_stats(stats)?;
         let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
         let answer = if timeout_ms == CXLKV_WAIT_FOREVER {
-            collect(dev, ticket, true)?
+            collect(&dev, ticket, true)?
         } else {
             loop {
-                if let Some(s) = collect(dev, ticket, false)? {
+                if let Some(s) = collect(&dev, ticket, false)? {
                     break Some(s);
                 }
                 let now = Instant::now();

@@ -4,7 +4,7 @@
 use std::ffi::c_char;
 
 /// Version of this C ABI; bumped on any incompatible change. 2: every struct a caller passes in or
-/// has filled starts with `struct_size` (docs/ABI.md, "How structs grow").
+/// has filled starts with `struct_size` (docs/C-ABI.md, "How structs grow").
 pub const CXLKV_ABI_VERSION: u32 = 2;
 
 /// The library version as a static NUL-terminated string (e.g. "0.1.0"). Thread-safe.

@@ -63,8 +63,8 @@ pub fn metrics<'py>(
     Ok(d)
 }
 
-/// This process's metrics in the Prometheus text format (ends with `# EOF`); README,
-/// "Observability", names them. With `pool`, the pool-wide metrics (`cxlkv_pool_*`, as
+/// This process's metrics in the Prometheus text format (ends with `# EOF`);
+/// docs/OBSERVABILITY.md names them. With `pool`, the pool-wide metrics (`cxlkv_pool_*`, as
 /// `cxlkv pool stat --prometheus` prints them) are in the same exposition.
 #[pyfunction]
 #[pyo3(signature = (pool=None))]

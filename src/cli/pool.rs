@@ -58,7 +58,7 @@ pub enum PoolCommand {
         /// full lease or more can declare a participant dead; 0 reads once and judges nobody).
         #[arg(long, value_name = "MS")]
         watch_ms: Option<u64>,
-        /// Print the Prometheus text exposition instead of tables (README, "Observability").
+        /// Print the Prometheus text exposition instead of tables (docs/OBSERVABILITY.md).
         #[arg(long)]
         prometheus: bool,
     },

@@ -8,5 +8,5 @@ so importing `cxlkv.adapters` alone imports none of them.
 - `cxlkv.adapters.sglang`: `CxlkvHiCacheStorage`, an SGLang `HiCacheStorage`
   (`--hicache-storage-backend dynamic` with `module_path` / `class_name`).
 
-The README's "Engine adapters" section has each one's configuration and what its test checks.
+docs/ADAPTERS.md has each one's configuration, what its test checks, and the recipe for a new one.
 """
