@@ -135,7 +135,7 @@ fn benches(c: &mut Criterion) {
         mode: GroupMode::PerQuery,
         prune: false,
         gather_values: false,
-        scale: 1.0 / (DIM as f32).sqrt(),
+        scale: None,
         select: Default::default(),
     };
     let rows = KeyRows::new(&keys, DType::F16, DIM).expect("rows");
@@ -186,7 +186,7 @@ fn benches(c: &mut Criterion) {
     g.finish();
 
     // ATTEND at 1M tokens, beside the bare fused kernel and the read bandwidth.
-    let scale = 1.0 / (DIM as f32).sqrt();
+    let scale = cxlkv_kernels::attention::default_scale(DIM);
     let areq = AttendRequest {
         queries: &q,
         dim: DIM,
@@ -195,7 +195,7 @@ fn benches(c: &mut Criterion) {
         layer: 0,
         kv_head: 0,
         dtype: DType::F16,
-        scale,
+        scale: Some(scale),
     };
     // The bare kernel reads the very memory the device reads: every block's K and V rows in
     // place in the pool mapping (same pages), one `attend_block` per block merged in block order,

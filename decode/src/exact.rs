@@ -120,7 +120,7 @@ impl Attention for NdpExact<'_> {
                         layer: layer as u32,
                         kv_head: kv as u32,
                         dtype,
-                        scale: shape.scale,
+                        scale: Some(shape.scale),
                     };
                     tickets
                         .push(ndp.submit_attend(&req).map_err(|e| {

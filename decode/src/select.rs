@@ -138,7 +138,7 @@ impl Attention for Selected<'_> {
                 prune: select.top_p.is_none(),
                 gather_values: true,
                 select,
-                scale: shape.scale,
+                scale: Some(shape.scale),
             };
             tickets.push(
                 ndp.submit_score(&req)

@@ -57,11 +57,18 @@
 // `cxlkv_score_request::flags`: compute on the host (the reference path), not on the device.
 #define CXLKV_SCORE_HOST 8
 
+// `cxlkv_select::flags`: `window_start..window_end` is always in each list.
+#define CXLKV_SELECT_WINDOW 1
+
+// `cxlkv_select::flags`: `exclude_start..exclude_end` is never returned nor counted in the mass.
+#define CXLKV_SELECT_EXCLUDE 2
+
 // `cxlkv_device_wait`'s `timeout_ms` that waits until the ticket is answered (by the device
 // within the handle's timeout, else by the host).
 #define CXLKV_WAIT_FOREVER UINT32_MAX
 
-// Result codes. The numbers are stable.
+// Result codes. The numbers are stable: they are the runtime's table (`cxlkv_runtime::api::Code`),
+// from which every code here is made (`From<Code>`; the build checks them number for number).
 enum cxlkv_result
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
   : uint32_t
@@ -110,7 +117,7 @@ typedef uint32_t cxlkv_result;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
-// An open NDP device client (opaque); owns a reference to its participant.
+// An open NDP device client (opaque); its client owns a reference to its participant.
 typedef struct cxlkv_device cxlkv_device;
 
 // An attached participant (opaque).
@@ -294,6 +301,32 @@ typedef struct cxlkv_ndp_stats {
   // Wall time from submit to result, nanoseconds.
   uint64_t elapsed_ns;
 } cxlkv_ndp_stats;
+
+// The selection of `cxlkv_device_score_select` (docs/ABI.md, "Commands"): over the
+// stored tokens of the blocks, each list holds the forced tokens (`0..sinks` and the window, less
+// the exclusion) and then the best-scored others, up to `k` in all, or with `top_p` the fewest
+// whose softmax mass reaches `p` (at most `k`). Start from `CXLKV_STRUCT_INIT(cxlkv_select)`
+// (every 0 is "none"). First layout: all of it (56 bytes).
+typedef struct cxlkv_select {
+  // `sizeof(cxlkv_select)` as the caller's header declares it.
+  uint32_t struct_size;
+  // `p` in (0, 1], or 0 for plain top-k.
+  float top_p;
+  // Tokens `0..sinks` are always in each list (0: none).
+  uint64_t sinks;
+  // Start of the window (with `CXLKV_SELECT_WINDOW`).
+  uint64_t window_start;
+  // End of the window, exclusive.
+  uint64_t window_end;
+  // Start of the excluded range (with `CXLKV_SELECT_EXCLUDE`).
+  uint64_t exclude_start;
+  // End of the excluded range, exclusive.
+  uint64_t exclude_end;
+  // Applied to `q·k` before `exp` in every softmax mass; 0 means `1/sqrt(dim)`.
+  float scale;
+  // `CXLKV_SELECT_*` flags.
+  uint32_t flags;
+} cxlkv_select;
 
 // An ATTEND request (`cxlkv_device_submit_attend`): the partial attention of `group` queries over
 // every token of the blocks. First layout: all of it (64 bytes).
@@ -681,6 +714,44 @@ cxlkv_result cxlkv_device_score_topk(const struct cxlkv_device *d,
                                      size_t values_cap,
                                      size_t *per_list,
                                      struct cxlkv_ndp_stats *stats);
+
+// SCORE_TOPK with a selection (`sel`; `req` as for `cxlkv_device_score_topk`, its
+// `CXLKV_SCORE_PRUNE` ignored: a selection scores every stored token), on the device or the
+// host, same answer. Lists may differ in length, so each has `k = req->k` slots: list `l`'s hits
+// are `indices[l * k + i]` and `scores[...]` for `i < counts[l]` (`cap` entries each, at least
+// lists × k), best first; `left_out_mass[l]` is the softmax mass of the candidates it leaves out;
+// `counts` and `left_out_mass` hold `lists` entries (at least the number of lists); with
+// `CXLKV_SCORE_GATHER_V`, hit `(l, i)`'s value row is at row `l * k + i` of `values`
+// (`values_cap` bytes, at least lists × k rows). Slots past `counts[l]` are left as they were.
+// `stats` may be NULL. Too-small arrays: `CXLKV_ERR_BUFFER_TOO_SMALL`, nothing written.
+// Thread-safe.
+cxlkv_result cxlkv_device_score_select(const struct cxlkv_device *d,
+                                       const struct cxlkv_score_request *req,
+                                       const struct cxlkv_select *sel,
+                                       uint32_t *indices,
+                                       float *scores,
+                                       size_t cap,
+                                       uint32_t *counts,
+                                       float *left_out_mass,
+                                       size_t lists,
+                                       uint8_t *values,
+                                       size_t values_cap,
+                                       struct cxlkv_ndp_stats *stats);
+
+// The attention of the request's queries over every token of its blocks, computed by the
+// near-data device (or by the host when the device is absent, late or lacks ATTEND: same answer),
+// written before the call returns: per query `g`, `max[g]` = the largest `scale·q·k`, `sum[g]` =
+// Σ exp(scale·q·k − max), and `out[g * dim ..]` = Σ exp(scale·q·k − max)·v (f32; `out / sum` is
+// the attention output). `out` holds `out_cap` floats, at least group × dim; `max` and `sum` hold
+// `group` floats each; `stats` may be NULL. The synchronous form of `cxlkv_device_submit_attend`
+// (same request, same answer). Thread-safe.
+cxlkv_result cxlkv_device_attend(const struct cxlkv_device *d,
+                                 const struct cxlkv_attend_request *req,
+                                 float *out,
+                                 size_t out_cap,
+                                 float *max,
+                                 float *sum,
+                                 struct cxlkv_ndp_stats *stats);
 
 // Gathers the value rows of `tokens[0..ntokens]` (`dim` elements of `dtype` each, token order)
 // from typed blocks of one sequence into `values` (capacity `values_cap` bytes); on the device, or

@@ -6,15 +6,13 @@
 //! clears it before the call's body runs, so a success leaves it empty and a failure leaves the
 //! failure's own text (its detail, or the code's description when the failing path gave none).
 
-use cxlkv_runtime::mem::MemError;
-use cxlkv_runtime::ndp::NdpError;
-use cxlkv_runtime::region::RegionError;
-use cxlkv_runtime::PoolError;
+use cxlkv_runtime::api::{Code, Failure};
 use std::cell::RefCell;
 use std::ffi::c_char;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-/// Result codes. The numbers are stable.
+/// Result codes. The numbers are stable: they are the runtime's table (`cxlkv_runtime::api::Code`),
+/// from which every code here is made (`From<Code>`; the build checks them number for number).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum cxlkv_result {
@@ -56,50 +54,51 @@ pub enum cxlkv_result {
 
 use cxlkv_result::*;
 
-impl cxlkv_result {
-    /// Every code, for turning a number back into one.
-    const ALL: [cxlkv_result; 17] = [
-        CXLKV_OK,
-        CXLKV_ERR_NULL,
-        CXLKV_ERR_INVALID_HANDLE,
-        CXLKV_ERR_INVALID_ARG,
-        CXLKV_ERR_NOT_FOUND,
-        CXLKV_ERR_BUFFER_TOO_SMALL,
-        CXLKV_ERR_PAYLOAD_TOO_LARGE,
-        CXLKV_ERR_IO,
-        CXLKV_ERR_BAD_POOL,
-        CXLKV_ERR_NO_PARTICIPANT_SLOT,
-        CXLKV_ERR_NO_PARTITION,
-        CXLKV_ERR_FENCED,
-        CXLKV_ERR_NOT_OWNER,
-        CXLKV_ERR_PIN_TABLE_FULL,
-        CXLKV_ERR_FULL,
-        CXLKV_ERR_PANIC,
-        CXLKV_ERR_UNAVAILABLE,
-    ];
-
-    fn text(self) -> &'static str {
-        match self {
-            CXLKV_OK => "success",
-            CXLKV_ERR_NULL => "a required pointer argument was NULL",
-            CXLKV_ERR_INVALID_HANDLE => "handle is NULL, released, or of the wrong type",
-            CXLKV_ERR_INVALID_ARG => "argument out of range",
-            CXLKV_ERR_NOT_FOUND => "key not found",
-            CXLKV_ERR_BUFFER_TOO_SMALL => "buffer too small (needed size stored)",
-            CXLKV_ERR_PAYLOAD_TOO_LARGE => "payload larger than a block",
-            CXLKV_ERR_IO => "operating-system call failed",
-            CXLKV_ERR_BAD_POOL => "not a valid cxlkv pool",
-            CXLKV_ERR_NO_PARTICIPANT_SLOT => "all participant slots are in use",
-            CXLKV_ERR_NO_PARTITION => "participant owns no partition",
-            CXLKV_ERR_FENCED => "partition was taken over; participant fenced",
-            CXLKV_ERR_NOT_OWNER => "key lives in another participant's partition",
-            CXLKV_ERR_PIN_TABLE_FULL => "pin table full",
-            CXLKV_ERR_FULL => "partition full and every block pinned",
-            CXLKV_ERR_PANIC => "internal panic (bug in cxlkv)",
-            CXLKV_ERR_UNAVAILABLE => "backend not available on this machine",
-        }
+impl From<Code> for cxlkv_result {
+    fn from(c: Code) -> cxlkv_result {
+        c_name(c)
     }
 }
+
+/// The C name of a code (exhaustive: a new code does not compile until it has one).
+const fn c_name(c: Code) -> cxlkv_result {
+    match c {
+        Code::Ok => CXLKV_OK,
+        Code::Null => CXLKV_ERR_NULL,
+        Code::InvalidHandle => CXLKV_ERR_INVALID_HANDLE,
+        Code::InvalidArg => CXLKV_ERR_INVALID_ARG,
+        Code::NotFound => CXLKV_ERR_NOT_FOUND,
+        Code::BufferTooSmall => CXLKV_ERR_BUFFER_TOO_SMALL,
+        Code::PayloadTooLarge => CXLKV_ERR_PAYLOAD_TOO_LARGE,
+        Code::Io => CXLKV_ERR_IO,
+        Code::BadPool => CXLKV_ERR_BAD_POOL,
+        Code::NoParticipantSlot => CXLKV_ERR_NO_PARTICIPANT_SLOT,
+        Code::NoPartition => CXLKV_ERR_NO_PARTITION,
+        Code::Fenced => CXLKV_ERR_FENCED,
+        Code::NotOwner => CXLKV_ERR_NOT_OWNER,
+        Code::PinTableFull => CXLKV_ERR_PIN_TABLE_FULL,
+        Code::Full => CXLKV_ERR_FULL,
+        Code::Panic => CXLKV_ERR_PANIC,
+        Code::Unavailable => CXLKV_ERR_UNAVAILABLE,
+    }
+}
+
+impl cxlkv_result {
+    /// The runtime's code of the same number.
+    fn code(self) -> Code {
+        Code::from_u32(self as u32).expect("every cxlkv_result is a Code's number")
+    }
+}
+
+// Each C name carries the number of the code it is made from (the build fails otherwise), and
+// `Code::ALL[n]` is numbered `n`: the numbers have one source, the runtime's table.
+const _: () = {
+    let mut i = 0;
+    while i < Code::ALL.len() {
+        assert!(c_name(Code::ALL[i]) as u32 == Code::ALL[i] as u32);
+        i += 1;
+    }
+};
 
 thread_local! {
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
@@ -129,7 +128,7 @@ pub(crate) fn guard(f: impl FnOnce() -> Result<(), cxlkv_result>) -> cxlkv_resul
         Ok(Ok(())) => CXLKV_OK,
         Ok(Err(code)) => {
             if code != CXLKV_OK && LAST_ERROR.with(|l| l.borrow().is_empty()) {
-                set_last(code.text().to_string());
+                set_last(code.code().text().to_string());
             }
             code
         }
@@ -137,56 +136,20 @@ pub(crate) fn guard(f: impl FnOnce() -> Result<(), cxlkv_result>) -> cxlkv_resul
     }
 }
 
-/// The code of a pool error; its text becomes the message. Every variant is named, so a new one
-/// does not compile until it has a code.
-pub(crate) fn map_err(e: PoolError) -> cxlkv_result {
-    let code = match &e {
-        PoolError::Region(r) => match r {
-            RegionError::BadSpec(_) | RegionError::BadSize { .. } => CXLKV_ERR_INVALID_ARG,
-            RegionError::Unavailable { .. } => CXLKV_ERR_UNAVAILABLE,
-            RegionError::Misaligned { .. }
-            | RegionError::OutOfRange { .. }
-            | RegionError::Misplaced { .. }
-            | RegionError::Os { .. } => CXLKV_ERR_IO,
-        },
-        PoolError::Mem(MemError::OutOfBounds { .. } | MemError::Misaligned { .. })
-        | PoolError::Truncated { .. }
-        | PoolError::BadMagic { .. }
-        | PoolError::UnsupportedVersion { .. }
-        | PoolError::SuperblockCrc { .. }
-        | PoolError::Geometry(_)
-        | PoolError::UnsupportedCoherence(_) => CXLKV_ERR_BAD_POOL,
-        PoolError::BadConfig(_) | PoolError::EmptyKeyChain | PoolError::BadKvBlock(_) => {
-            CXLKV_ERR_INVALID_ARG
-        }
-        PoolError::PayloadTooLarge { .. } => CXLKV_ERR_PAYLOAD_TOO_LARGE,
-        PoolError::BufferTooSmall { .. } => CXLKV_ERR_BUFFER_TOO_SMALL,
-        PoolError::NoFreeParticipant(_) => CXLKV_ERR_NO_PARTICIPANT_SLOT,
-        PoolError::NoPartition { .. } => CXLKV_ERR_NO_PARTITION,
-        PoolError::Fenced { .. } => CXLKV_ERR_FENCED,
-        PoolError::NotOwner { .. } => CXLKV_ERR_NOT_OWNER,
-        PoolError::PinTableFull(_) => CXLKV_ERR_PIN_TABLE_FULL,
-        PoolError::PartitionFull(_) => CXLKV_ERR_FULL,
-    };
-    fail(code, e.to_string())
+/// Records a runtime failure's message and returns its code (the runtime's one mapping,
+/// `cxlkv_runtime::api::Failure`).
+pub(crate) fn fail_with(f: Failure) -> cxlkv_result {
+    fail(f.code.into(), f.message)
+}
+
+/// The code of a pool error; its text becomes the message.
+pub(crate) fn map_err(e: cxlkv_runtime::PoolError) -> cxlkv_result {
+    fail_with(e.into())
 }
 
 /// The code of a near-data client error, with the same rule as `map_err`.
-pub(crate) fn map_ndp(e: NdpError) -> cxlkv_result {
-    match e {
-        NdpError::Pool(e) => map_err(e),
-        NdpError::Mem(e) => map_err(e.into()),
-        NdpError::BadRequest(m) => fail(CXLKV_ERR_INVALID_ARG, m),
-        NdpError::Device(s) => fail(
-            CXLKV_ERR_INVALID_ARG,
-            format!("the device rejected the request: {s}"),
-        ),
-        e @ (NdpError::NoQueuePair { .. }
-        | NdpError::Unavailable(_)
-        | NdpError::Stale(_)
-        | NdpError::BadResult(_)
-        | NdpError::UnknownTicket(_)) => fail(CXLKV_ERR_UNAVAILABLE, e.to_string()),
-    }
+pub(crate) fn map_ndp(e: cxlkv_runtime::ndp::NdpError) -> cxlkv_result {
+    fail_with(e.into())
 }
 
 fn write_text(text: &str, buf: *mut c_char, len: usize) -> usize {
@@ -206,13 +169,8 @@ fn write_text(text: &str, buf: *mut c_char, len: usize) -> usize {
 /// to ask for the size. Thread-safe.
 #[no_mangle]
 pub extern "C" fn cxlkv_result_message(result: u32, buf: *mut c_char, len: usize) -> usize {
-    let text = catch_unwind(|| {
-        cxlkv_result::ALL
-            .iter()
-            .find(|c| **c as u32 == result)
-            .map_or("unknown result code", |c| c.text())
-    })
-    .unwrap_or("unknown result code");
+    let text = catch_unwind(|| Code::from_u32(result).map_or("unknown result code", Code::text))
+        .unwrap_or("unknown result code");
     write_text(text, buf, len)
 }
 

@@ -5,7 +5,6 @@
 use cxlkv_runtime::ndp::{Ticket, TopK};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
 /// Where a SCORE_TOPK answer goes: the caller's arrays.
 #[derive(Clone, Copy, Debug)]
@@ -36,14 +35,10 @@ pub(crate) enum Inflight {
         host: Option<Box<TopK>>,
         out: TopKOut,
         per_list: *mut usize,
-        nq: usize,
-        t0: Instant,
     },
     Attend {
         ticket: Ticket,
         out: AttendOut,
-        /// When it was submitted (the latency of a failed command).
-        t0: Instant,
     },
 }
 

@@ -9,12 +9,9 @@ use crate::errors::cxlkv_result::{
 use crate::errors::{fail, guard, map_err};
 use crate::handles::{borrow, Kind};
 use crate::keys::{cxlkv_key, key_arg};
-use crate::metrics::record;
 use crate::participant::cxlkv_participant;
 use crate::sized::{check_out, read_in, sized, write_out};
-use cxlkv_runtime::metrics::{Op, Outcome};
 use cxlkv_runtime::{Codec, KvBlock};
-use std::time::Instant;
 
 /// Element types (`cxlkv_kv_shape::dtype`, `cxlkv_score_request::dtype`).
 pub const CXLKV_DTYPE_F16: u32 = 1;
@@ -88,15 +85,7 @@ pub extern "C" fn cxlkv_participant_put_kv(
             token_offset: s.token_offset,
         };
         let (k, v) = (bytes_in(k, k_len, "k")?, bytes_in(v, v_len, "v")?);
-        let t0 = Instant::now();
-        let r = me.inner.put_kv(key, &shape, k, v);
-        let outcome = if r.is_ok() {
-            Outcome::Ok
-        } else {
-            Outcome::Error
-        };
-        record(Op::Put, outcome, (k.len() + v.len()) as u64, 0, t0);
-        r.map_err(map_err)?;
+        me.inner.put_kv(key, &shape, k, v).map_err(map_err)?;
         Ok(())
     })
 }
@@ -127,20 +116,7 @@ pub extern "C" fn cxlkv_participant_get_kv(
         need(kv_len, "kv_len")?;
         let k_dst = bytes_out(k, k_cap, "k")?;
         let v_dst = bytes_out(v, v_cap, "v")?;
-        let t0 = Instant::now();
-        let got = me.inner.get(key);
-        let outcome = match &got {
-            Ok(Some(_)) => Outcome::Ok,
-            Ok(None) => Outcome::Miss,
-            Err(_) => Outcome::Error,
-        };
-        let out_bytes = got
-            .as_ref()
-            .ok()
-            .and_then(|g| g.as_ref())
-            .map_or(0, |g| g.1.len);
-        record(Op::Get, outcome, 0, out_bytes, t0);
-        let Some((payload, info)) = got.map_err(map_err)? else {
+        let Some((payload, info)) = me.inner.get(key).map_err(map_err)? else {
             return Err(fail(CXLKV_ERR_NOT_FOUND, format!("key {key} not found")));
         };
         if info.codec != Codec::KvV1 {

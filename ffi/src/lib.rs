@@ -18,8 +18,8 @@
 //!   - `cxlkv_reservation` ([`participant`]): from `cxlkv_participant_reserve`, released by
 //!     `cxlkv_reservation_commit` or `_abort`. It keeps its participant alive.
 //!   - `cxlkv_device` ([`device`]): from `cxlkv_device_open`, released by `cxlkv_device_close`. It
-//!     is the near-data device client; `cxlkv_device_score_topk` and `cxlkv_device_gather` write
-//!     into caller arrays. It keeps its participant alive.
+//!     is the near-data device client; `cxlkv_device_score_topk`, `_score_select`, `_attend` and
+//!     `_gather` write into caller arrays. It keeps its participant alive.
 //! - **Every handle is registered**: a call with a handle that is NULL, already released, or of
 //!   another type returns `CXLKV_ERR_INVALID_HANDLE` instead of touching freed memory (a released
 //!   address that the allocator hands out again for a new handle of the same type is the one case
@@ -39,8 +39,10 @@
 //!   catches any panic (`CXLKV_ERR_PANIC`: no panic crosses the boundary), and makes sure a
 //!   failure leaves a message. `cxlkv_last_error_message` therefore describes the last such call on
 //!   the thread: its failure, or the empty string after a success. `cxlkv_result_message` gives
-//!   the fixed text of a code. Both write into a caller's buffer. Library errors become codes in
-//!   one exhaustive match per error type (`map_err`, `map_ndp`).
+//!   the fixed text of a code. Both write into a caller's buffer. The codes are the runtime's
+//!   table (`cxlkv_runtime::api::Code`; `cxlkv_result` only names them, and the build checks the
+//!   numbers), and library errors become codes by the runtime's one mapping
+//!   (`cxlkv_runtime::api::Failure`), which `map_err` and `map_ndp` apply.
 //! - **Out-parameters are written only on success**, with the documented exceptions that store
 //!   the needed size or count with `CXLKV_ERR_BUFFER_TOO_SMALL` (`cxlkv_participant_get`,
 //!   `cxlkv_key_chain`).
@@ -55,8 +57,12 @@
 //!   that collects it.
 //!
 //! - **Metrics** ([`metrics`]): every put, get, pin, delete and device command is counted in
-//!   this process's metrics (outcome, bytes, latency, fallbacks); `cxlkv_metrics_read` and
-//!   `cxlkv_metrics_text` read them.
+//!   this process's metrics (outcome, bytes, latency, fallbacks) by the runtime, inside the
+//!   operation, exactly as for Python and Rust callers; `cxlkv_metrics_read` and
+//!   `cxlkv_metrics_text` read them. This library's registry is its own copy of the runtime's.
+//! - **Front end only**: a function marshals its arguments into a runtime call and the answer
+//!   back; request defaults (the attention scale) and checks belong to the runtime's request
+//!   types, so C, Python and Rust callers get the same rules.
 //!
 //! Other modules: [`version`] (library and ABI versions), [`keys`] (the key struct and the key
 //! functions), [`kv`] (typed KV blocks) and `args` (checks of pointer, string and array

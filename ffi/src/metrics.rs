@@ -1,6 +1,7 @@
-//! This process's metrics (`cxlkv_runtime::metrics::global`): the library's entry points record
-//! every put, get, pin, delete and device command (SCORE_TOPK, GATHER, ATTEND; synchronous or
-//! through a ticket) here (outcome, bytes, latency, fallbacks), and two calls read them back:
+//! This process's metrics (`cxlkv_runtime::metrics::global`, the registry of the runtime this
+//! library links): the runtime's operations record every put, get, pin, delete and device command
+//! (SCORE_TOPK, GATHER, ATTEND; synchronous or through a ticket) there (outcome, bytes, latency,
+//! fallbacks; the rules in `cxlkv_runtime::metrics`), and two calls read them back:
 //! `cxlkv_metrics_read` as numbers in a struct whose first field says its size,
 //! `cxlkv_metrics_text` as the Prometheus text exposition. README ("Observability") names the
 //! metrics.
@@ -15,9 +16,8 @@ use crate::errors::{fail, guard, map_err};
 use crate::handles::{borrow, Kind};
 use crate::pool::cxlkv_pool;
 use crate::sized::{check_out, sized, write_out};
-use cxlkv_runtime::metrics::{global, Op, OpSnapshot, Outcome};
+use cxlkv_runtime::metrics::{global, Op, OpSnapshot};
 use std::ffi::c_char;
-use std::time::Instant;
 
 /// One operation's figures in `cxlkv_metrics`.
 #[repr(C)]
@@ -156,11 +156,6 @@ pub extern "C" fn cxlkv_pool_participant_counters(
         );
         Ok(())
     })
-}
-
-/// Records one call of `op` that started at `t0`.
-pub(crate) fn record(op: Op, outcome: Outcome, bytes_in: u64, bytes_out: u64, t0: Instant) {
-    global().record(op, outcome, bytes_in, bytes_out, t0.elapsed());
 }
 
 fn op_out(s: OpSnapshot) -> cxlkv_op_metrics {

@@ -13,13 +13,10 @@ use crate::errors::cxlkv_result::{
 use crate::errors::{fail, guard, map_err};
 use crate::handles::{borrow, register, take, unregister, Kind};
 use crate::keys::{cxlkv_key, key_arg};
-use crate::metrics::record;
 use crate::pool::cxlkv_pool;
 use crate::sized::{check_out, sized, write_out};
-use cxlkv_runtime::metrics::{Op, Outcome};
-use cxlkv_runtime::{Key, Participant, PoolError, PutOutcome, RawPin, RawReservation};
+use cxlkv_runtime::{Key, Participant, PoolError, RawPin, RawReservation};
 use std::sync::Arc;
-use std::time::Instant;
 
 /// A participant's counters (`cxlkv_participant_stats`). First layout: all of it (64 bytes).
 #[repr(C)]
@@ -142,17 +139,9 @@ pub extern "C" fn cxlkv_participant_put(
     })
 }
 
-/// One put, recorded in the metrics.
+/// One put (the runtime counts it in the metrics).
 pub(crate) fn put_one(me: &cxlkv_participant, key: Key, bytes: &[u8]) -> Result<(), cxlkv_result> {
-    let t0 = Instant::now();
-    let r = me.inner.put(key, bytes);
-    let outcome = if r.is_ok() {
-        Outcome::Ok
-    } else {
-        Outcome::Error
-    };
-    record(Op::Put, outcome, bytes.len() as u64, 0, t0);
-    r.map_err(map_err)?;
+    me.inner.put(key, bytes).map_err(map_err)?;
     Ok(())
 }
 
@@ -174,14 +163,8 @@ pub extern "C" fn cxlkv_participant_put_if_absent(
         let key = key_arg(key)?;
         let bytes = bytes_in(data, len, "data")?;
         need(stored, "stored")?;
-        let t0 = Instant::now();
-        let r = me.inner.put_if_absent(key, bytes);
-        match &r {
-            Ok(PutOutcome::Stored(_)) => record(Op::Put, Outcome::Ok, bytes.len() as u64, 0, t0),
-            Ok(PutOutcome::Present(_)) => record(Op::Put, Outcome::Ok, 0, 0, t0),
-            Err(_) => record(Op::Put, Outcome::Error, bytes.len() as u64, 0, t0),
-        }
-        put_out(stored, i32::from(r.map_err(map_err)?.stored()));
+        let r = me.inner.put_if_absent(key, bytes).map_err(map_err)?;
+        put_out(stored, i32::from(r.stored()));
         Ok(())
     })
 }
@@ -206,22 +189,15 @@ pub extern "C" fn cxlkv_participant_get(
     })
 }
 
-/// One get into `dst`, recorded in the metrics: the length goes to `len` on success, the needed
-/// size with `CXLKV_ERR_BUFFER_TOO_SMALL`.
+/// One get into `dst`: the length goes to `len` on success, the needed size with
+/// `CXLKV_ERR_BUFFER_TOO_SMALL`.
 pub(crate) fn get_one(
     me: &cxlkv_participant,
     key: Key,
     dst: &mut [u8],
     len: *mut usize,
 ) -> Result<(), cxlkv_result> {
-    let t0 = Instant::now();
-    let r = me.inner.get_into(key, dst);
-    match &r {
-        Ok(Some(info)) => record(Op::Get, Outcome::Ok, 0, info.len, t0),
-        Ok(None) => record(Op::Get, Outcome::Miss, 0, 0, t0),
-        Err(_) => record(Op::Get, Outcome::Error, 0, 0, t0),
-    }
-    match r {
+    match me.inner.get_into(key, dst) {
         Ok(Some(info)) => {
             put_out(len, info.len as usize);
             Ok(())
@@ -248,15 +224,7 @@ pub extern "C" fn cxlkv_participant_delete(
     guard(|| {
         let me = borrow(p, Kind::Participant)?;
         let key = key_arg(key)?;
-        let t0 = Instant::now();
-        let r = me.inner.delete(key);
-        let outcome = match r {
-            Ok(true) => Outcome::Ok,
-            Ok(false) => Outcome::Miss,
-            Err(_) => Outcome::Error,
-        };
-        record(Op::Delete, outcome, 0, 0, t0);
-        match r.map_err(map_err)? {
+        match me.inner.delete(key).map_err(map_err)? {
             true => Ok(()),
             false => Err(fail(CXLKV_ERR_NOT_FOUND, format!("key {key} not found"))),
         }
@@ -310,14 +278,7 @@ pub extern "C" fn cxlkv_participant_pin(
         need(out, "out")?;
         need(data, "data")?;
         need(len, "len")?;
-        let t0 = Instant::now();
-        let r = me.inner.pin(key);
-        match &r {
-            Ok(Some(p)) => record(Op::Pin, Outcome::Ok, 0, p.info().len, t0),
-            Ok(None) => record(Op::Pin, Outcome::Miss, 0, 0, t0),
-            Err(_) => record(Op::Pin, Outcome::Error, 0, 0, t0),
-        }
-        let Some(pinned) = r.map_err(map_err)? else {
+        let Some(pinned) = me.inner.pin(key).map_err(map_err)? else {
             return Err(fail(CXLKV_ERR_NOT_FOUND, format!("key {key} not found")));
         };
         let raw = pinned.into_raw();
@@ -416,15 +377,7 @@ pub extern "C" fn cxlkv_reservation_commit(r: *mut cxlkv_reservation) -> cxlkv_r
     guard(|| {
         let mut b = take(r, Kind::Reservation)?;
         let res = b.res.take().ok_or(CXLKV_ERR_INVALID_HANDLE)?;
-        let (t0, len) = (Instant::now(), res.len());
-        let r = b.participant.commit_raw(res);
-        let outcome = if r.is_ok() {
-            Outcome::Ok
-        } else {
-            Outcome::Error
-        };
-        record(Op::Put, outcome, len, 0, t0);
-        r.map_err(map_err)?;
+        b.participant.commit_raw(res).map_err(map_err)?;
         Ok(())
     })
 }

@@ -77,12 +77,12 @@ fn reading_messages_leaves_the_last_error_alone() {
 /// `sized` rely on it) and starts with its `struct_size`.
 #[test]
 fn sized_structs_have_no_padding() {
+    use crate::device::cxlkv_attend_request;
     use crate::device::{cxlkv_ndp_stats, cxlkv_score_request};
     use crate::kv::cxlkv_kv_shape;
     use crate::metrics::{cxlkv_metrics, cxlkv_op_metrics};
     use crate::participant::cxlkv_stats;
     use crate::pool::{cxlkv_pool_config, cxlkv_pool_info};
-    use crate::tickets::cxlkv_attend_request;
     use std::mem::size_of;
     // Sum of the field sizes = the struct size: no padding anywhere.
     assert_eq!(size_of::<cxlkv_pool_config>(), 4 + 4 + 8 + 4 + 4);
@@ -101,6 +101,10 @@ fn sized_structs_have_no_padding() {
         4 + 4 + 8 + 4 + 4 + 8 + 8 + 8 + 4 * 4
     );
     assert_eq!(size_of::<cxlkv_ndp_stats>(), 4 * 4 + 3 * 8);
+    assert_eq!(
+        size_of::<crate::device::cxlkv_select>(),
+        4 + 4 + 8 + 4 * 8 + 4 + 4
+    );
     assert_eq!(size_of::<crate::device::cxlkv_device_config>(), 4 * 4);
     assert_eq!(
         size_of::<cxlkv_metrics>(),
@@ -218,4 +222,37 @@ fn old_and_new_callers_get_what_fits() {
 
     assert_eq!(cxlkv_pool_close(pool), CXLKV_OK);
     assert_eq!(cxlkv_pool_unlink(spec.as_ptr()), CXLKV_OK);
+}
+
+/// The committed header's `cxlkv_result` is the runtime's table: every `CXLKV_<name> = <n>` line
+/// of `include/cxlkv.h` names a code of `cxlkv_runtime::api::Code` with its number, and every code
+/// is there.
+#[test]
+fn the_header_numbers_are_the_runtime_table() {
+    use cxlkv_runtime::api::Code;
+    let header = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/include/cxlkv.h"))
+        .expect("read include/cxlkv.h");
+    let start = header
+        .find("enum cxlkv_result")
+        .expect("the header declares enum cxlkv_result");
+    let body = &header[start..start + header[start..].find('}').expect("the enum ends")];
+    let rows: Vec<(String, u32)> = body
+        .lines()
+        .filter_map(|l| {
+            let (name, n) = l.trim().trim_end_matches(',').split_once(" = ")?;
+            Some((name.to_string(), n.parse().ok()?))
+        })
+        .collect();
+    let want: Vec<(String, u32)> = Code::ALL
+        .iter()
+        .map(|c| (format!("CXLKV_{}", c.name()), *c as u32))
+        .collect();
+    assert_eq!(rows, want);
+    for c in Code::ALL {
+        assert_eq!(
+            crate::errors::cxlkv_result::from(c) as u32,
+            c as u32,
+            "{c:?}"
+        );
+    }
 }

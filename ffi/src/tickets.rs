@@ -8,80 +8,29 @@
 //! that call, after a failed collection, or after `cxlkv_device_close`. A collected ticket is
 //! forgotten: polling it again is `CXLKV_ERR_INVALID_ARG`.
 //!
-//! Metrics: a ticket's command counts in this process's metrics (`Op::ScoreTopk`, `Op::Attend`)
-//! once, when it is collected (its outcome, bytes and elapsed time from submit), or when the
-//! submit itself fails; a ticket dropped uncollected by `cxlkv_device_close` is not counted.
+//! Metrics: the runtime counts a ticket's command in this process's metrics (`Op::ScoreTopk`,
+//! `Op::Attend`) once, when it is collected (its outcome, bytes and elapsed time from submit), or
+//! when the submit itself fails (a request refused by its checks is not counted); a ticket dropped
+//! uncollected by `cxlkv_device_close` is not counted. A `CXLKV_SCORE_HOST` ticket is computed, and
+//! counted, in its submit.
 
-use crate::args::{need, put_out, slice_in};
+use crate::args::{need, put_out};
 use crate::device::{
-    check_stats, cxlkv_block_ref, cxlkv_device, cxlkv_ndp_stats, cxlkv_score_request, record_topk,
-    stats_out, write_topk, ScoreArgs, CXLKV_SCORE_GATHER_V, CXLKV_SCORE_HOST,
+    check_stats, cxlkv_attend_request, cxlkv_device, cxlkv_ndp_stats, cxlkv_score_request,
+    stats_out, write_attend, write_topk, AttendArgs, ScoreArgs, CXLKV_SCORE_GATHER_V,
+    CXLKV_SCORE_HOST,
 };
 use crate::errors::cxlkv_result::{self, CXLKV_ERR_BUFFER_TOO_SMALL, CXLKV_ERR_INVALID_ARG};
 use crate::errors::{fail, guard, map_ndp};
 use crate::handles::{borrow, Kind};
-use crate::inflight::{AttendOut, Inflight, TopKOut};
-use crate::kv::dtype_arg;
-use crate::metrics::record;
-use crate::sized::{read_in, sized};
-use cxlkv_runtime::metrics::{global, Op, Outcome};
-use cxlkv_runtime::ndp::{AttendRequest, Attended, NdpError, NdpStats};
+use crate::inflight::{Inflight, TopKOut};
+use crate::sized::read_in;
+use cxlkv_runtime::ndp::NdpStats;
 use std::time::{Duration, Instant};
 
 /// `cxlkv_device_wait`'s `timeout_ms` that waits until the ticket is answered (by the device
 /// within the handle's timeout, else by the host).
 pub const CXLKV_WAIT_FOREVER: u32 = u32::MAX;
-
-/// An ATTEND request (`cxlkv_device_submit_attend`): the partial attention of `group` queries over
-/// every token of the blocks. First layout: all of it (64 bytes).
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct cxlkv_attend_request {
-    /// `sizeof(cxlkv_attend_request)` as the caller's header declares it.
-    pub struct_size: u32,
-    /// Queries in the group.
-    pub group: u32,
-    /// `group × dim` f32 query vectors of one GQA group.
-    pub queries: *const f32,
-    /// Head dimension.
-    pub dim: u32,
-    /// Layer the blocks must carry.
-    pub layer: u32,
-    /// Blocks of one sequence.
-    pub blocks: *const cxlkv_block_ref,
-    /// Number of blocks.
-    pub nblocks: usize,
-    /// Sequence id the blocks must carry.
-    pub sequence: u64,
-    /// KV head to read.
-    pub kv_head: u32,
-    /// `CXLKV_DTYPE_*` of the blocks.
-    pub dtype: u32,
-    /// Applied to `q·k` before `exp`; 0 means `1/sqrt(dim)`.
-    pub scale: f32,
-    /// Zero.
-    pub reserved: u32,
-}
-sized!(cxlkv_attend_request, 64);
-
-impl Default for cxlkv_attend_request {
-    fn default() -> Self {
-        cxlkv_attend_request {
-            struct_size: 0,
-            group: 0,
-            queries: std::ptr::null(),
-            dim: 0,
-            layer: 0,
-            blocks: std::ptr::null(),
-            nblocks: 0,
-            sequence: 0,
-            kv_head: 0,
-            dtype: 0,
-            scale: 0.0,
-            reserved: 0,
-        }
-    }
-}
 
 /// Submits a SCORE_TOPK (`req` as for `cxlkv_device_score_topk`) and stores its ticket in
 /// `*ticket` without waiting. The answer goes, when the ticket is collected by
@@ -145,29 +94,21 @@ pub extern "C" fn cxlkv_device_submit_score_topk(
             values_cap,
             gather,
         };
-        let t0 = Instant::now();
-        let nq = args.queries.len();
         let mut st = dev.lock();
-        // A command that fails here counts as a failed SCORE_TOPK now; one filed counts when its
-        // ticket is collected.
         let (t, host) = if r.flags & CXLKV_SCORE_HOST != 0 {
-            let top = cxlkv_runtime::ndp::host_score_topk(
-                st.client.participant().pool(),
-                &request,
-                cxlkv_runtime::ndp::NdpOptions::default().kernel,
-            );
-            (None, Some(Box::new(failed(Op::ScoreTopk, top, t0)?)))
+            let top = st.client.score_topk_on_host(&request).map_err(map_ndp)?;
+            (None, Some(Box::new(top)))
         } else {
-            let t = st.client.submit_score(&request);
-            (Some(failed(Op::ScoreTopk, t, t0)?), None)
+            (
+                Some(st.client.submit_score(&request).map_err(map_ndp)?),
+                None,
+            )
         };
         let id = st.tickets.file(Inflight::TopK {
             ticket: t,
             host,
             out,
             per_list,
-            nq,
-            t0,
         });
         put_out(ticket, id);
         Ok(())
@@ -197,108 +138,17 @@ pub extern "C" fn cxlkv_device_submit_attend(
         need(max, "max")?;
         need(sum, "sum")?;
         need(ticket, "ticket")?;
-        if r.group == 0 || r.dim == 0 {
-            return Err(fail(
-                CXLKV_ERR_INVALID_ARG,
-                "group and dim must be positive",
-            ));
-        }
-        if !r.scale.is_finite() || r.reserved != 0 {
-            return Err(fail(
-                CXLKV_ERR_INVALID_ARG,
-                "scale must be finite and reserved 0",
-            ));
-        }
-        let (g, dim) = (r.group as usize, r.dim as usize);
-        let nq = g.checked_mul(dim).ok_or(CXLKV_ERR_INVALID_ARG)?;
-        if nq > out_cap {
-            return Err(fail(
-                CXLKV_ERR_BUFFER_TOO_SMALL,
-                format!("group × dim = {nq} outputs need room, capacity {out_cap}"),
-            ));
-        }
-        let queries = slice_in(r.queries, nq, "queries")?;
-        let blocks = crate::device::block_specs(r.blocks, r.nblocks)?;
-        let request = AttendRequest {
-            queries,
-            dim,
-            blocks: &blocks,
-            sequence: r.sequence,
-            layer: r.layer,
-            kv_head: r.kv_head,
-            dtype: dtype_arg(r.dtype)?,
-            scale: if r.scale == 0.0 {
-                1.0 / (dim as f32).sqrt()
-            } else {
-                r.scale
-            },
-        };
-        let t0 = Instant::now();
+        let args = AttendArgs::parse(&r, out_cap)?;
+        let request = args.request();
         let mut st = dev.lock();
-        let t = failed(Op::Attend, st.client.submit_attend(&request), t0)?;
+        let t = st.client.submit_attend(&request).map_err(map_ndp)?;
         let id = st.tickets.file(Inflight::Attend {
             ticket: t,
-            out: AttendOut {
-                out,
-                max,
-                sum,
-                group: g,
-                dim,
-            },
-            t0,
+            out: args.out(out, max, sum),
         });
         put_out(ticket, id);
         Ok(())
     })
-}
-
-/// Passes `r` on; an error counts as a failed `op` that started at `t0` (a command refused or
-/// failed at submit, which no collection will count).
-fn failed<T>(op: Op, r: Result<T, NdpError>, t0: Instant) -> Result<T, cxlkv_result> {
-    r.map_err(|e| {
-        record(op, Outcome::Error, 0, 0, t0);
-        map_ndp(e)
-    })
-}
-
-/// Records an ATTEND's outcome in this process's metrics: the queries in (`group × dim` f32), the
-/// partials out (`out`, `max` and `sum`: `group × (dim + 2)` f32), its path and link bytes.
-fn record_attend(
-    a: Result<Attended, NdpError>,
-    o: &AttendOut,
-    t0: Instant,
-) -> Result<Attended, cxlkv_result> {
-    let a = failed(Op::Attend, a, t0)?;
-    let bytes_in = 4 * (o.group * o.dim) as u64;
-    let bytes_out = 4 * (o.group * (o.dim + 2)) as u64;
-    global().record_device(Op::Attend, &a.stats, bytes_in, bytes_out);
-    Ok(a)
-}
-
-/// Writes an ATTEND answer to the caller's arrays.
-fn write_attend(a: &Attended, o: &AttendOut) -> Result<(), cxlkv_result> {
-    if a.partials.len() != o.group || a.partials.iter().any(|p| p.out.len() != o.dim) {
-        return Err(fail(
-            crate::errors::cxlkv_result::CXLKV_ERR_UNAVAILABLE,
-            format!(
-                "ATTEND answered {} partials, expected {}",
-                a.partials.len(),
-                o.group
-            ),
-        ));
-    }
-    for (g, p) in a.partials.iter().enumerate() {
-        // SAFETY: g < group and the caller promised `group` floats at max and sum and
-        // group × dim ≤ out_cap floats at out (checked at submit), valid until collection.
-        unsafe {
-            o.max.add(g).write_unaligned(p.max);
-            o.sum.add(g).write_unaligned(p.sum);
-            for (i, &x) in p.out.iter().enumerate() {
-                o.out.add(g * o.dim + i).write_unaligned(x);
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Collects ticket `id` if it is answered (`block`: waiting for it). Returns its cost when done,
@@ -318,8 +168,6 @@ fn collect(dev: &cxlkv_device, id: u64, block: bool) -> Result<Option<NdpStats>,
             host,
             out,
             per_list,
-            nq,
-            t0,
         } => {
             let top = match (host, ticket) {
                 (Some(top), _) => Ok(*top),
@@ -332,8 +180,6 @@ fn collect(dev: &cxlkv_device, id: u64, block: bool) -> Result<Option<NdpStats>,
                             host: None,
                             out,
                             per_list,
-                            nq,
-                            t0,
                         };
                         st.tickets.live.insert(id, again);
                         return Ok(None);
@@ -342,26 +188,26 @@ fn collect(dev: &cxlkv_device, id: u64, block: bool) -> Result<Option<NdpStats>,
                 },
                 (None, None) => unreachable!("a SCORE_TOPK ticket has a ticket or an answer"),
             };
-            let top = record_topk(top, nq, t0)?;
+            let top = top.map_err(map_ndp)?;
             let n = write_topk(&top, &out)?;
             put_out(per_list, n);
             Ok(Some(top.stats))
         }
-        Inflight::Attend { ticket, out, t0 } => {
+        Inflight::Attend { ticket, out } => {
             let a = if block {
                 st.client.wait_attend(ticket)
             } else {
                 match st.client.poll_attend(&ticket) {
                     Ok(Some(a)) => Ok(a),
                     Ok(None) => {
-                        let again = Inflight::Attend { ticket, out, t0 };
+                        let again = Inflight::Attend { ticket, out };
                         st.tickets.live.insert(id, again);
                         return Ok(None);
                     }
                     Err(e) => Err(e),
                 }
             };
-            let a = record_attend(a, &out, t0)?;
+            let a = a.map_err(map_ndp)?;
             write_attend(&a, &out)?;
             Ok(Some(a.stats))
         }

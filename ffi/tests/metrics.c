@@ -6,7 +6,9 @@
  * (cxlkv_pool_participant_counters, cxlkv_pool_metrics_text). Device commands (no device runs, so
  * the host answers each): SCORE_TOPK called and through tickets, ATTEND through tickets, each
  * counted once under its own op, a failed one as an error; a caller sized before `attend` was
- * appended gets the first layout only. */
+ * appended gets the first layout only. Last, the metrics scenario every front end runs with the
+ * same expected numbers (runtime/tests/front_end_metrics.rs has the Rust one,
+ * python/tests/test_metrics_front_ends.py the Python one), a failed put included. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -45,6 +47,78 @@ static char *metrics_text(void) {
     OK(cxlkv_metrics_text(text, len + 1, &len2));
     CHECK(len2 == len && strlen(text) == len);
     return text;
+}
+
+/* The figures of one op between two reads. */
+static void expect_delta(const char *op, const cxlkv_op_metrics *b, const cxlkv_op_metrics *a,
+                         uint64_t ok, uint64_t miss, uint64_t error, uint64_t in, uint64_t out) {
+    checks++;
+    if (a->ok - b->ok != ok || a->miss - b->miss != miss || a->error - b->error != error ||
+        a->bytes_in - b->bytes_in != in || a->bytes_out - b->bytes_out != out) {
+        fprintf(stderr,
+                "FAIL %s: ok %llu miss %llu error %llu in %llu out %llu, want %llu %llu %llu %llu %llu\n",
+                op, (unsigned long long)(a->ok - b->ok), (unsigned long long)(a->miss - b->miss),
+                (unsigned long long)(a->error - b->error),
+                (unsigned long long)(a->bytes_in - b->bytes_in),
+                (unsigned long long)(a->bytes_out - b->bytes_out), (unsigned long long)ok,
+                (unsigned long long)miss, (unsigned long long)error, (unsigned long long)in,
+                (unsigned long long)out);
+        failures++;
+    }
+}
+
+/* The front-end scenario (runtime/tests/front_end_metrics.rs states it): on a fresh pool of 8 MiB,
+ * blocks of 4096 bytes, 2 participants: 3 puts of 100 bytes, a put larger than the pool (fails: an
+ * error and no bytes, as through Python and Rust), a put-if-absent of a present key (0 bytes), 2
+ * gets that hit, 1 miss, 1 into a 10-byte buffer (fails), a pin, a delete and a delete of an
+ * absent key (a miss). */
+static void front_end_scenario(void) {
+    char spec[64];
+    snprintf(spec, sizeof spec, "shm:cxlkv-metrics-fe-%d", (int)getpid());
+    cxlkv_pool_config cfg = cxlkv_pool_config_default();
+    cfg.block_size = 4096;
+    cfg.participants = 2;
+    cxlkv_pool *pool = NULL;
+    cxlkv_participant *me = NULL;
+    OK(cxlkv_pool_create(spec, 8 << 20, &cfg, &pool));
+    OK(cxlkv_participant_attach(pool, &me));
+    cxlkv_metrics b = CXLKV_STRUCT_INIT(cxlkv_metrics), a = CXLKV_STRUCT_INIT(cxlkv_metrics);
+    OK(cxlkv_metrics_read(&b));
+
+    uint8_t payload[100], buf[256], tiny[10];
+    for (uint64_t i = 0; i < 3; i++) {
+        cxlkv_key k = {i, 7};
+        memset(payload, (int)i, sizeof payload);
+        OK(cxlkv_participant_put(me, &k, payload, sizeof payload));
+    }
+    size_t huge_len = (8u << 20) + 1;
+    uint8_t *huge = calloc(huge_len, 1);
+    cxlkv_key k0 = {0, 7}, k1 = {1, 7}, k2 = {2, 7}, k9 = {9, 7}, none = {99, 99};
+    CHECK(cxlkv_participant_put(me, &k9, huge, huge_len) == CXLKV_ERR_PAYLOAD_TOO_LARGE);
+    free(huge);
+    int stored = -1;
+    OK(cxlkv_participant_put_if_absent(me, &k1, payload, sizeof payload, &stored));
+    CHECK(stored == 0);
+    size_t len = 0;
+    OK(cxlkv_participant_get(me, &k0, buf, sizeof buf, &len));
+    OK(cxlkv_participant_get(me, &k1, buf, sizeof buf, &len));
+    CHECK(cxlkv_participant_get(me, &none, buf, sizeof buf, &len) == CXLKV_ERR_NOT_FOUND);
+    CHECK(cxlkv_participant_get(me, &k2, tiny, sizeof tiny, &len) == CXLKV_ERR_BUFFER_TOO_SMALL);
+    cxlkv_pinned *pin = NULL;
+    const uint8_t *data = NULL;
+    OK(cxlkv_participant_pin(me, &k2, &pin, &data, &len));
+    OK(cxlkv_pinned_release(pin));
+    OK(cxlkv_participant_delete(me, &k0));
+    CHECK(cxlkv_participant_delete(me, &none) == CXLKV_ERR_NOT_FOUND);
+
+    OK(cxlkv_metrics_read(&a));
+    expect_delta("put", &b.put, &a.put, 4, 0, 1, 300, 0);
+    expect_delta("get", &b.get, &a.get, 2, 1, 1, 0, 200);
+    expect_delta("pin", &b.pin, &a.pin, 1, 0, 0, 0, 100);
+    expect_delta("delete", &b.del, &a.del, 1, 1, 0, 0, 0);
+    OK(cxlkv_participant_detach(me));
+    OK(cxlkv_pool_close(pool));
+    OK(cxlkv_pool_unlink(spec));
 }
 
 int main(void) {
@@ -233,9 +307,40 @@ int main(void) {
     CHECK(contains(text, "cxlkv_ops_total{op=\"score_topk\",result=\"error\"} 1\n"));
     free(text);
 
+    /* Parity on purpose: the synchronous ATTEND answers what a ticket answers, and a SCORE_TOPK
+     * with a selection (token 0 forced) answers the same on the device path and the host's;
+     * each call counts once under its op. */
+    OK(cxlkv_device_open(me, 0, &dev));
+    cxlkv_metrics pb = CXLKV_STRUCT_INIT(cxlkv_metrics), pa = CXLKV_STRUCT_INIT(cxlkv_metrics);
+    OK(cxlkv_metrics_read(&pb));
+    float out2[G * DIM], mx2[G], sm2[G];
+    ar.nblocks = 1;
+    OK(cxlkv_device_submit_attend(dev, &ar, out, G * DIM, mx, sm, &tk));
+    OK(cxlkv_device_wait(dev, tk, CXLKV_WAIT_FOREVER, &done, NULL));
+    OK(cxlkv_device_attend(dev, &ar, out2, G * DIM, mx2, sm2, NULL));
+    CHECK(memcmp(out, out2, sizeof out) == 0 && memcmp(mx, mx2, sizeof mx) == 0);
+    CHECK(memcmp(sm, sm2, sizeof sm) == 0);
+    cxlkv_select sel = CXLKV_STRUCT_INIT(cxlkv_select);
+    sel.sinks = 1;
+    sr.sequence = 5;
+    uint32_t cnt[1], cnt2[1], idx2[2];
+    float lom[1], lom2[1], sc2[2];
+    OK(cxlkv_device_score_select(dev, &sr, &sel, idx, sc, 2, cnt, lom, 1, NULL, 0, NULL));
+    sr.flags = CXLKV_SCORE_HOST;
+    OK(cxlkv_device_score_select(dev, &sr, &sel, idx2, sc2, 2, cnt2, lom2, 1, NULL, 0, NULL));
+    sr.flags = 0;
+    CHECK(cnt[0] == 2 && cnt2[0] == 2 && (idx[0] == 0 || idx[1] == 0));
+    CHECK(memcmp(idx, idx2, sizeof idx) == 0 && memcmp(sc, sc2, sizeof sc) == 0);
+    CHECK(lom[0] == lom2[0] && lom[0] >= 0.0f && lom[0] < 1.0f);
+    OK(cxlkv_metrics_read(&pa));
+    expect_delta("attend", &pb.attend, &pa.attend, 2, 0, 0, 2 * 4 * G * DIM, 2 * 4 * G * (DIM + 2));
+    expect_delta("score_topk", &pb.score_topk, &pa.score_topk, 2, 0, 0, 2 * 4 * DIM, 2 * 2 * 8);
+    OK(cxlkv_device_close(dev));
+
     OK(cxlkv_participant_detach(me));
     OK(cxlkv_pool_close(pool));
     OK(cxlkv_pool_unlink(spec));
+    front_end_scenario();
     printf("%d passed, %d failed\n", checks - failures, failures);
     return failures != 0;
 }

@@ -503,6 +503,50 @@ int main(void) {
     areq.nblocks = 1;
     checks++;
     if (tk != 777) failures++;
+    /* The synchronous ATTEND and the SCORE_TOPK with a selection take the same misuse. */
+    cxlkv_ndp_stats ast = CXLKV_STRUCT_INIT(cxlkv_ndp_stats);
+    EXPECT(cxlkv_device_attend(NULL, &areq, aout, 16, amax, asum, &ast), CXLKV_ERR_INVALID_HANDLE);
+    EXPECT(cxlkv_device_attend(dev, NULL, aout, 16, amax, asum, &ast), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_device_attend(dev, &areq, NULL, 16, amax, asum, &ast), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_device_attend(dev, &areq, aout, 16, NULL, asum, &ast), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_device_attend(dev, &areq, aout, 16, amax, NULL, &ast), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_device_attend(dev, &areq, aout, 15, amax, asum, &ast), CXLKV_ERR_BUFFER_TOO_SMALL);
+    areq.scale = 1.0f / 0.0f;
+    EXPECT(cxlkv_device_attend(dev, &areq, aout, 16, amax, asum, &ast), CXLKV_ERR_INVALID_ARG);
+    areq.scale = 0.0f;
+    areq.sequence = 8; /* a block of another sequence */
+    EXPECT(cxlkv_device_attend(dev, &areq, aout, 16, amax, asum, &ast), CXLKV_ERR_INVALID_ARG);
+    areq.sequence = 7;
+    EXPECT(cxlkv_device_attend(dev, &areq, aout, 16, amax, asum, NULL), CXLKV_OK);
+    cxlkv_select sel = CXLKV_STRUCT_INIT(cxlkv_select);
+    uint32_t cnt[1] = {99};
+    float lom[1];
+    EXPECT(cxlkv_device_score_select(NULL, &sr, &sel, hi, hs, 4, cnt, lom, 1, NULL, 0, NULL), CXLKV_ERR_INVALID_HANDLE);
+    EXPECT(cxlkv_device_score_select(dev, NULL, &sel, hi, hs, 4, cnt, lom, 1, NULL, 0, NULL), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_device_score_select(dev, &sr, NULL, hi, hs, 4, cnt, lom, 1, NULL, 0, NULL), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_device_score_select(dev, &sr, &sel, hi, hs, 4, NULL, lom, 1, NULL, 0, NULL), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_device_score_select(dev, &sr, &sel, hi, hs, 4, cnt, NULL, 1, NULL, 0, NULL), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_device_score_select(dev, &sr, &sel, hi, hs, 4, cnt, lom, 0, NULL, 0, NULL), CXLKV_ERR_BUFFER_TOO_SMALL);
+    EXPECT(cxlkv_device_score_select(dev, &sr, &sel, hi, hs, 1, cnt, lom, 1, NULL, 0, NULL), CXLKV_ERR_BUFFER_TOO_SMALL);
+    sel.top_p = 1.5f;
+    EXPECT(cxlkv_device_score_select(dev, &sr, &sel, hi, hs, 4, cnt, lom, 1, NULL, 0, NULL), CXLKV_ERR_INVALID_ARG);
+    sel.top_p = 0.0f;
+    sel.flags = 0x10;
+    EXPECT(cxlkv_device_score_select(dev, &sr, &sel, hi, hs, 4, cnt, lom, 1, NULL, 0, NULL), CXLKV_ERR_INVALID_ARG);
+    sel.flags = CXLKV_SELECT_WINDOW;
+    sel.window_start = 3;
+    sel.window_end = 1; /* reversed */
+    EXPECT(cxlkv_device_score_select(dev, &sr, &sel, hi, hs, 4, cnt, lom, 1, NULL, 0, NULL), CXLKV_ERR_INVALID_ARG);
+    sel.flags = 0;
+    sel.struct_size = 4;
+    EXPECT(cxlkv_device_score_select(dev, &sr, &sel, hi, hs, 4, cnt, lom, 1, NULL, 0, NULL), CXLKV_ERR_INVALID_ARG);
+    checks++;
+    if (cnt[0] != 99) { failures++; fprintf(stderr, "FAIL: counts written on failure\n"); }
+    sel.struct_size = sizeof sel;
+    sel.sinks = 1;
+    EXPECT(cxlkv_device_score_select(dev, &sr, &sel, hi, hs, 4, cnt, lom, 1, NULL, 0, NULL), CXLKV_OK);
+    checks++;
+    if (cnt[0] != 2 || (hi[0] != 0 && hi[1] != 0)) { failures++; fprintf(stderr, "FAIL: sink 0 not selected\n"); }
     EXPECT(cxlkv_device_poll(NULL, 1, &dn, NULL), CXLKV_ERR_INVALID_HANDLE);
     EXPECT(cxlkv_device_poll(dev, 0, &dn, NULL), CXLKV_ERR_INVALID_ARG);  /* never issued */
     EXPECT(cxlkv_device_poll(dev, 12345, &dn, NULL), CXLKV_ERR_INVALID_ARG);

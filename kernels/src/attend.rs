@@ -350,7 +350,7 @@ mod tests {
                 let vals = KeyRows::new(&vb, dtype, dim).unwrap();
                 let q: Vec<f32> = rng.normal_vec(g * dim).iter().map(|x| 2.0 * x).collect();
                 let q = QueryGroup::new(&q, dim).unwrap();
-                let scale = 1.0 / (dim as f32).sqrt();
+                let scale = crate::attention::default_scale(dim);
                 let mut raw = vec![0f32; n * g];
                 ScoreKernel::scalar().score(&q, &keys, &mut raw);
                 let want = Partial::over_group(&vals, &raw, g, scale);

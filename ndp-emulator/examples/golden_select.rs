@@ -204,7 +204,7 @@ fn main() {
         (DType::F32, 128, 400, 96),
     ] {
         let keys = clustered(&mut rng, tokens, dim, dtype);
-        let scale = 1.0 / (dim as f32).sqrt();
+        let scale = cxlkv_kernels::attention::default_scale(dim);
         sets.push(Set {
             name: format!("select_{}_d{dim}", dtype.name()),
             dtype,

@@ -515,7 +515,7 @@ fn run_steps(
             mode: GroupMode::GroupMax,
             prune: true,
             gather_values: true,
-            scale: 1.0 / (dim as f32).sqrt(),
+            scale: Some(scale),
             select: Default::default(),
         };
         let host_req = ScoreRequest {

@@ -572,7 +572,7 @@ mod tests {
             for g in [1usize, 3, 16] {
                 let qv = rng.normal_vec(g * dim);
                 let q = QueryGroup::new(&qv, dim).unwrap();
-                let scale = 1.0 / (dim as f32).sqrt();
+                let scale = cxlkv_kernels::attention::default_scale(dim);
                 let mut want: Vec<Partial> = (0..g).map(|_| Partial::empty(dim)).collect();
                 let mut hls = HlsAttend::new(&q, scale).unwrap();
                 for start in (0..n).step_by(block) {
@@ -627,7 +627,7 @@ mod tests {
             for (sel, k) in sels {
                 for group_max in [false, true] {
                     let lists = if group_max { 1 } else { g };
-                    let scale = 1.0 / (dim as f32).sqrt();
+                    let scale = cxlkv_kernels::attention::default_scale(dim);
                     let want = Selection::new(sel, k, scale, lists, &ranges).map(|mut r| {
                         for &(a, b) in &ranges {
                             let blk = keys.slice(a as usize, b as usize);

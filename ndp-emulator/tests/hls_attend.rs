@@ -5,6 +5,7 @@
 
 mod common;
 use common::*;
+use cxlkv_kernels::attention::default_scale;
 use cxlkv_kernels::{rng::SplitMix64, DType, GroupMode, Partial};
 use cxlkv_ndp::{Device, DeviceConfig, Engine};
 use cxlkv_runtime::format;
@@ -43,7 +44,7 @@ fn attend_request<'a>(s: &'a Stored, h: u32, q: &'a [f32], scale: f32) -> Attend
         layer: s.layer,
         kv_head: h,
         dtype: s.dtype,
-        scale,
+        scale: Some(scale),
     }
 }
 
@@ -54,7 +55,7 @@ fn attends(engine: Engine, pool: &Pool, cases: &[(&Stored, Vec<f32>)]) -> Vec<(V
         .iter()
         .map(|(s, q)| {
             let got = ndp
-                .attend(&attend_request(s, 1, q, 1.0 / (s.dim as f32).sqrt()))
+                .attend(&attend_request(s, 1, q, default_scale(s.dim)))
                 .unwrap();
             assert_eq!(got.stats.path, Some(NdpPath::Device), "{engine}");
             (got.partials, got.stats.bytes_scanned)
@@ -90,7 +91,7 @@ fn both_engines_attend_identically() {
     let hls = attends(Engine::Hls, &pool, &cases);
     for (i, ((r, h), (s, q))) in rust.iter().zip(&hls).zip(&cases).enumerate() {
         assert_eq!(r, h, "case {i}: the engines' partials differ");
-        let host = host_attend(&pool, &attend_request(s, 1, q, 1.0 / (s.dim as f32).sqrt()));
+        let host = host_attend(&pool, &attend_request(s, 1, q, default_scale(s.dim)));
         assert_eq!(h.0, host.unwrap().partials, "case {i}: HLS engine and host");
         assert_eq!(h.1, 2 * (s.tokens * s.dim * s.dtype.size()) as u64);
     }
@@ -181,7 +182,7 @@ fn both_engines_select_identically() {
             .map(|(s, sel, mode, q)| {
                 let mut req = request(s, 1, q, 64, *mode, false, true);
                 req.select = *sel;
-                req.scale = 0.5;
+                req.scale = Some(0.5);
                 let got = ndp.score_topk(&req).unwrap();
                 assert_eq!(got.stats.path, Some(NdpPath::Device), "{engine} {sel:?}");
                 let host = host_score_topk(&pool, &req, Default::default()).unwrap();

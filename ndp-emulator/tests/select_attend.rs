@@ -4,7 +4,7 @@
 
 mod common;
 use common::*;
-use cxlkv_kernels::attention::relative_error;
+use cxlkv_kernels::attention::{default_scale, relative_error};
 use cxlkv_kernels::{rng::SplitMix64, DType, GroupMode, Hit, Partial, QueryGroup, ScoreKernel};
 use cxlkv_ndp::{Device, DeviceConfig, Engine};
 use cxlkv_runtime::format;
@@ -120,7 +120,7 @@ fn host_selection_matches_brute_force() {
             let q: Vec<f32> = rng.normal_vec(g * dim).iter().map(|x| 3.0 * x).collect();
             let mut req = request(&s, 1, &q, 64, mode, false, true);
             req.select = sel;
-            req.scale = 0.5;
+            req.scale = Some(0.5);
             let got = host_score_topk(&pool, &req, Default::default()).unwrap();
             let lists = if mode == GroupMode::PerQuery { g } else { 1 };
             assert_eq!(got.indices.len(), lists);
@@ -217,7 +217,7 @@ fn attend_request<'a>(s: &'a Stored, h: u32, q: &'a [f32], scale: f32) -> Attend
         layer: s.layer,
         kv_head: h,
         dtype: s.dtype,
-        scale,
+        scale: Some(scale),
     }
 }
 
@@ -235,7 +235,7 @@ fn host_attend_matches_dense() {
         let s = store(&p, &k, &v, 2, tokens, dim, dtype, per_block, dim as u64, 2);
         for g in [1, 3, 4] {
             let q = rng.normal_vec(g * dim);
-            let scale = 1.0 / (dim as f32).sqrt();
+            let scale = default_scale(dim);
             let got = host_attend(&pool, &attend_request(&s, 1, &q, scale)).unwrap();
             assert_partials_close(&got.partials, &dense_partials(&s, 1, &q, scale), 1e-5);
             let row = (dim * dtype.size()) as u64;
@@ -290,7 +290,7 @@ fn device_attend_equals_the_host() {
         );
         assert!(s.blocks.len() > 1, "a multi-block sequence");
         let q = rng.normal_vec(g * dim);
-        let scale = 1.0 / (dim as f32).sqrt();
+        let scale = default_scale(dim);
         let req = attend_request(&s, 1, &q, scale);
         let got = ndp.attend(&req).unwrap();
         assert_eq!(got.stats.path, Some(NdpPath::Device), "{dtype:?}");
@@ -359,7 +359,7 @@ fn device_selection_equals_the_host() {
                 let q: Vec<f32> = rng.normal_vec(g * dim).iter().map(|x| 3.0 * x).collect();
                 let mut req = request(&s, 1, &q, 48, mode, true, true);
                 req.select = sel;
-                req.scale = 0.5;
+                req.scale = Some(0.5);
                 let got = ndp.score_topk(&req).unwrap();
                 assert_eq!(got.stats.path, Some(NdpPath::Device), "{sel:?}");
                 let host = host_score_topk(&pool, &req, Default::default()).unwrap();

@@ -131,18 +131,21 @@ impl BytesMut {
     }
 }
 
-/// Fills `view` with a read-only, one-dimensional byte view of `len` bytes at `addr`, owned by
-/// `owner` (a pin). A request for a writable view fails with BufferError.
+/// Fills `view` with a one-dimensional byte view of `len` bytes at `addr`, owned by `owner` (a
+/// pin, read-only: a request for a writable view fails with BufferError; or a reservation,
+/// writable).
 ///
 /// # Safety
-/// `view` is the pointer CPython handed to `__getbuffer__`; `addr..addr + len` stays readable and
-/// unchanged until the matching `__releasebuffer__` (the pin guarantees it: the block's owner
-/// neither reuses nor rewrites a pinned block).
-pub unsafe fn fill_readonly_view(
+/// `view` is the pointer CPython handed to `__getbuffer__`; `addr..addr + len` stays mapped until
+/// the matching `__releasebuffer__`, unchanged when `readonly` (the pin guarantees it: the block's
+/// owner neither reuses nor rewrites a pinned block), and written by no one else when not (the
+/// reservation guarantees it: the block is unpublished and cannot be committed meanwhile).
+pub unsafe fn fill_view(
     view: *mut ffi::Py_buffer,
     owner: &Bound<'_, PyAny>,
     addr: usize,
     len: usize,
+    readonly: bool,
     flags: c_int,
 ) -> PyResult<()> {
     let len = ffi::Py_ssize_t::try_from(len)
@@ -155,7 +158,7 @@ pub unsafe fn fill_readonly_view(
             owner.as_ptr(),
             addr as *mut std::ffi::c_void,
             len,
-            1,
+            c_int::from(readonly),
             flags,
         )
     };

@@ -6,26 +6,23 @@
 //! runs; calls from several threads are serialized on the client.
 
 use crate::buffer::{numpy, Bytes};
-use crate::errors::{code, Fail};
+use crate::errors::Fail;
 use crate::keys::key_of;
-use crate::metrics::record;
 use cxlkv_kernels::{DType, GroupMode, Partial};
-use cxlkv_runtime::metrics::{global, Op, Outcome};
+use cxlkv_runtime::api::Code;
 use cxlkv_runtime::ndp::{
-    host_attend_with, host_score_topk, AttendRequest, BlockSpec, NdpDevice, NdpOptions, NdpPath,
-    NdpStats, ScoreRequest, Select,
+    AttendRequest, BlockSpec, NdpDevice, NdpOptions, NdpPath, NdpStats, ScoreRequest, Select,
 };
 use cxlkv_runtime::Participant;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A near-data device client.
 #[pyclass(frozen, name = "Device", module = "cxlkv")]
 pub struct PyDevice {
     dev: Mutex<Option<NdpDevice>>,
-    participant: Arc<Participant>,
 }
 
 impl PyDevice {
@@ -35,10 +32,9 @@ impl PyDevice {
         if timeout_ms > 0 {
             opts.timeout = Duration::from_millis(timeout_ms);
         }
-        let dev = NdpDevice::open(me.clone(), opts)?;
+        let dev = NdpDevice::open(me, opts)?;
         Ok(PyDevice {
             dev: Mutex::new(Some(dev)),
-            participant: me,
         })
     }
 
@@ -47,7 +43,7 @@ impl PyDevice {
         let mut g = self.dev.lock().unwrap_or_else(|e| e.into_inner());
         let dev = g
             .as_mut()
-            .ok_or_else(|| Fail::new(code::INVALID_HANDLE, "the device was closed"))?;
+            .ok_or_else(|| Fail::new(Code::InvalidHandle, "the device was closed"))?;
         f(dev)
     }
 }
@@ -72,9 +68,6 @@ fn blocks_of(obj: &Bound<'_, PyAny>) -> Result<Vec<BlockSpec>, Fail> {
                 .extract()
                 .map_err(|_| Fail::bad(format!("blocks[{i}]: bad token offset")))?,
         });
-    }
-    if out.is_empty() {
-        return Err(Fail::bad("no blocks"));
     }
     Ok(out)
 }
@@ -151,25 +144,6 @@ fn queries_of(obj: &Bound<'_, PyAny>, dim: usize) -> Result<Vec<f32>, Fail> {
         )));
     }
     Ok(qs)
-}
-
-/// The scale applied to `q·k` before `exp`: `scale`, or `1/sqrt(dim)`.
-fn scale_of(scale: Option<f32>, dim: usize) -> Result<f32, Fail> {
-    let s = scale.unwrap_or(1.0 / (dim.max(1) as f32).sqrt());
-    if !s.is_finite() {
-        return Err(Fail::bad(format!("scale {s} is not finite")));
-    }
-    Ok(s)
-}
-
-/// A `[start, end)` token range argument.
-fn range_of(name: &str, r: Option<(u64, u64)>) -> Result<Option<(u64, u64)>, Fail> {
-    match r {
-        Some((a, b)) if a > b => Err(Fail::bad(format!(
-            "{name} = ({a}, {b}) is reversed (a [start, end) token range)"
-        ))),
-        r => Ok(r),
-    }
 }
 
 /// Little-endian f32 values as bytes.
@@ -298,18 +272,10 @@ impl PyDevice {
         scale: Option<f32>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let qs = queries_of(queries, dim)?;
-        if k == 0 {
-            return Err(Fail::bad("k = 0: ask for at least one token").into());
-        }
-        if let Some(p) = top_p {
-            if !(p > 0.0 && p <= 1.0) {
-                return Err(Fail::bad(format!("top_p = {p} is outside (0, 1]")).into());
-            }
-        }
         let select = Select {
             sinks,
-            window: range_of("window", window)?,
-            exclude: range_of("exclude", exclude)?,
+            window,
+            exclude,
             top_p,
         };
         let specs = blocks_of(blocks)?;
@@ -330,27 +296,18 @@ impl PyDevice {
             },
             prune,
             gather_values,
-            scale: scale_of(scale, dim)?,
+            scale,
             select,
         };
-        let qbytes = 4 * qs.len() as u64;
         let top = py.detach(|| {
-            let t0 = Instant::now();
-            let top = if host {
-                let kernel = NdpOptions::default().kernel;
-                host_score_topk(self.participant.pool(), &req, kernel).map_err(Fail::from)
-            } else {
-                self.with(|d| d.score_topk(&req).map_err(Fail::from))
-            };
-            match &top {
-                Ok(t) => {
-                    let hits: usize = t.indices.iter().map(Vec::len).sum();
-                    let out = (hits * 8 + t.values.len()) as u64;
-                    global().record_device(Op::ScoreTopk, &t.stats, qbytes, out);
+            self.with(|d| {
+                if host {
+                    d.score_topk_on_host(&req)
+                } else {
+                    d.score_topk(&req)
                 }
-                Err(_) => record(Op::ScoreTopk, Outcome::Error, 0, 0, t0),
-            }
-            top
+                .map_err(Fail::from)
+            })
         })?;
         let lists = top.indices.len();
         let n = top.indices.iter().map(Vec::len).max().unwrap_or(0);
@@ -368,7 +325,7 @@ impl PyDevice {
             if gather_values {
                 let len = ix.len() * row;
                 let got = top.values.get(at..at + len).ok_or_else(|| {
-                    Fail::new(code::UNAVAILABLE, "the value rows of the answer are short")
+                    Fail::new(Code::Unavailable, "the value rows of the answer are short")
                 })?;
                 vals.extend_from_slice(got);
                 vals.resize(vals.len() + pad * row, 0);
@@ -434,24 +391,17 @@ impl PyDevice {
             layer,
             kv_head,
             dtype: dtype_of(dtype)?,
-            scale: scale_of(scale, dim)?,
+            scale,
         };
-        // Queries in; partials out (`out`, `max`, `sum`: G × (dim + 2) float32).
-        let qbytes = 4 * qs.len() as u64;
-        let pbytes = 4 * (qs.len() / dim * (dim + 2)) as u64;
         let got = py.detach(|| {
-            let t0 = Instant::now();
-            let got = if host {
-                let kernel = NdpOptions::default().kernel;
-                host_attend_with(self.participant.pool(), &req, kernel).map_err(Fail::from)
-            } else {
-                self.with(|d| d.attend(&req).map_err(Fail::from))
-            };
-            match &got {
-                Ok(a) => global().record_device(Op::Attend, &a.stats, qbytes, pbytes),
-                Err(_) => record(Op::Attend, Outcome::Error, 0, 0, t0),
-            }
-            got
+            self.with(|d| {
+                if host {
+                    d.attend_on_host(&req)
+                } else {
+                    d.attend(&req)
+                }
+                .map_err(Fail::from)
+            })
         })?;
         attend_dict(py, &got.partials, dim, Some(&got.stats))
     }
@@ -516,23 +466,11 @@ impl PyDevice {
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyDict>)> {
         let specs = blocks_of(blocks)?;
         let dt = dtype_of(dtype)?;
-        if tokens.is_empty() || dim == 0 {
-            return Err(Fail::bad("tokens and dim must be non-empty / positive").into());
-        }
         let (rows, st) = py.detach(|| {
-            let t0 = Instant::now();
-            let got = self.with(|d| {
+            self.with(|d| {
                 d.gather(&specs, sequence, layer, kv_head, dt, dim, &tokens)
                     .map_err(Fail::from)
-            });
-            match &got {
-                Ok((rows, st)) => {
-                    let tokens_in = 4 * tokens.len() as u64;
-                    global().record_device(Op::Gather, st, tokens_in, rows.len() as u64);
-                }
-                Err(_) => record(Op::Gather, Outcome::Error, 0, 0, t0),
-            }
-            got
+            })
         })?;
         let n = tokens.len();
         Ok((

@@ -14,16 +14,25 @@
 //! - Thread safety: every class is `Send + Sync` with no shared scratch buffer; a device client
 //!   serializes its commands. Locks are taken only without the GIL, or never held across a release
 //!   of it.
-//! - Errors: `cxlkv.Error` and its subclasses with `.code` (the C ABI's result numbers) and
-//!   `.message` ([`errors`]).
+//! - Errors: `cxlkv.Error` and its subclasses with `.code` (the runtime's result numbers,
+//!   `cxlkv.ERR_*`, which the C ABI's `cxlkv_result` carries too) and `.message` ([`errors`]).
 //!
-//! - Metrics: `cxlkv.metrics()` (a dict) and `cxlkv.metrics_text()` (Prometheus text) read this
-//!   process's counts, bytes and latencies of puts, gets, pins, deletes and device commands
-//!   ([`metrics`] records them); given a pool, also its participants' slot counters ([`observe`]).
+//! - Metrics: `cxlkv.metrics()` (a dict) and `cxlkv.metrics_text()` (Prometheus text) read the
+//!   counts, bytes and latencies of puts, gets, pins, deletes and device commands that the runtime
+//!   records inside those operations, by the rules of `cxlkv_runtime::metrics` (so they count
+//!   what the C ABI and Rust callers count); given a pool, also its participants' slot counters
+//!   ([`observe`]). The registry is this extension module's own copy of the runtime's: a process
+//!   that also loads `libcxlkv.so` has a second one, which only the C calls read.
 //!
-//! Modules: [`metrics`], [`observe`], [`errors`], [`buffer`] (the only one that makes slices of raw addresses), [`keys`],
-//! [`pool`], [`participant`], [`pin`], [`kv`], [`device`]; `bench` (reference loops for
-//! python/bench.py) only with the non-default `bench-loops` feature, which the wheel leaves out.
+//! - Parity with the C ABI: the same pool, batch, typed-KV and device calls (SCORE_TOPK with a
+//!   selection, ATTEND, GATHER), reserve/commit included ([`reservation`]: a writable zero-copy
+//!   view of the reserved block that cannot outlive the commit). No tickets, on purpose: every
+//!   device call releases the GIL, so Python threads overlap commands the way C tickets do.
+//!
+//! Modules: [`observe`], [`errors`], [`buffer`] (the only one that makes slices of raw addresses), [`keys`],
+//! [`pool`], [`participant`], [`pin`], [`reservation`], [`kv`], [`device`]; `bench`
+//! (reference loops for python/bench.py) only with the non-default `bench-loops` feature, which
+//! the wheel leaves out.
 
 #[cfg(feature = "bench-loops")]
 pub mod bench;
@@ -32,11 +41,11 @@ pub mod device;
 pub mod errors;
 pub mod keys;
 pub mod kv;
-pub mod metrics;
 pub mod observe;
 pub mod participant;
 pub mod pin;
 pub mod pool;
+pub mod reservation;
 
 use pyo3::prelude::*;
 
@@ -48,6 +57,7 @@ fn _cxlkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::PyPool>()?;
     m.add_class::<participant::PyParticipant>()?;
     m.add_class::<pin::PyPin>()?;
+    m.add_class::<reservation::PyReservation>()?;
     m.add_class::<kv::PyKvBlock>()?;
     m.add_class::<device::PyDevice>()?;
     m.add_function(wrap_pyfunction!(keys::key_chain, m)?)?;

@@ -1,9 +1,8 @@
 //! `cxlkv.metrics()` and `cxlkv.metrics_text()`: this process's metrics
-//! (`cxlkv_runtime::metrics::global`, which [`crate::metrics`] records into): calls by outcome,
+//! (`cxlkv_runtime::metrics::global`, which the runtime's operations record into): calls by outcome,
 //! bytes in and out and latency per operation, device fallbacks by reason, link bytes by path.
 //! Given a pool, both add the counters every participant publishes in its pool slot (read from the
-//! pool's memory, so other processes' participants too, as `cxlkv pool stat` shows them). Apart
-//! from [`crate::metrics`] because it reads a [`PyPool`], whose module records into the metrics.
+//! pool's memory, so other processes' participants too, as `cxlkv pool stat` shows them).
 
 use crate::errors::Fail;
 use crate::pool::PyPool;

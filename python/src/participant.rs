@@ -5,17 +5,16 @@
 
 use crate::buffer::{numpy, Bytes, BytesMut};
 use crate::device::PyDevice;
-use crate::errors::{code, Fail};
+use crate::errors::Fail;
 use crate::keys::{key_of, keys_of};
 use crate::kv::{dtype_arg, kv_block, shape_arg, PyKvBlock};
-use crate::metrics::{record, record_read, record_result};
 use crate::pin::PyPin;
-use cxlkv_runtime::metrics::{Op, Outcome};
-use cxlkv_runtime::{Key, Participant, PoolError, PutOutcome};
+use crate::reservation::PyReservation;
+use cxlkv_runtime::api::Code;
+use cxlkv_runtime::{Key, Participant, PoolError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use std::sync::{Arc, RwLock};
-use std::time::Instant;
 
 /// A participant attached to a pool (`Pool.attach()`). `detach()` (or a `with` block) gives its
 /// slot back; its blocks stay in the pool. Pins and devices keep it attached until released.
@@ -38,19 +37,16 @@ impl PyParticipant {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
-            .ok_or_else(|| Fail::new(code::INVALID_HANDLE, "the participant was detached"))
+            .ok_or_else(|| Fail::new(Code::InvalidHandle, "the participant was detached"))
     }
 }
 
 /// `get_into` with the library's miss and too-small rules.
 fn get_into(me: &Participant, key: Key, dst: &mut [u8]) -> Result<Option<usize>, Fail> {
-    let t0 = Instant::now();
-    let r = me.get_into(key, dst);
-    record_read(Op::Get, &r, t0);
-    match r {
+    match me.get_into(key, dst) {
         Ok(info) => Ok(info.map(|i| i.len as usize)),
         Err(PoolError::BufferTooSmall { needed, capacity }) => Err(Fail::new(
-            code::BUFFER_TOO_SMALL,
+            Code::BufferTooSmall,
             format!("block {key} has {needed} bytes, the buffer {capacity}"),
         )),
         Err(e) => Err(e.into()),
@@ -89,12 +85,7 @@ impl PyParticipant {
     /// a block becomes a multi-block object; every read works on it unchanged (`pin` excepted).
     fn put(&self, py: Python<'_>, key: &Bound<'_, PyAny>, data: &Bound<'_, PyAny>) -> PyResult<()> {
         let (me, k, b) = (self.inner()?, key_of(key)?, Bytes::get(data, "data")?);
-        py.detach(|| {
-            let t0 = Instant::now();
-            let r = me.put(k, b.as_slice());
-            record_result(Op::Put, &r, b.len() as u64, 0, t0);
-            r.map(drop).map_err(Fail::from)
-        })?;
+        py.detach(|| me.put(k, b.as_slice()).map(drop).map_err(Fail::from))?;
         Ok(())
     }
 
@@ -110,15 +101,9 @@ impl PyParticipant {
     ) -> PyResult<bool> {
         let (me, k, b) = (self.inner()?, key_of(key)?, Bytes::get(data, "data")?);
         Ok(py.detach(|| {
-            let t0 = Instant::now();
-            let r = me.put_if_absent(k, b.as_slice());
-            // A key found present is a successful put that wrote nothing.
-            match r {
-                Ok(PutOutcome::Stored(_)) => record(Op::Put, Outcome::Ok, b.len() as u64, 0, t0),
-                Ok(PutOutcome::Present(_)) => record(Op::Put, Outcome::Ok, 0, 0, t0),
-                Err(_) => record(Op::Put, Outcome::Error, 0, 0, t0),
-            }
-            r.map(|o| o.stored()).map_err(Fail::from)
+            me.put_if_absent(k, b.as_slice())
+                .map(|o| o.stored())
+                .map_err(Fail::from)
         })?)
     }
 
@@ -149,16 +134,7 @@ impl PyParticipant {
         key: &Bound<'_, PyAny>,
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let (me, k) = (self.inner()?, key_of(key)?);
-        let got = py.detach(|| {
-            let t0 = Instant::now();
-            let r = me.get(k);
-            match &r {
-                Ok(Some((_, i))) => record(Op::Get, Outcome::Ok, 0, i.len, t0),
-                Ok(None) => record(Op::Get, Outcome::Miss, 0, 0, t0),
-                Err(_) => record(Op::Get, Outcome::Error, 0, 0, t0),
-            }
-            r.map_err(Fail::from)
-        })?;
+        let got = py.detach(|| me.get(k).map_err(Fail::from))?;
         Ok(got.map(|(v, _)| PyBytes::new(py, &v)))
     }
 
@@ -184,10 +160,8 @@ impl PyParticipant {
         }
         py.detach(|| {
             for (i, (k, b)) in ks.iter().zip(&bufs).enumerate() {
-                let t0 = Instant::now();
-                let r = me.put(*k, b.as_slice());
-                record_result(Op::Put, &r, b.len() as u64, 0, t0);
-                r.map_err(|e| Fail::from(e).context(format!("batch_put item {i}")))?;
+                me.put(*k, b.as_slice())
+                    .map_err(|e| Fail::from(e).context(format!("batch_put item {i}")))?;
             }
             Ok::<_, Fail>(())
         })?;
@@ -273,17 +247,7 @@ impl PyParticipant {
     /// NotOwnerError if another participant owns it.
     fn delete(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
         let (me, k) = (self.inner()?, key_of(key)?);
-        Ok(py.detach(|| {
-            let t0 = Instant::now();
-            let r = me.delete(k);
-            let outcome = match r {
-                Ok(true) => Outcome::Ok,
-                Ok(false) => Outcome::Miss,
-                Err(_) => Outcome::Error,
-            };
-            record(Op::Delete, outcome, 0, 0, t0);
-            r.map_err(Fail::from)
-        })?)
+        Ok(py.detach(|| me.delete(k).map_err(Fail::from))?)
     }
 
     /// Pins the block under `key` (None on a miss): a `Pin`, a read-only zero-copy buffer of the
@@ -292,6 +256,20 @@ impl PyParticipant {
     fn pin(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Option<PyPin>> {
         let (me, k) = (self.inner()?, key_of(key)?);
         Ok(py.detach(|| PyPin::take(me, k))?)
+    }
+
+    /// Reserves `length` bytes under `key` for an in-place write: a `Reservation`, a writable
+    /// zero-copy buffer in pool memory. Fill it, then `commit()` (or `abort()`); as a `with` block
+    /// it commits at the end, or aborts if the block raises. Longer than a block: BadInputError
+    /// (code 6).
+    fn reserve(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        length: u64,
+    ) -> PyResult<PyReservation> {
+        let (me, k) = (self.inner()?, key_of(key)?);
+        Ok(py.detach(|| PyReservation::take(me, k, length))?)
     }
 
     /// Stores a typed KV block: `k` and `v` are `[kv_heads, tokens, head_dim]` arrays (float16 or
@@ -316,10 +294,9 @@ impl PyParticipant {
         let d = dtype_arg(dtype, &kb)?;
         let s = shape_arg(shape, &kb, d, layer, sequence, token_offset)?;
         py.detach(|| {
-            let t0 = Instant::now();
-            let r = me.put_kv(key, &s, kb.as_slice(), vb.as_slice());
-            record_result(Op::Put, &r, (kb.len() + vb.len()) as u64, 0, t0);
-            r.map(drop).map_err(Fail::from)
+            me.put_kv(key, &s, kb.as_slice(), vb.as_slice())
+                .map(drop)
+                .map_err(Fail::from)
         })?;
         Ok(())
     }

@@ -3,18 +3,16 @@
 //! when the block raises. While a view is exported the pin refuses to release (BufferError), so no
 //! view ever outlives the pin that keeps its bytes in place.
 
-use crate::buffer::{fill_readonly_view, numpy, BytesMut};
-use crate::errors::{code, Fail};
+use crate::buffer::{fill_view, numpy, BytesMut};
+use crate::errors::Fail;
 use crate::kv::{kv_block, PyKvBlock};
-use crate::metrics::record;
-use cxlkv_runtime::metrics::{Op, Outcome};
+use cxlkv_runtime::api::Code;
 use cxlkv_runtime::{Key, Participant, RawPin};
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use std::os::raw::c_int;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
 
 struct Held {
     raw: RawPin,
@@ -34,14 +32,7 @@ pub struct PyPin {
 impl PyPin {
     /// Pins `key` for `me`: None on a miss; UnavailableError on memory without stable addresses.
     pub fn take(me: Arc<Participant>, key: Key) -> Result<Option<PyPin>, Fail> {
-        let t0 = Instant::now();
-        let r = me.pin(key);
-        match &r {
-            Ok(Some(p)) => record(Op::Pin, Outcome::Ok, 0, p.info().len, t0),
-            Ok(None) => record(Op::Pin, Outcome::Miss, 0, 0, t0),
-            Err(_) => record(Op::Pin, Outcome::Error, 0, 0, t0),
-        }
-        let Some(pinned) = r? else {
+        let Some(pinned) = me.pin(key)? else {
             return Ok(None);
         };
         let raw = pinned.into_raw();
@@ -51,7 +42,7 @@ impl PyPin {
                 me.unpin_raw(raw);
                 return Err(match other {
                     Err(e) => e.into(),
-                    _ => Fail::new(code::UNAVAILABLE, "pool memory has no stable address"),
+                    _ => Fail::new(Code::Unavailable, "pool memory has no stable address"),
                 });
             }
         };
@@ -71,7 +62,7 @@ impl PyPin {
         self.held()
             .as_ref()
             .map(|h| (h.addr, h.len))
-            .ok_or_else(|| Fail::new(code::INVALID_HANDLE, "the pin was released"))
+            .ok_or_else(|| Fail::new(Code::InvalidHandle, "the pin was released"))
     }
 }
 
@@ -99,7 +90,7 @@ impl PyPin {
             let guard = self.held();
             let h = guard
                 .as_ref()
-                .ok_or_else(|| Fail::new(code::INVALID_HANDLE, "the pin was released"))?;
+                .ok_or_else(|| Fail::new(Code::InvalidHandle, "the pin was released"))?;
             *self.exports.lock().unwrap_or_else(|e| e.into_inner()) += 1;
             (h.addr, h.len)
         };
@@ -179,7 +170,7 @@ impl PyPin {
             .ok_or_else(|| PyBufferError::new_err("the pin was released"))?;
         // SAFETY: the payload stays in place and unchanged while the pin is held, and the pin is
         // not released while an export is counted (incremented below, under the same lock).
-        unsafe { fill_readonly_view(view, slf.as_any(), h.addr, h.len, flags)? };
+        unsafe { fill_view(view, slf.as_any(), h.addr, h.len, true, flags)? };
         *this.exports.lock().unwrap_or_else(|e| e.into_inner()) += 1;
         Ok(())
     }

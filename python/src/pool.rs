@@ -1,9 +1,10 @@
 //! The `Pool` class: create or open a pool on a backend spec, its geometry, the index-only
 //! queries (`contains`, `batch_contains`, `lookup_prefix`), `check`, `attach`, `unlink`.
 
-use crate::errors::{code, Fail};
+use crate::errors::Fail;
 use crate::keys::{key_of, keys_of};
 use crate::participant::PyParticipant;
+use cxlkv_runtime::api::Code;
 use cxlkv_runtime::region::{Backend, RegionOptions};
 use cxlkv_runtime::{Pool, PoolConfig, Region};
 use pyo3::prelude::*;
@@ -31,7 +32,7 @@ impl PyPool {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
-            .ok_or_else(|| Fail::new(code::INVALID_HANDLE, "the pool was closed"))
+            .ok_or_else(|| Fail::new(Code::InvalidHandle, "the pool was closed"))
     }
 }
 

@@ -9,6 +9,8 @@
 //!
 //! ## Modules
 //!
+//! - [`api`]: what every front end shares: the result codes ([`api::Code`], the C ABI's and
+//!   Python's numbers) and the one mapping from the runtime's errors to them ([`api::Failure`]).
 //! - [`format`]: the on-memory format (superblock, participant slots, partition headers, index
 //!   entries, block headers, typed KV layouts), its constants and CRCs; docs/FORMAT.md in prose.
 //! - [`pool`]: [`Pool`], a formatted pool in some memory: create, open (validating the superblock),
@@ -63,6 +65,7 @@
 //! reads concurrently is an atomic with a named ordering; no Rust reference points into memory
 //! another party writes.
 
+pub mod api;
 pub mod check;
 pub mod clock;
 pub mod coherence;

@@ -56,7 +56,7 @@ pub fn request<'a>(queries: &'a [f32], blocks: &'a [BlockSpec], sequence: u64) -
         mode: GroupMode::GroupMax,
         prune: false,
         gather_values: true,
-        scale: 1.0 / (DIM as f32).sqrt(),
+        scale: None,
         select: Default::default(),
     }
 }

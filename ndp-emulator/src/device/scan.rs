@@ -155,7 +155,12 @@ impl Device {
             None
         };
         self.still_valid(&blocks)?;
-        let mass = block_mass(&hits[0], &blocks, &order, 1.0 / (dim as f32).sqrt());
+        let mass = block_mass(
+            &hits[0],
+            &blocks,
+            &order,
+            cxlkv_kernels::attention::default_scale(dim),
+        );
         let out = encode_topk_result(
             &hits,
             per_list,

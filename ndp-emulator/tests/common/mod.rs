@@ -167,7 +167,7 @@ pub fn request<'a>(
         mode,
         prune,
         gather_values: gather,
-        scale: 1.0 / (s.dim as f32).sqrt(),
+        scale: None,
         select: Default::default(),
     }
 }

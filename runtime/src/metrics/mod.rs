@@ -4,10 +4,26 @@
 //!
 //! - **Process-local** ([`Metrics`], the process's one [`global`] registry): operation counts by
 //!   result, bytes in and out, latency histograms of puts, gets, pins, deletes and device
-//!   commands (`SCORE_TOPK`, `GATHER`, `ATTEND`), and device fallbacks, recorded by the
-//!   libraries' entry points (the C ABI and the Python package) with [`Metrics::record`] and
-//!   [`Metrics::record_device`]. [`Metrics::snapshot`] gives the numbers, [`Metrics::encode`] the
-//!   text exposition.
+//!   commands (`SCORE_TOPK`, `GATHER`, `ATTEND`), and device fallbacks. They are recorded inside
+//!   the operations themselves, so every caller (the C ABI, the Python package, a Rust program
+//!   such as `cxlkv generate`) counts one call once, the same way:
+//!   - [`Participant`](crate::Participant)'s `put`, `put_kv`, `put_if_absent` and
+//!     [`Reservation::commit`](crate::Reservation::commit) (`put`), `get` and `get_into` (`get`),
+//!     `pin` (`pin`; not `pin_block`, the scanners' own pin), `delete` (`delete`);
+//!   - [`NdpDevice`](crate::ndp::NdpDevice)'s SCORE_TOPK and ATTEND, counted when their answer is
+//!     collected (`wait`, a `poll` that answers, the synchronous calls, the `*_on_host` calls) or
+//!     when a filed command fails; `gather`. A request refused by its own check is not a command
+//!     and is not counted; a ticket never collected is not counted.
+//!
+//!   The rule for bytes: a call that succeeded (or missed) counts what it moved, `bytes_in` the
+//!   caller's payload (put payloads, K and V of a typed put, nothing for a put-if-absent that
+//!   found the key; device query vectors and token lists) and `bytes_out` what it handed back
+//!   (get and pin payloads, device hits, value rows and partials). A failed call counts one
+//!   `error` and its latency, and no bytes, whatever the front end.
+//!
+//!   [`Metrics::snapshot`] gives the numbers, [`Metrics::encode`] the text exposition. Each copy
+//!   of the runtime has its own registry: `libcxlkv.so` and Python's extension module each link
+//!   one, so a process that loads both has two, each read through its own library.
 //! - **Pool-wide** ([`pool`]): the counters every participant publishes in its pool slot (puts,
 //!   hits, misses, retries, evictions, deletes, pins, bytes in and out, device fallbacks, refused
 //!   pins) and each partition's occupancy, read by anyone through [`crate::pool_stats`] (`cxlkv pool
@@ -20,7 +36,8 @@
 
 pub mod pool;
 
-use crate::ndp::{FallbackReason, NdpPath, NdpStats};
+use crate::ndp::client::error::FallbackReason;
+use crate::ndp::client::request::{NdpPath, NdpStats};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
@@ -30,7 +47,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Upper bounds of the latency histograms' buckets, in seconds: 1 µs to about 4.2 s, ×4 apart.
 pub fn latency_buckets() -> impl Iterator<Item = f64> {
@@ -437,10 +454,47 @@ pub fn encode_registry(reg: &Registry) -> String {
     s
 }
 
-/// The process's metrics, which the C ABI and the Python package record into.
+/// The process's metrics (this copy of the runtime's), which the operations record into.
 pub fn global() -> &'static Metrics {
     static G: OnceLock<Metrics> = OnceLock::new();
     G.get_or_init(Metrics::new)
+}
+
+/// Records in [`global`] one call of `op` that started at `t0`, from its result: `counts` gives
+/// the outcome and bytes of a success; a failure is one `error` with no bytes (the module's rule).
+pub(crate) fn count_call<T, E>(
+    op: Op,
+    t0: Instant,
+    r: &Result<T, E>,
+    counts: impl FnOnce(&T) -> (Outcome, u64, u64),
+) {
+    let (outcome, bytes_in, bytes_out) = match r {
+        Ok(v) => counts(v),
+        Err(_) => (Outcome::Error, 0, 0),
+    };
+    global().record(op, outcome, bytes_in, bytes_out, t0.elapsed());
+}
+
+/// Records in [`global`] one failed call of `op` that started at `t0`.
+pub(crate) fn count_failure(op: Op, t0: Instant) {
+    global().record(op, Outcome::Error, 0, 0, t0.elapsed());
+}
+
+/// Records in [`global`] a device command's result: an answer with its path, link bytes and own
+/// elapsed time ([`Metrics::record_device`]), or a failure that started at `t0`.
+pub(crate) fn count_device<T, E>(
+    op: Op,
+    t0: Instant,
+    r: &Result<T, E>,
+    answer: impl FnOnce(&T) -> (&NdpStats, u64, u64),
+) {
+    match r {
+        Ok(v) => {
+            let (stats, bytes_in, bytes_out) = answer(v);
+            global().record_device(op, stats, bytes_in, bytes_out);
+        }
+        Err(_) => count_failure(op, t0),
+    }
 }
 
 #[cfg(test)]

@@ -33,35 +33,30 @@ impl Select {
     }
 
     /// Checks the options that do not depend on the blocks: `p` in (0, 1], ranges not reversed.
-    pub fn check(&self) -> Result<(), String> {
+    /// The one statement of these rules: the client's request check reports a [`BadSelect`] as a
+    /// bad request, the device and [`Select::from_abi`] as its status (`CXLKV_NDP_ERR_ARGS` with
+    /// detail [`SEL_BAD_P`], [`SEL_BAD_WINDOW`] or [`SEL_BAD_EXCLUDE`]).
+    pub fn check(&self) -> Result<(), BadSelect> {
         if let Some(p) = self.top_p {
             if !(p > 0.0 && p <= 1.0) {
-                return Err(format!("top_p = {p} is outside (0, 1]"));
+                return Err(BadSelect {
+                    detail: SEL_BAD_P,
+                    message: format!("top_p = {p} is outside (0, 1]"),
+                });
             }
         }
-        for (name, r) in [("window", self.window), ("exclude", self.exclude)] {
+        for (name, r, detail) in [
+            ("window", self.window, SEL_BAD_WINDOW),
+            ("exclude", self.exclude, SEL_BAD_EXCLUDE),
+        ] {
             if let Some((a, b)) = r {
                 if a > b {
-                    return Err(format!("{name} [{a}, {b}) is reversed"));
+                    return Err(BadSelect {
+                        detail,
+                        message: format!("{name} [{a}, {b}) is reversed"),
+                    });
                 }
             }
-        }
-        Ok(())
-    }
-
-    /// The same check as a device status: `CXLKV_NDP_ERR_ARGS` with detail [`SEL_BAD_P`],
-    /// [`SEL_BAD_WINDOW`] or [`SEL_BAD_EXCLUDE`].
-    pub fn check_status(&self) -> Result<(), DeviceStatus> {
-        if let Some(p) = self.top_p {
-            if !(p > 0.0 && p <= 1.0) {
-                return Err(DeviceStatus::at(CXLKV_NDP_ERR_ARGS, SEL_BAD_P));
-            }
-        }
-        if self.window.is_some_and(|(a, b)| a > b) {
-            return Err(DeviceStatus::at(CXLKV_NDP_ERR_ARGS, SEL_BAD_WINDOW));
-        }
-        if self.exclude.is_some_and(|(a, b)| a > b) {
-            return Err(DeviceStatus::at(CXLKV_NDP_ERR_ARGS, SEL_BAD_EXCLUDE));
         }
         Ok(())
     }
@@ -72,6 +67,22 @@ impl Select {
 
     fn forced(&self, t: u64) -> bool {
         !self.excluded(t) && (t < self.sinks || self.window.is_some_and(|(a, b)| t >= a && t < b))
+    }
+}
+
+/// What [`Select::check`] refuses: the device's error detail and a sentence for a host caller.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct BadSelect {
+    /// The `CXLKV_NDP_DETAIL_*` of the device status (`SEL_BAD_*`).
+    pub detail: usize,
+    /// What is wrong, with the offending values.
+    pub message: String,
+}
+
+impl From<BadSelect> for DeviceStatus {
+    fn from(e: BadSelect) -> DeviceStatus {
+        DeviceStatus::at(CXLKV_NDP_ERR_ARGS, e.detail)
     }
 }
 
@@ -115,7 +126,7 @@ impl Select {
 
     /// The selection and scale of a wire form read from a peer: unknown options, nonzero reserved
     /// fields or a non-finite scale are refused (`CXLKV_NDP_ERR_ARGS` with its detail), as is
-    /// everything [`Select::check_status`] refuses.
+    /// everything [`Select::check`] refuses.
     pub fn from_abi(w: &cxlkv_ndp_select) -> Result<(Select, f32), DeviceStatus> {
         if w.options & !CXLKV_NDP_SEL_ALL != 0 || w.reserved0 != 0 || w.reserved1 != 0 {
             return Err(DeviceStatus::at(
@@ -136,7 +147,7 @@ impl Select {
             exclude: on(CXLKV_NDP_SEL_EXCLUDE).then_some((w.exclude_start, w.exclude_end)),
             top_p: on(CXLKV_NDP_SEL_TOP_P).then_some(w.top_p),
         };
-        sel.check_status()?;
+        sel.check()?;
         Ok((sel, w.scale))
     }
 }
@@ -181,7 +192,7 @@ impl Selection {
         lists: usize,
         ranges: &[(u64, u64)],
     ) -> Result<Selection, DeviceStatus> {
-        sel.check_status()?;
+        sel.check()?;
         let end = ranges.iter().map(|r| r.1).max().unwrap_or(0);
         if sel.window.is_some_and(|(_, b)| b > end) {
             return Err(DeviceStatus::at(CXLKV_NDP_ERR_ARGS, SEL_BAD_WINDOW));

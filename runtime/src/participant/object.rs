@@ -6,11 +6,13 @@ use super::crash::crash_point;
 use super::state::{OwnerState, Participant};
 use crate::format::{self, BlockHeader, Codec, ObjectPartEntry};
 use crate::key::Key;
+use crate::metrics::{count_call, Op, Outcome};
 use crate::object::{max_object_len, part_key, Manifest, MANIFEST_HEAD, PART_ENTRY};
 use crate::pool::{Location, PoolError, Result};
 use cxlkv_shm::mem::read_obj;
 use std::collections::HashMap;
 use std::sync::atomic::{fence, Ordering};
+use std::time::Instant;
 
 /// What [`Participant::put_if_absent`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,7 +46,19 @@ impl Participant {
     /// putting the same new key at the same instant may both store it (each in its own
     /// partition). A reader then finds one of them, whole; nothing is torn. Within one participant
     /// the check and the store are ordered (its puts are serialized).
+    ///
+    /// Counted as a `put`: of `payload.len()` bytes when stored, of none when the key was present.
     pub fn put_if_absent(&self, key: Key, payload: &[u8]) -> Result<PutOutcome> {
+        let t0 = Instant::now();
+        let r = self.put_unless_present(key, payload);
+        count_call(Op::Put, t0, &r, |o| {
+            let bytes = if o.stored() { payload.len() as u64 } else { 0 };
+            (Outcome::Ok, bytes, 0)
+        });
+        r
+    }
+
+    fn put_unless_present(&self, key: Key, payload: &[u8]) -> Result<PutOutcome> {
         let object = payload.len() as u64 > self.pool.block_size();
         if object {
             self.check_object_len(payload.len() as u64)?;

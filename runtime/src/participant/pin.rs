@@ -10,16 +10,31 @@ use super::state::Participant;
 use crate::coherence::{self, Site};
 use crate::format::{self, counters, pin, slot, Codec, PIN_SIZE};
 use crate::key::Key;
+use crate::metrics::{count_call, Op, Outcome};
 use crate::pool::{BlockInfo, BlockRef, Location, PoolError, Result, READ_RETRIES};
 use std::collections::HashSet;
 use std::sync::atomic::{fence, Ordering};
+use std::time::Instant;
 
 impl Participant {
     /// Pins the block under `key`: while the pin is held (and this participant is alive) its
     /// owner will not reuse the block, so the returned view stays valid for zero-copy reads.
     /// A multi-block object cannot be pinned (pins hold one block): that is
     /// [`PoolError::PayloadTooLarge`] with the object's length; read it with `get_into`.
+    ///
+    /// Counted as a `pin` (of the payload's bytes out; a miss, or a failure) in the process's
+    /// metrics.
     pub fn pin(&self, key: Key) -> Result<Option<PinnedBlock<'_>>> {
+        let t0 = Instant::now();
+        let r = self.pin_key(key);
+        count_call(Op::Pin, t0, &r, |p| match p {
+            Some(p) => (Outcome::Ok, 0, p.info().len),
+            None => (Outcome::Miss, 0, 0),
+        });
+        r
+    }
+
+    fn pin_key(&self, key: Key) -> Result<Option<PinnedBlock<'_>>> {
         if self.self_fencing && self.lease_lost() {
             return Err(self.fenced_error());
         }

@@ -4,26 +4,41 @@
 use super::state::Participant;
 use crate::format::counters;
 use crate::key::Key;
+use crate::metrics::{count_call, Op, Outcome};
 use crate::pool::{BlockInfo, Result, SliceBuf};
+use std::time::Instant;
+
+/// A get's outcome and bytes out in the metrics.
+fn got(info: Option<&BlockInfo>) -> (Outcome, u64, u64) {
+    match info {
+        Some(i) => (Outcome::Ok, 0, i.len),
+        None => (Outcome::Miss, 0, 0),
+    }
+}
 
 impl Participant {
-    /// Copies the block under `key` into a new vector (any partition); `None` on a miss.
+    /// Copies the block under `key` into a new vector (any partition); `None` on a miss. Counted
+    /// as a `get` (of the block's bytes; a miss, or a failure) in the process's metrics.
     pub fn get(&self, key: Key) -> Result<Option<(Vec<u8>, BlockInfo)>> {
+        let t0 = Instant::now();
         let mut v = Vec::new();
         let mut retries = 0;
         let r = self.pool.read_validated(key, &mut v, &mut retries);
         self.after_get(&r, retries);
+        count_call(Op::Get, t0, &r, |i| got(i.as_ref()));
         Ok(r?.map(|i| (v, i)))
     }
 
     /// Copies the block under `key` into `buf`; `None` on a miss; [`PoolError::BufferTooSmall`](crate::pool::PoolError::BufferTooSmall)
-    /// with the needed size if `buf` is too small.
+    /// with the needed size if `buf` is too small (counted as a failed `get`).
     pub fn get_into(&self, key: Key, buf: &mut [u8]) -> Result<Option<BlockInfo>> {
+        let t0 = Instant::now();
         let mut retries = 0;
         let r = self
             .pool
             .read_validated(key, &mut SliceBuf(buf), &mut retries);
         self.after_get(&r, retries);
+        count_call(Op::Get, t0, &r, |i| got(i.as_ref()));
         r
     }
 

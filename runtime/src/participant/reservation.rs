@@ -5,7 +5,9 @@ use super::crash::crash_point;
 use super::state::Participant;
 use crate::format::{self, Codec};
 use crate::key::Key;
+use crate::metrics::{count_call, Op, Outcome};
 use crate::pool::{Location, PoolError, Result};
+use std::time::Instant;
 
 impl Participant {
     /// Reserves a block for `len` bytes under `key`: the caller writes the payload in place (zero
@@ -112,19 +114,26 @@ impl Reservation<'_> {
             .raw_range(pool.payload_off(self.partition, self.block), self.len)?)
     }
 
-    /// Checksums the payload in place and publishes the block under its key.
+    /// Checksums the payload in place and publishes the block under its key. Counted in the
+    /// process's metrics as a `put` of the reserved length.
     pub fn commit(mut self) -> Result<Location> {
+        let t0 = Instant::now();
         self.done = true;
         let p = self.participant;
-        let crc = format::crc32c_shared(
-            p.pool.mem(),
-            p.pool.payload_off(self.partition, self.block),
-            self.len,
-        )?;
-        let mut st = p.owner()?;
-        p.finish_commit(
-            &mut st, self.key, self.block, self.codec, self.len, crc, false,
-        )
+        let publish = || {
+            let crc = format::crc32c_shared(
+                p.pool.mem(),
+                p.pool.payload_off(self.partition, self.block),
+                self.len,
+            )?;
+            let mut st = p.owner()?;
+            p.finish_commit(
+                &mut st, self.key, self.block, self.codec, self.len, crc, false,
+            )
+        };
+        let r = publish();
+        count_call(Op::Put, t0, &r, |_| (Outcome::Ok, self.len, 0));
+        r
     }
 }
 

@@ -15,8 +15,10 @@ use crate::format::{
 };
 use crate::key::Key;
 use crate::kv::{self, KvShape};
+use crate::metrics::{count_call, Op, Outcome};
 use crate::pool::{Location, PoolError, Probe, Result};
 use std::sync::atomic::{fence, Ordering};
+use std::time::Instant;
 
 impl Participant {
     /// Stores `payload` under `key` in this participant's partition (replacing an older block of
@@ -24,19 +26,30 @@ impl Participant {
     ///
     /// A payload larger than one block is stored as a multi-block object (parts, then a manifest
     /// under `key`; see [`crate::object`]): readers see it only once whole, and `get`, `get_into`,
-    /// `contains`, `delete` treat it like a block. Its location is the manifest's.
+    /// `contains`, `delete` treat it like a block. Its location is the manifest's. Counted in the
+    /// process's metrics as a `put` of `payload.len()` bytes ([`crate::metrics`]).
     pub fn put(&self, key: Key, payload: &[u8]) -> Result<Location> {
-        if payload.len() as u64 > self.pool.block_size() {
-            return self.put_object(key, Codec::Raw, payload);
-        }
-        self.put_with_codec(key, Codec::Raw, payload)
+        let t0 = Instant::now();
+        let r = if payload.len() as u64 > self.pool.block_size() {
+            self.put_object(key, Codec::Raw, payload)
+        } else {
+            self.put_with_codec(key, Codec::Raw, payload)
+        };
+        count_call(Op::Put, t0, &r, |_| (Outcome::Ok, payload.len() as u64, 0));
+        r
     }
 
     /// Stores a typed KV block (K and V `[kv_heads][tokens][head_dim]` of `shape.dtype`) under
-    /// `key`; the key bounds are computed here so scorers can prune the block.
+    /// `key`; the key bounds are computed here so scorers can prune the block. Counted as a `put`
+    /// of the bytes of K and V.
     pub fn put_kv(&self, key: Key, shape: &KvShape, k: &[u8], v: &[u8]) -> Result<Location> {
-        let payload = kv::encode(shape, k, v)?;
-        self.put_with_codec(key, Codec::KvV1, &payload)
+        let t0 = Instant::now();
+        let r = kv::encode(shape, k, v)
+            .and_then(|payload| self.put_with_codec(key, Codec::KvV1, &payload));
+        count_call(Op::Put, t0, &r, |_| {
+            (Outcome::Ok, (k.len() + v.len()) as u64, 0)
+        });
+        r
     }
 
     pub(crate) fn put_with_codec(
@@ -323,8 +336,19 @@ impl Participant {
     }
 
     /// Deletes `key` from this participant's partition. `Ok(false)` if it is nowhere;
-    /// [`PoolError::NotOwner`] if it lives in another participant's partition.
+    /// [`PoolError::NotOwner`] if it lives in another participant's partition. Counted as a
+    /// `delete` (`Ok(false)`: a miss).
     pub fn delete(&self, key: Key) -> Result<bool> {
+        let t0 = Instant::now();
+        let r = self.delete_key(key);
+        count_call(Op::Delete, t0, &r, |&found| {
+            let outcome = if found { Outcome::Ok } else { Outcome::Miss };
+            (outcome, 0, 0)
+        });
+        r
+    }
+
+    fn delete_key(&self, key: Key) -> Result<bool> {
         let mut st = self.owner()?;
         let p = st.partition;
         match self.pool.probe(p, key)? {

@@ -6,6 +6,7 @@ use crate::coherence::{self, Site};
 use crate::format;
 use crate::hotness::Hotness;
 use crate::key::Key;
+use crate::metrics::{count_device, count_failure, global, Op};
 use crate::ndp::abi::*;
 use crate::ndp::block::BlockExpect;
 use crate::ndp::client::error::{FallbackReason, NdpError, Result};
@@ -30,6 +31,15 @@ enum Answer {
 }
 
 impl Answer {
+    /// Its figures in the metrics: its op, path and costs, the bytes handed back (each hit's index
+    /// and score and the value rows; each query's partial `out`, `max` and `sum`).
+    fn counts(&self) -> (Op, &NdpStats, u64) {
+        match self {
+            Answer::TopK(t) => (Op::ScoreTopk, &t.stats, topk_bytes_out(t)),
+            Answer::Attend(a) => (Op::Attend, &a.stats, attend_bytes_out(a)),
+        }
+    }
+
     fn topk(self) -> Result<TopK> {
         match self {
             Answer::TopK(t) => Ok(t),
@@ -47,6 +57,25 @@ impl Answer {
             )),
         }
     }
+}
+
+/// Bytes a SCORE_TOPK answer hands back: 8 per hit (index and score), and the value rows.
+fn topk_bytes_out(t: &TopK) -> u64 {
+    let hits: usize = t.indices.iter().map(Vec::len).sum();
+    (hits * 8 + t.values.len()) as u64
+}
+
+/// Bytes an ATTEND answer hands back: per query its `out` row, `max` and `sum` (f32).
+fn attend_bytes_out(a: &Attended) -> u64 {
+    a.partials
+        .iter()
+        .map(|p| 4 * (p.out.len() as u64 + 2))
+        .sum()
+}
+
+/// Bytes of a request's query vectors (f32), what the caller hands in.
+fn query_bytes(queries: &[f32]) -> u64 {
+    4 * queries.len() as u64
 }
 
 /// Appends the queries (f32) and the block list entries, the arguments' common head.
@@ -68,10 +97,18 @@ impl NdpDevice {
     /// Submits an ATTEND: the partial attention of the request's queries over every token of its
     /// blocks. The answer comes from [`NdpDevice::wait_attend`]; when the device cannot take the
     /// command (absent, dead, busy, lacking `CXLKV_NDP_CAP_ATTEND`) it is computed on the host.
+    ///
+    /// Metrics (the module [`crate::metrics`]): the command counts once, as `attend`, when its
+    /// answer is collected or when it fails; a request its check refuses is not counted.
     pub fn submit_attend(&mut self, req: &AttendRequest<'_>) -> Result<Ticket> {
         req.check()?;
+        let t0 = Instant::now();
         let owned = req.owned();
-        self.enqueue(owned, |dev, tag| dev.try_submit_attend(req, tag))
+        let r = self.enqueue(owned, |dev, tag| dev.try_submit_attend(req, tag));
+        if r.is_err() {
+            count_failure(Op::Attend, t0);
+        }
+        r
     }
 
     /// Waits for the answer of an ATTEND ticket: from the device within the timeout, else from
@@ -98,10 +135,41 @@ impl NdpDevice {
 
     /// Submits a SCORE_TOPK. The answer comes from [`NdpDevice::poll`] or [`NdpDevice::wait`];
     /// when the device cannot take the command it will be computed on the host.
+    /// Counted as `score_topk` as [`NdpDevice::submit_attend`] is as `attend`.
     pub fn submit_score(&mut self, req: &ScoreRequest<'_>) -> Result<Ticket> {
         req.check()?;
+        let t0 = Instant::now();
         let owned = req.owned();
-        self.enqueue(owned, |dev, tag| dev.try_submit_score(req, tag))
+        let r = self.enqueue(owned, |dev, tag| dev.try_submit_score(req, tag));
+        if r.is_err() {
+            count_failure(Op::ScoreTopk, t0);
+        }
+        r
+    }
+
+    /// SCORE_TOPK computed on the host by this client (the reference path: [`host_score_topk`]
+    /// with the client's kernel; the answer the device gives too). Counted as `score_topk`, a
+    /// fallback of reason `forced`.
+    pub fn score_topk_on_host(&self, req: &ScoreRequest<'_>) -> Result<TopK> {
+        req.check()?;
+        let t0 = Instant::now();
+        let r = host_score_topk(&self.pool, req, self.opts.kernel);
+        count_device(Op::ScoreTopk, t0, &r, |t| {
+            (&t.stats, query_bytes(req.queries), topk_bytes_out(t))
+        });
+        r
+    }
+
+    /// ATTEND computed on the host by this client (the reference path, [`host_attend_with`] with
+    /// the client's kernel). Counted as `attend`, a fallback of reason `forced`.
+    pub fn attend_on_host(&self, req: &AttendRequest<'_>) -> Result<Attended> {
+        req.check()?;
+        let t0 = Instant::now();
+        let r = host_attend_with(&self.pool, req, self.opts.kernel);
+        count_device(Op::Attend, t0, &r, |a| {
+            (&a.stats, query_bytes(req.queries), attend_bytes_out(a))
+        });
+        r
     }
 
     /// Whether the attached device advertises capability `cap` (`CXLKV_NDP_CAP_*`).
@@ -162,7 +230,7 @@ impl NdpDevice {
         let mut args = Vec::with_capacity(req.queries.len() * 4 + req.blocks.len() * 24 + 64);
         push_queries_and_blocks(&mut args, req.queries, req.blocks);
         if select {
-            args.extend_from_slice(format::as_bytes(&req.select.to_abi(req.scale)));
+            args.extend_from_slice(format::as_bytes(&req.select.to_abi(req.scale())));
         }
         let result_len = topk_result_size(
             lists,
@@ -213,7 +281,7 @@ impl NdpDevice {
         let mut args = Vec::with_capacity(req.queries.len() * 4 + req.blocks.len() * 24 + 16);
         push_queries_and_blocks(&mut args, req.queries, req.blocks);
         args.extend_from_slice(format::as_bytes(&cxlkv_ndp_attend {
-            scale: req.scale,
+            scale: req.scale(),
             ..Default::default()
         }));
         let g = req.queries.len() / req.dim;
@@ -303,7 +371,32 @@ impl NdpDevice {
         self.wait(t)
     }
 
+    /// Settles `ticket` (see [`NdpDevice::poll`] and [`NdpDevice::wait`]) and counts the command
+    /// in the metrics once it answers or fails.
     fn settle(&mut self, ticket: &Ticket, block: bool) -> Result<Option<Answer>> {
+        let p = self
+            .pending
+            .get(&ticket.0)
+            .ok_or(NdpError::UnknownTicket(ticket.0))?;
+        let op = if p.req.attend {
+            Op::Attend
+        } else {
+            Op::ScoreTopk
+        };
+        let (start, bytes_in) = (p.start, query_bytes(p.req.borrow().queries));
+        let r = self.settle_pending(ticket, block);
+        match &r {
+            Ok(Some(a)) => {
+                let (answered, stats, bytes_out) = a.counts();
+                global().record_device(answered, stats, bytes_in, bytes_out);
+            }
+            Ok(None) => {}
+            Err(_) => count_failure(op, start),
+        }
+        r
+    }
+
+    fn settle_pending(&mut self, ticket: &Ticket, block: bool) -> Result<Option<Answer>> {
         let p = self
             .pending
             .get(&ticket.0)
@@ -556,8 +649,37 @@ impl NdpDevice {
 
     /// Gathers the value rows of `tokens` (raw `[tokens][dim]`), on the device or, when it is
     /// unavailable, on the host.
+    ///
+    /// Counted as `gather` in the process's metrics: the token list in (4 bytes a token), the
+    /// rows out. No blocks, no tokens or a zero `dim` is a bad request (not counted).
     #[allow(clippy::too_many_arguments)]
     pub fn gather(
+        &mut self,
+        blocks: &[BlockSpec],
+        sequence: u64,
+        layer: u32,
+        kv_head: u32,
+        dtype: DType,
+        dim: usize,
+        tokens: &[u32],
+    ) -> Result<(Vec<u8>, NdpStats)> {
+        if blocks.is_empty() || tokens.is_empty() || dim == 0 {
+            return Err(NdpError::BadRequest(format!(
+                "{} blocks, {} tokens and dim {dim}: each must be positive",
+                blocks.len(),
+                tokens.len()
+            )));
+        }
+        let t0 = Instant::now();
+        let r = self.gather_rows(blocks, sequence, layer, kv_head, dtype, dim, tokens);
+        count_device(Op::Gather, t0, &r, |(rows, stats)| {
+            (stats, 4 * tokens.len() as u64, rows.len() as u64)
+        });
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gather_rows(
         &mut self,
         blocks: &[BlockSpec],
         sequence: u64,

@@ -13,6 +13,7 @@ use crate::ndp::layout::DeviceStatus;
 use crate::ndp::result::{block_mass, ScanStats};
 use crate::ndp::select::Selection;
 use crate::pool::Pool;
+use cxlkv_kernels::attention::default_scale;
 use cxlkv_kernels::{
     attend_block, GroupMode, Hit, KernelScorer, KeyRows, Partial, PrunedScan, QueryGroup,
     ScoreKernel, VisitOrder,
@@ -95,7 +96,7 @@ fn host_select(pool: &Pool, req: &ScoreRequest<'_>, kernel: ScoreKernel) -> Resu
             .map(|b| (u64::from(b.base), u64::from(b.base) + u64::from(b.tokens)))
             .collect();
         let lists = if group_max { 1 } else { g };
-        let mut sel = Selection::new(req.select, req.k, req.scale, lists, &ranges)?;
+        let mut sel = Selection::new(req.select, req.k, req.scale(), lists, &ranges)?;
         let (mut pulled, mut scanned) = (0u64, 0u64);
         let (mut buf, mut scores) = (Vec::new(), Vec::new());
         for b in &blocks {
@@ -129,7 +130,7 @@ fn host_select(pool: &Pool, req: &ScoreRequest<'_>, kernel: ScoreKernel) -> Resu
         {
             continue;
         }
-        let mass = block_mass(&got.lists[0], &blocks, &order, req.scale);
+        let mass = block_mass(&got.lists[0], &blocks, &order, req.scale());
         let (indices, scores) = split_lists(&got.lists);
         return Ok(TopK {
             indices,
@@ -207,9 +208,8 @@ pub fn host_score_topk(pool: &Pool, req: &ScoreRequest<'_>, kernel: ScoreKernel)
         {
             continue;
         }
-        // Plain SCORE_TOPK carries no scale on the wire (ABI 1.0): its block mass uses 1/sqrt(dim).
-        let scale = 1.0 / (req.dim as f32).sqrt();
-        let mass = block_mass(&lists[0], &blocks, &order, scale);
+        // Plain SCORE_TOPK carries no scale on the wire (ABI 1.0): its block mass uses the default.
+        let mass = block_mass(&lists[0], &blocks, &order, default_scale(req.dim));
         let (indices, scores) = split_lists(&lists);
         return Ok(TopK {
             indices,
@@ -267,9 +267,10 @@ pub fn host_attend_with(
             let shape = |e: cxlkv_kernels::ShapeError| NdpError::BadRequest(e.to_string());
             let keys = KeyRows::new(&kbuf, req.dtype, req.dim).map_err(shape)?;
             let vals = KeyRows::new(&vbuf, req.dtype, req.dim).map_err(shape)?;
-            for (p, x) in parts
-                .iter_mut()
-                .zip(attend_block(kernel, &queries, &keys, &vals, req.scale))
+            for (p, x) in
+                parts
+                    .iter_mut()
+                    .zip(attend_block(kernel, &queries, &keys, &vals, req.scale()))
             {
                 p.merge(&x);
             }

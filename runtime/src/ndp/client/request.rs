@@ -7,6 +7,7 @@ use crate::ndp::abi::*;
 use crate::ndp::block::BlockExpect;
 use crate::ndp::client::error::{FallbackReason, NdpError, Result};
 pub use crate::ndp::select::Select;
+use cxlkv_kernels::attention::default_scale;
 use cxlkv_kernels::{DType, GroupMode, Hit, Partial, ScoreKernel};
 use std::time::Duration;
 
@@ -126,14 +127,19 @@ pub struct ScoreRequest<'a> {
     /// Return the value rows of the hits.
     pub gather_values: bool,
     /// Applied to `q·k` before `exp` in every softmax mass (block mass, top-p, left-out mass);
-    /// callers pass it (usually `1/sqrt(dim)`).
-    pub scale: f32,
+    /// `None`: [`default_scale`] of `dim` ([`ScoreRequest::scale`] resolves it).
+    pub scale: Option<f32>,
     /// Forced and excluded tokens, top-p ([`Select::default`]: plain top-k). An active selection
     /// scores every stored token (no pruning) and ranks with `k` as the cap.
     pub select: Select,
 }
 
 impl ScoreRequest<'_> {
+    /// The scale applied to `q·k`: the request's, or [`default_scale`] of `dim`.
+    pub fn scale(&self) -> f32 {
+        self.scale.unwrap_or_else(|| default_scale(self.dim))
+    }
+
     pub(super) fn group(&self) -> usize {
         self.queries.len().checked_div(self.dim).unwrap_or(0)
     }
@@ -177,10 +183,12 @@ impl ScoreRequest<'_> {
                 self.kv_head
             ));
         }
-        if !self.scale.is_finite() {
-            return bad(format!("scale {} is not finite", self.scale));
+        if !self.scale().is_finite() {
+            return bad(format!("scale {} is not finite", self.scale()));
         }
-        self.select.check().map_err(NdpError::BadRequest)
+        self.select
+            .check()
+            .map_err(|e| NdpError::BadRequest(e.message))
     }
 
     pub(super) fn owned(&self) -> OwnedRequest {
@@ -220,11 +228,16 @@ pub struct AttendRequest<'a> {
     pub kv_head: u32,
     /// Element type of K and V.
     pub dtype: DType,
-    /// Applied to `q·k` before `exp` (usually `1/sqrt(dim)`).
-    pub scale: f32,
+    /// Applied to `q·k` before `exp`; `None`: [`default_scale`] of `dim` ([`AttendRequest::scale`]).
+    pub scale: Option<f32>,
 }
 
 impl AttendRequest<'_> {
+    /// The scale applied to `q·k`: the request's, or [`default_scale`] of `dim`.
+    pub fn scale(&self) -> f32 {
+        self.as_score().scale()
+    }
+
     /// The SCORE_TOPK shape of this request (checks and the owned copy share its code).
     pub(super) fn as_score(&self) -> ScoreRequest<'_> {
         ScoreRequest {
@@ -280,7 +293,7 @@ pub(super) struct OwnedRequest {
     mode: GroupMode,
     prune: bool,
     gather_values: bool,
-    scale: f32,
+    scale: Option<f32>,
     select: Select,
     /// An ATTEND (the other fields are its [`AttendRequest::as_score`] shape).
     pub(super) attend: bool,
@@ -301,7 +314,7 @@ impl OwnedRequest {
             mode: GroupMode::PerQuery,
             prune: false,
             gather_values: false,
-            scale: 1.0,
+            scale: None,
             select: Select::default(),
             attend: false,
         }
