@@ -161,8 +161,8 @@ pub fn measure_qk(
         black_box(stream_sum_parallel(black_box(keys), config.threads));
         read_times.push(t.elapsed());
     }
-    let kernel_secs = median_and_best(&mut kernel_times);
-    let read_secs = median_and_best(&mut read_times);
+    let kernel_secs = median_and_best(&kernel_times);
+    let read_secs = median_and_best(&read_times);
     let bytes = keys.len() as f64;
     let key_gbps = bytes / kernel_secs.0 / 1e9;
     let read_gbps = bytes / read_secs.0 / 1e9;
@@ -180,10 +180,10 @@ pub fn measure_qk(
     })
 }
 
-fn median_and_best(times: &mut [Duration]) -> (f64, f64) {
-    times.sort();
-    let median = times[times.len() / 2].as_secs_f64().max(1e-12);
-    (median, times[0].as_secs_f64().max(1e-12))
+fn median_and_best(times: &[Duration]) -> (f64, f64) {
+    let median = crate::median(times.to_vec()).as_secs_f64().max(1e-12);
+    let best = times.iter().min().expect("timed at least once");
+    (median, best.as_secs_f64().max(1e-12))
 }
 
 impl QkBenchReport {

@@ -10,7 +10,8 @@
 //!   binary is not built.
 //! - [`SplitMix64`]: the seeded generator every test and bench draws its data from (the
 //!   kernels' generator, which the simulator also runs on).
-//! - [`median`]: the upper median of measurements, as the benches report them.
+//! - [`median`]: the upper median of measurements, as the benches report them (defined in
+//!   `cxlkv-bench-support`, whose `cxlkv bench qk` harness reports it too).
 //!
 //! Python's counterparts (the daemon binary, temporary pools, the seeded generator) are in
 //! `python/tests/conftest.py`.
@@ -19,6 +20,7 @@ use cxlkv_ndp::daemon::{find_ndpd, Daemon};
 use cxlkv_runtime::{Backend, Pool, PoolConfig, RegionOptions};
 use std::path::PathBuf;
 
+pub use cxlkv_bench_support::median;
 pub use cxlkv_kernels::rng::{push_elem, SplitMix64};
 pub use cxlkv_runtime::region::TempBackend;
 
@@ -65,26 +67,9 @@ pub fn spawn_ndpd(backend: &Backend, args: &[&str]) -> Daemon {
     Daemon::spawn(&exe, &backend.to_string(), args).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// The upper median of `v` (the element at `len / 2` once sorted); `v` must be non-empty and
-/// free of NaN.
-pub fn median<T: Copy + PartialOrd>(mut v: Vec<T>) -> T {
-    assert!(!v.is_empty(), "median of no measurements");
-    v.sort_by(|a, b| a.partial_cmp(b).expect("median of values without NaN"));
-    v[v.len() / 2]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn median_is_the_upper_middle_element() {
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 3.0);
-        let d = |ms| Duration::from_millis(ms);
-        assert_eq!(median(vec![d(9), d(1), d(5)]), d(5));
-    }
 
     #[test]
     fn a_temp_pool_is_removed_when_dropped() {
