@@ -14,6 +14,9 @@
 //! The `cxlkv` command line uses it (`cxlkv bench qk`, the demo's real tensors), so unlike
 //! `cxlkv-test-support` it is a normal crate; no library below the command line depends on it.
 
+// Items are `pub` only where a user of the crate can reach them.
+#![warn(unreachable_pub)]
+
 pub mod cold;
 pub mod npy;
 pub mod qk;

@@ -51,6 +51,9 @@
 //!   pruning never changes a top-k result.
 //! - Head dimension is a multiple of 16 in `16..=256` ([`MAX_DIM`]).
 
+// Items are `pub` only where a user of the crate can reach them.
+#![warn(unreachable_pub)]
+
 pub mod attend;
 #[cfg(target_arch = "x86_64")]
 mod attend_avx2;

@@ -29,6 +29,9 @@
 //! block identity is checked, and a bad command gets an error completion); it writes only its
 //! device area and the result buffers that commands name inside their submitter's own partition.
 
+// Items are `pub` only where a user of the crate can reach them.
+#![warn(unreachable_pub)]
+
 pub mod daemon;
 pub mod demo;
 pub mod device;

@@ -31,6 +31,9 @@
 //!   [`cacheline::detect`] and its line loop in [`cacheline::write_back`] /
 //!   [`cacheline::invalidate`].
 
+// Items are `pub` only where a user of the crate can reach them.
+#![warn(unreachable_pub)]
+
 pub mod cacheline;
 pub mod futex;
 pub mod mem;

@@ -16,6 +16,9 @@
 //! Python's counterparts (the daemon binary, temporary pools, the seeded generator) are in
 //! `python/tests/conftest.py`.
 
+// Items are `pub` only where a user of the crate can reach them.
+#![warn(unreachable_pub)]
+
 use cxlkv_ndp::daemon::{find_ndpd, Daemon};
 use cxlkv_runtime::{Backend, Pool, PoolConfig, RegionOptions};
 use std::path::PathBuf;
