@@ -57,6 +57,9 @@ echo "$CXLKV_MODEL_GEMMA (${SECONDS}s)"
 step "cargo test (workspace, hwloc topology; coherence simulator: 500 seeds x 2/3/5/8 hosts, NDP rings: 20 seeds)"
 CXLKV_SIM_SEEDS=500 CXLKV_RING_SEEDS=20 cargo test --workspace --features cxlkv-runtime/hwloc
 
+step "loom models (the runtime's seqlock and NDP rings under loom, --cfg loom, own target dir)"
+RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p cxlkv-runtime --test loom_models --release --target-dir "$target_dir/loom"
+
 step "Python package: pip install ./python into a venv (maturin builds the extension in release), the engines (scripts/setup-engines.sh), pytest"
 echo "waiting for the venv and engines (started at the beginning, log $engines_log)"
 SECONDS=0

@@ -34,6 +34,7 @@ pub fn evict(bytes: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     #[test]
+    #[cfg_attr(miri, ignore = "CLFLUSH is an intrinsic Miri does not implement")]
     fn evicting_keeps_contents() {
         let v: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
         let copy = v.clone();

@@ -294,6 +294,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri (over 45 s)")]
     fn small_run_reports_consistent_figures() {
         let cfg = QkBenchConfig {
             tokens: 5000,

@@ -7,6 +7,7 @@ use cxlkv_kernels::DType;
 use cxlkv_model::AttentionShape;
 use cxlkv_ndp::daemon::Daemon;
 use cxlkv_ndp::{Device, DeviceConfig, DeviceHandle};
+use cxlkv_runtime::ndp::abi::{CXLKV_NDP_MAX_DIM, CXLKV_NDP_MAX_GROUP};
 use cxlkv_runtime::ndp::{NdpDevice, NdpOptions};
 use cxlkv_runtime::pool::plan;
 use cxlkv_runtime::region::TempBackend;
@@ -101,17 +102,23 @@ impl Env {
     pub fn open(opts: &EnvOptions, shape: AttentionShape, max_tokens: usize) -> Result<Env> {
         let setup = |m: String| Error::Setup(m);
         let d = shape.head_dim;
+        // The device's limits, as its ABI states them; the row width, as the kernels take rows.
+        let (max_group, max_dim, lanes) = (
+            CXLKV_NDP_MAX_GROUP as usize,
+            CXLKV_NDP_MAX_DIM as usize,
+            cxlkv_kernels::rows::LANES,
+        );
         if shape.layers == 0
             || shape.kv_heads == 0
             || !shape.heads.is_multiple_of(shape.kv_heads)
-            || shape.group() > 16
+            || shape.group() > max_group
             || d == 0
-            || !d.is_multiple_of(16)
-            || d > 256
+            || !d.is_multiple_of(lanes)
+            || d > max_dim
         {
             return Err(setup(format!(
-                "the device takes GQA groups of 1..=16 queries of 16..=256 elements (a multiple \
-                 of 16); this model has {} heads over {} KV heads of {d}",
+                "the device takes GQA groups of 1..={max_group} queries of {lanes}..={max_dim} \
+                 elements (a multiple of {lanes}); this model has {} heads over {} KV heads of {d}",
                 shape.heads, shape.kv_heads
             )));
         }

@@ -10,11 +10,9 @@
 //! stored, everything is on the host.
 
 use crate::env::Env;
-use crate::host::{dense_attend, group_partials};
 use crate::mode::ModeSpec;
 use crate::store::Store;
-use cxlkv_kernels::ScoreKernel;
-use cxlkv_model::{Attention, AttentionStats, Result};
+use cxlkv_model::{Attention, AttentionStats, HostAttention, Result};
 use cxlkv_runtime::ndp::client::{AttendRequest, NdpPath, NdpStats};
 
 /// The `ndp-exact` backend.
@@ -22,8 +20,7 @@ pub(crate) struct NdpExact<'e> {
     env: &'e Env,
     store: Store<'e>,
     name: String,
-    kernel: ScoreKernel,
-    scores: Vec<f32>,
+    host: HostAttention,
     stats: AttentionStats,
 }
 
@@ -34,8 +31,7 @@ impl<'e> NdpExact<'e> {
             env,
             store: Store::new(env, &name, sequence),
             name,
-            kernel: ScoreKernel::detect(),
-            scores: Vec::new(),
+            host: HostAttention::new(),
             stats: AttentionStats::default(),
         }
     }
@@ -75,18 +71,8 @@ impl Attention for NdpExact<'_> {
         let dtype = self.store.dtype();
         if n_dev == 0 || dev_end < self.store.tail_start(layer) {
             let rows = self.store.all_rows(layer)?;
-            dense_attend(
-                &shape,
-                &self.kernel,
-                dtype,
-                &rows.k,
-                &rows.v,
-                held,
-                q,
-                out,
-                &mut self.scores,
-                &mut self.stats,
-            );
+            self.host
+                .causal(&shape, &rows.heads(), q, out, &mut self.stats);
             return Ok(());
         }
         let (d, g) = (shape.head_dim, shape.group());
@@ -143,21 +129,14 @@ impl Attention for NdpExact<'_> {
                 }
             }
         }
-        let rb = d * dtype.size();
         for (&(kv, i0, i1), dev) in jobs.iter().zip(parts) {
             let mut dev = dev.into_iter();
+            let after = self.store.host_head(layer, kv, dev_end);
             for i in i0..i1 {
                 let visible = held - t + i + 1;
-                let n = (visible - dev_end) * rb;
-                let open = group_partials(
-                    &shape,
-                    &self.kernel,
-                    dtype,
-                    &self.store.host_rows(layer, kv, dev_end, false)[..n],
-                    &self.store.host_rows(layer, kv, dev_end, true)[..n],
-                    group(i, kv),
-                    &mut self.scores,
-                );
+                let open = self
+                    .host
+                    .group(&shape, after.slice(0, visible - dev_end), group(i, kv));
                 for (j, o) in open.iter().enumerate() {
                     let mut p = dev.next().expect("partials counted above");
                     p.merge(o);

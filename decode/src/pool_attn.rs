@@ -3,18 +3,15 @@
 //! dense reference does. The baseline that pulls everything across.
 
 use crate::env::Env;
-use crate::host::dense_attend;
 use crate::mode::ModeSpec;
 use crate::store::Store;
-use cxlkv_kernels::ScoreKernel;
-use cxlkv_model::{Attention, AttentionStats, Result};
+use cxlkv_model::{Attention, AttentionStats, HostAttention, Result};
 
 /// The `pool` backend.
 pub(crate) struct PoolAttention<'e> {
     store: Store<'e>,
     name: String,
-    kernel: ScoreKernel,
-    scores: Vec<f32>,
+    host: HostAttention,
     stats: AttentionStats,
 }
 
@@ -24,8 +21,7 @@ impl<'e> PoolAttention<'e> {
         PoolAttention {
             store: Store::new(env, &name, sequence),
             name,
-            kernel: ScoreKernel::detect(),
-            scores: Vec::new(),
+            host: HostAttention::new(),
             stats: AttentionStats::default(),
         }
     }
@@ -45,21 +41,11 @@ impl Attention for PoolAttention<'_> {
     }
 
     fn attend(&mut self, layer: usize, q: &[f32], out: &mut [f32]) -> Result<()> {
-        let (held, _) = self.store.check_attend(&self.name, layer, q, out)?;
+        self.store.check_attend(&self.name, layer, q, out)?;
         let shape = self.store.shape();
         let rows = self.store.all_rows(layer)?;
-        dense_attend(
-            &shape,
-            &self.kernel,
-            self.store.dtype(),
-            &rows.k,
-            &rows.v,
-            held,
-            q,
-            out,
-            &mut self.scores,
-            &mut self.stats,
-        );
+        self.host
+            .causal(&shape, &rows.heads(), q, out, &mut self.stats);
         Ok(())
     }
 

@@ -10,11 +10,10 @@
 
 use crate::env::Env;
 use crate::exact::count;
-use crate::host::{dense_attend, group_partials};
-use crate::mode::{Mode, ModeSpec};
+use crate::mode::{ModeArg, ModeSpec};
 use crate::store::Store;
-use cxlkv_kernels::{GroupMode, KeyRows, Partial, ScoreKernel};
-use cxlkv_model::{Attention, AttentionStats, Result};
+use cxlkv_kernels::{GroupMode, KeyRows, Partial};
+use cxlkv_model::{Attention, AttentionStats, HostAttention, Result};
 use cxlkv_runtime::ndp::abi::CXLKV_NDP_MAX_K;
 use cxlkv_runtime::ndp::client::{ScoreRequest, Select, TopK};
 
@@ -23,9 +22,8 @@ pub(crate) struct Selected<'e> {
     env: &'e Env,
     store: Store<'e>,
     name: String,
-    mode: Mode,
-    kernel: ScoreKernel,
-    scores: Vec<f32>,
+    arg: ModeArg,
+    host: HostAttention,
     stats: AttentionStats,
 }
 
@@ -36,9 +34,8 @@ impl<'e> Selected<'e> {
             env,
             store: Store::new(env, &name, sequence),
             name,
-            mode: spec.mode,
-            kernel: ScoreKernel::detect(),
-            scores: Vec::new(),
+            arg: spec.arg,
+            host: HostAttention::new(),
             stats: AttentionStats::default(),
         }
     }
@@ -52,10 +49,10 @@ impl<'e> Selected<'e> {
         let window = (window_start < stored).then_some((window_start as u64, stored as u64));
         // Positions forced in: the sinks and the stored part of the window, counted once.
         let forced = sinks + (stored - window_start.max(sinks));
-        let (budget, top_p) = match self.mode {
-            Mode::TopK { k } => (k, None),
-            Mode::TopP { p, k_max } => (k_max, Some(p)),
-            _ => unreachable!("a selection backend holds a selection mode"),
+        let (budget, top_p) = match self.arg {
+            ModeArg::Budget(k) => (k, None),
+            ModeArg::Mass { p, k_max } => (k_max, Some(p)),
+            ModeArg::None => unreachable!("the registry builds a selection with its argument"),
         };
         let k = (budget + forced).min(stored).min(CXLKV_NDP_MAX_K as usize);
         (
@@ -103,18 +100,8 @@ impl Attention for Selected<'_> {
         let stored = self.store.stored_len(layer);
         if t > 1 || stored == 0 {
             let rows = self.store.all_rows(layer)?;
-            dense_attend(
-                &shape,
-                &self.kernel,
-                self.store.dtype(),
-                &rows.k,
-                &rows.v,
-                held,
-                q,
-                out,
-                &mut self.scores,
-                &mut self.stats,
-            );
+            self.host
+                .causal(&shape, &rows.heads(), q, out, &mut self.stats);
             return Ok(());
         }
         let (d, g) = (shape.head_dim, shape.group());
@@ -157,14 +144,10 @@ impl Attention for Selected<'_> {
                     r.indices.len()
                 )));
             }
-            let open = group_partials(
+            let open = self.host.group(
                 &shape,
-                &self.kernel,
-                dtype,
-                self.store.host_rows(layer, kv, stored, false),
-                self.store.host_rows(layer, kv, stored, true),
+                self.store.host_head(layer, kv, stored),
                 &q[kv * g * d..(kv + 1) * g * d],
-                &mut self.scores,
             );
             for (j, o) in open.into_iter().enumerate() {
                 let bytes = list_values(&r, j, row).ok_or_else(|| {

@@ -11,7 +11,7 @@
 
 use crate::env::Env;
 use cxlkv_kernels::DType;
-use cxlkv_model::{AttentionShape, AttentionStats, Error as ModelError};
+use cxlkv_model::{AttentionShape, AttentionStats, Error as ModelError, HeadRows};
 use cxlkv_runtime::format::{BLOCK_HEADER_SIZE, INDEX_SLOT_SIZE};
 use cxlkv_runtime::ndp::client::{BlockSpec, HOST_META_BYTES_PER_BLOCK};
 use cxlkv_runtime::{Key, KvBlock, KvShape};
@@ -51,9 +51,22 @@ pub(crate) struct Store<'e> {
 /// A layer's rows `0 .. held` as contiguous per-head arrays (what a host attention reads).
 pub(crate) struct Rows {
     /// `[kv_head]` keys, `held` rows each.
-    pub k: Vec<Vec<u8>>,
+    k: Vec<Vec<u8>>,
     /// `[kv_head]` values.
-    pub v: Vec<Vec<u8>>,
+    v: Vec<Vec<u8>>,
+    dtype: DType,
+    dim: usize,
+}
+
+impl Rows {
+    /// Every KV head's rows, as the host attention loop reads them.
+    pub(crate) fn heads(&self) -> Vec<HeadRows<'_>> {
+        self.k
+            .iter()
+            .zip(&self.v)
+            .map(|(k, v)| HeadRows::new(k, v, self.dtype, self.dim).expect("whole rows"))
+            .collect()
+    }
 }
 
 impl<'e> Store<'e> {
@@ -146,12 +159,18 @@ impl<'e> Store<'e> {
         self.layers[layer].stored.len() * self.block_tokens
     }
 
-    /// Rows `from .. held` of `layer`, KV head `h` (keys, or values if `values`); `from` must be
-    /// at least the tail's start.
-    pub(crate) fn host_rows(&self, layer: usize, h: usize, from: usize, values: bool) -> &[u8] {
+    /// Rows `from .. held` of `layer`, KV head `h`, held on the host; `from` must be at least
+    /// the tail's start.
+    pub(crate) fn host_head(&self, layer: usize, h: usize, from: usize) -> HeadRows<'_> {
         let t = &self.layers[layer].tail;
-        let rows = if values { &t.v[h] } else { &t.k[h] };
-        &rows[(from - t.start) * self.row_bytes()..]
+        let at = (from - t.start) * self.row_bytes();
+        HeadRows::new(
+            &t.k[h][at..],
+            &t.v[h][at..],
+            self.dtype,
+            self.shape.head_dim,
+        )
+        .expect("whole rows")
     }
 
     fn key(&self, layer: usize, block: usize) -> Key {
@@ -248,6 +267,8 @@ impl<'e> Store<'e> {
         let mut rows = Rows {
             k: (0..kvh).map(|_| Vec::with_capacity(held * rb)).collect(),
             v: (0..kvh).map(|_| Vec::with_capacity(held * rb)).collect(),
+            dtype: self.dtype,
+            dim: self.shape.head_dim,
         };
         let from_pool = self.layers[layer].tail.start / self.block_tokens;
         let p = self.env.participant();

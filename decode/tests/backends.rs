@@ -14,7 +14,7 @@ fn shape() -> AttentionShape {
         heads: 4,
         kv_heads: 2,
         head_dim: 16,
-        scale: 0.25,
+        scale: cxlkv_kernels::attention::default_scale(16),
     }
 }
 

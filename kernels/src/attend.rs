@@ -317,6 +317,7 @@ mod tests {
     use crate::rng::SplitMix64;
 
     #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri (over 45 s)")]
     fn exp_neg_is_close_to_exp() {
         let mut worst = 0f64;
         for i in 0..190_000 {
@@ -331,6 +332,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri (over 45 s)")]
     fn fused_partials_equal_over_group_on_every_isa() {
         let mut rng = SplitMix64::new(5);
         for dtype in [DType::F16, DType::Bf16, DType::F32] {

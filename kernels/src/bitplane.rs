@@ -185,6 +185,7 @@ mod tests {
     use crate::score::ScoreKernel;
 
     #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri (over 45 s)")]
     fn round_trip_is_lossless_for_every_bit_pattern() {
         // 65536 patterns as 4096 rows of 16: NaN, infinities and subnormals included.
         let bytes: Vec<u8> = (0..=u16::MAX).flat_map(|h| h.to_le_bytes()).collect();
@@ -198,6 +199,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri (over 45 s)")]
     fn all_planes_give_exact_scores_and_fewer_give_close_ones() {
         let mut rng = SplitMix64::new(17);
         let (n, dim) = (64, 64);

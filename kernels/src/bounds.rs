@@ -127,6 +127,7 @@ mod tests {
     use crate::score::ScoreKernel;
 
     #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri (over 45 s)")]
     fn bounds_every_computed_score() {
         let mut rng = SplitMix64::new(5);
         for dtype in [DType::F16, DType::Bf16, DType::F32] {
@@ -149,6 +150,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri (over 45 s)")]
     fn a_single_key_block_bound_is_tight_but_not_below() {
         // One key per block: the bound is the score itself plus slack, never below it.
         let mut rng = SplitMix64::new(9);

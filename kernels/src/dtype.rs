@@ -149,6 +149,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri (over 45 s)")]
     fn f16_roundtrips_every_finite_pattern() {
         for h in 0u16..=u16::MAX {
             let x = f16_to_f32(h);
@@ -165,7 +166,8 @@ mod tests {
         assert_eq!(f16_to_f32(0x3c00), 1.0);
         assert_eq!(f16_to_f32(0xc000), -2.0);
         assert_eq!(f16_to_f32(0x7bff), 65504.0);
-        assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));
+        // 2^-24 spelled exactly: Miri's `powi` is deliberately imprecise.
+        assert_eq!(f16_to_f32(0x0001), f32::from_bits(0x3380_0000));
         assert_eq!(f16_to_f32(0x7c00), f32::INFINITY);
     }
 

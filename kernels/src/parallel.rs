@@ -168,6 +168,7 @@ mod tests {
     use crate::rng::SplitMix64;
 
     #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri (over 45 s)")]
     fn wide_stream_sum_equals_the_plain_one() {
         let bytes = SplitMix64::new(3).key_bytes(1000, 16, DType::F32);
         for end in [0, 7, 64, 1000, bytes.len()] {
@@ -192,6 +193,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri (over 45 s)")]
     fn threads_change_nothing() {
         let mut rng = SplitMix64::new(8);
         let (n, dim, g) = (3000, 32, 2);

@@ -332,6 +332,7 @@ mod tests {
     use crate::scan::scan_topk;
 
     #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri (over 45 s)")]
     fn equals_the_full_scan_and_prunes_clustered_keys() {
         let mut rng = SplitMix64::new(21);
         let (n, dim) = (1000, 32);
@@ -366,6 +367,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri (over 45 s)")]
     fn every_mode_and_group_equals_the_full_scan() {
         // Clustered keys in uneven blocks; G = 3 per query (three thresholds, no early end) and
         // group max (one threshold), a prefix shorter than the bounds, and a full scan in order.

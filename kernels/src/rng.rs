@@ -70,6 +70,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri (over 45 s)")]
     fn replays_from_seed_and_spreads() {
         let a: Vec<u64> = {
             let mut r = SplitMix64::new(42);

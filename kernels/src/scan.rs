@@ -177,6 +177,7 @@ mod tests {
     use crate::topk::topk_by_sort;
 
     #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri (over 45 s)")]
     fn per_query_offer_in_pieces_matches_sort() {
         // Query 0's scores keep rising, so its hits keep changing under a low threshold, while
         // the other queries take their hits early and then hold high thresholds: a filter that
@@ -218,6 +219,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri (over 45 s)")]
     fn group_max_ranks_by_the_best_query() {
         let mut rng = SplitMix64::new(11);
         let (n, dim, g) = (300, 32, 3);

@@ -290,6 +290,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri (over 45 s)")]
     fn every_available_isa_matches_scalar_bitwise() {
         let mut rng = crate::rng::SplitMix64::new(7);
         for dtype in [DType::F16, DType::Bf16, DType::F32] {

@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
+use cxlkv_kernels::attention::default_scale;
 
 /// Architectures this decoder runs (`general.architecture`).
 pub const SUPPORTED_ARCHITECTURES: &str = "llama, gemma3";
@@ -127,9 +128,9 @@ impl Config {
     /// Gemma 3 27B, 62 layers, whose `query_pre_attn_scalar` differs: followed here.)
     pub fn attention_scale(&self) -> f32 {
         if self.architecture == "gemma3" && self.layers == 62 {
-            return 1.0 / ((self.d_model / self.heads) as f32).sqrt();
+            return default_scale(self.d_model / self.heads);
         }
-        1.0 / (self.head_dim as f32).sqrt()
+        default_scale(self.head_dim)
     }
 
     /// True if layer `l` attends to every position (no sliding window).

@@ -84,14 +84,6 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
-    /// An attention backend name that no constructor knows.
-    #[error("unknown attention backend {found:?} (known: {known})")]
-    UnknownBackend {
-        /// The name asked for.
-        found: String,
-        /// The known names, comma-separated.
-        known: String,
-    },
     /// A tensor operation in candle failed.
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),

@@ -35,8 +35,13 @@
 //! new positions' keys and values head-major (`[kv_heads][t][head_dim]`, the layout of a typed
 //! cxlkv pool block) and then `attend(layer, q, out)` with their queries token-major
 //! (`[t][heads][head_dim]`); the backend owns storage, the GQA mapping and causality. [`Dense`]
-//! is the reference: private memory, f32 or f16, exact softmax over every position, with scores
-//! from `cxlkv_kernels`' Q·K kernel.
+//! is the reference: private memory, f32 or f16, exact softmax over every position.
+//!
+//! [`HostAttention`] is the one attention loop over rows the host holds: scores from
+//! `cxlkv_kernels`' Q·K kernel, softmax and value sum from [`Partial`]. [`Dense`] runs it over its
+//! private rows, and the pool backends of `cxlkv-decode` over the rows they read back, so a
+//! backend that stores K/V elsewhere and reads them back gives the reference's outputs bit for
+//! bit.
 //!
 //! [`Partial`] is the currency for splitting the work: the unnormalized output, the maximum score
 //! and the sum of exponentials over a subset of keys. Partials over disjoint subsets merge by the
@@ -45,15 +50,21 @@
 //!
 //! ## Adding a backend
 //!
+//! This crate knows no backend names: attention modes (`dense`, `pool`, `ndp-exact`, ...) are
+//! named, parsed and built in one place, the registry of `cxlkv-decode`, whose crate docs give
+//! the five-step recipe for a new mode. On this side of the seam:
+//!
 //! 1. Implement [`Attention`] (see `attention/dense.rs`; [`attention::check_append`] and
 //!    [`attention::check_attend`] validate the slices). Keep `len(layer)` the number of positions
 //!    appended: the model derives positions from it and refuses layers that disagree.
-//! 2. Compute each query's result as [`Partial`]s over the places the keys live and
-//!    [`Partial::merge`] them.
-//! 3. Add a name to [`attention::BACKENDS`] and a constructor to [`attention::backend`]; the
-//!    command line (`cxlkv generate --attention NAME`) picks it up.
+//! 2. Compute attention over rows on the host with [`HostAttention`] (whole causal blocks with
+//!    `causal`, one GQA group's share with `group`); where the keys live in several places,
+//!    compute [`Partial`]s over each and [`Partial::merge`] them.
+//! 3. Register it as a mode in `cxlkv-decode` (a name, its argument, a constructor); the command
+//!    line (`cxlkv generate --attention NAME`, `cxlkv eval --modes`) picks it up from there.
 //! 4. Check it against [`Dense`] on the real model: the tests in `model/tests/` compare keys,
-//!    values and logits with tensors from an independent implementation (`data/kv/`).
+//!    values and logits with tensors from an independent implementation (`data/kv/`), and
+//!    `decode/tests/greedy.rs` compares greedy tokens mode by mode.
 //!
 //! ## Invariants
 //!
@@ -75,7 +86,9 @@ mod spm;
 mod tokenizer;
 mod weights;
 
-pub use attention::{Attention, AttentionShape, AttentionStats, Dense, Partial};
+pub use attention::{
+    Attention, AttentionShape, AttentionStats, Dense, HeadRows, HostAttention, Partial,
+};
 pub use config::{Config, SUPPORTED_ARCHITECTURES};
 pub use error::{Error, Result};
 pub use generate::{argmax, generate, GenerationStats};

@@ -32,6 +32,9 @@
 //!   sequence into blocks), [`check`] (`cxlkv pool check`), [`stats`], [`locate`] (finding a pool
 //!   inside a larger file), [`hotness`] (access sketch and hotlists), [`policy`] (eviction policies
 //!   shared by the pool, the tiers and trace replay).
+//! - `sync`: the fences of the lock-free protocols, from loom under `--cfg loom`; `lockfree` (only
+//!   then) hands the index-slot seqlock and the NDP ring steps to `tests/loom_models.rs`, which
+//!   runs them on loom-backed memory.
 //! - [`ndp`]: the device client: the ABI bindings generated from the one C header, the device area
 //!   layout, command rings, requests (`SCORE_TOPK`, `GATHER`, ...) and the host fallback that
 //!   computes the same answer when the device is absent or late.
@@ -77,6 +80,8 @@ pub mod hotness;
 pub mod key;
 pub mod kv;
 pub mod locate;
+#[cfg(loom)]
+pub mod lockfree;
 pub mod metrics;
 pub mod ndp;
 pub mod object;
@@ -85,6 +90,7 @@ pub mod policy;
 pub mod pool;
 mod read;
 pub mod stats;
+mod sync;
 pub mod watch;
 
 pub use check::{check, CheckReport};

@@ -18,11 +18,11 @@ use crate::format::{
     VERSION_MAJOR, VERSION_MINOR,
 };
 use crate::key::Key;
+use crate::sync::{fence, spin_loop, Ordering};
 use crate::watch::Watch;
 use cxlkv_shm::mem::read_obj;
-use cxlkv_shm::mem::{MemError, SharedMemory};
+use cxlkv_shm::mem::{MemError, Result as MemResult, SharedMemory};
 use cxlkv_shm::region::{Backend, Region, RegionError, RegionOptions};
-use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
@@ -708,40 +708,12 @@ impl Pool {
     /// A consistent snapshot of an index slot: (version, key, entry), or `None` if it stayed
     /// mid-update for the whole spin budget.
     pub fn read_slot(&self, p: u32, slot: u32) -> Result<Option<(u64, Key, u64)>> {
-        let off = self.index_slot_off(p, slot);
-        let mem = self.mem();
-        for _ in 0..SEQLOCK_SPINS {
-            // Pairs with the publishes of the odd and the even version in `write_slot`.
-            coherence::acquire(mem, Site::IndexRead, off, INDEX_SLOT_SIZE);
-            // Acquire pairs with the Release store of the even version in `write_slot`.
-            let v1 = mem.load_u64(off, Ordering::Acquire)?;
-            if v1 & 1 == 1 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let lo = mem.load_u64(off + 8, Ordering::Relaxed)?;
-            let hi = mem.load_u64(off + 16, Ordering::Relaxed)?;
-            let entry = mem.load_u64(off + 24, Ordering::Relaxed)?;
-            // Orders the field loads before the version re-check; pairs with the Release fence
-            // after the odd version store in `write_slot`.
-            fence(Ordering::Acquire);
-            let v2 = mem.load_u64(off, Ordering::Relaxed)?;
-            if v1 == v2 {
-                return Ok(Some((v1, Key::from_parts(lo, hi), entry)));
-            }
-        }
-        Ok(None)
+        Ok(read_slot_at(self.mem(), self.index_slot_off(p, slot))?)
     }
 
     /// Current version of a slot (for the final check of an optimistic read).
     pub(crate) fn slot_version(&self, p: u32, slot: u32) -> Result<u64> {
-        let off = self.index_slot_off(p, slot);
-        // Orders the payload copy before this load; pairs with the writer's Release fence after it
-        // makes the slot odd (so a copy that saw new bytes sees the new version).
-        fence(Ordering::Acquire);
-        // Pairs with the publish of the odd version in `write_slot`.
-        coherence::acquire(self.mem(), Site::IndexRead, off, 8);
-        Ok(self.mem().load_u64(off, Ordering::Relaxed)?)
+        Ok(slot_version_at(self.mem(), self.index_slot_off(p, slot))?)
     }
 
     /// Probes partition `p` for `key`.
@@ -885,4 +857,40 @@ impl Pool {
     pub fn contains(&self, key: Key) -> Result<bool> {
         Ok(self.locate(key)?.is_some())
     }
+}
+
+/// The seqlock read of [`Pool::read_slot`] on the slot at `off` of `mem`. The loom models call it
+/// on loom-backed memory (`crate::lockfree`).
+pub(crate) fn read_slot_at(mem: &dyn SharedMemory, off: u64) -> MemResult<Option<(u64, Key, u64)>> {
+    for _ in 0..SEQLOCK_SPINS {
+        // Pairs with the publishes of the odd and the even version in `write_slot`.
+        coherence::acquire(mem, Site::IndexRead, off, INDEX_SLOT_SIZE);
+        // Acquire pairs with the Release store of the even version in `write_slot`.
+        let v1 = mem.load_u64(off, Ordering::Acquire)?;
+        if v1 & 1 == 1 {
+            spin_loop();
+            continue;
+        }
+        let lo = mem.load_u64(off + 8, Ordering::Relaxed)?;
+        let hi = mem.load_u64(off + 16, Ordering::Relaxed)?;
+        let entry = mem.load_u64(off + 24, Ordering::Relaxed)?;
+        // Orders the field loads before the version re-check; pairs with the Release fence
+        // after the odd version store in `write_slot`.
+        fence(Ordering::Acquire);
+        let v2 = mem.load_u64(off, Ordering::Relaxed)?;
+        if v1 == v2 {
+            return Ok(Some((v1, Key::from_parts(lo, hi), entry)));
+        }
+    }
+    Ok(None)
+}
+
+/// The version re-check of [`Pool::slot_version`] on the slot at `off` of `mem`.
+pub(crate) fn slot_version_at(mem: &dyn SharedMemory, off: u64) -> MemResult<u64> {
+    // Orders the payload copy before this load; pairs with the writer's Release fence after it
+    // makes the slot odd (so a copy that saw new bytes sees the new version).
+    fence(Ordering::Acquire);
+    // Pairs with the publish of the odd version in `write_slot`.
+    coherence::acquire(mem, Site::IndexRead, off, 8);
+    mem.load_u64(off, Ordering::Relaxed)
 }

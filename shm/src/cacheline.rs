@@ -325,12 +325,16 @@ mod tests {
 
     #[test]
     fn lines_cover_the_range() {
-        assert_eq!(lines(64 as *const u8, 64), (64, 1));
-        assert_eq!(lines(65 as *const u8, 64), (64, 2));
+        assert_eq!(lines(std::ptr::without_provenance(64), 64), (64, 1));
+        assert_eq!(lines(std::ptr::without_provenance(65), 64), (64, 2));
         assert_eq!(lines(std::ptr::null(), 1), (0, 1));
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "non-temporal stores and cache-line flushes are inline assembly, which Miri cannot run"
+    )]
     fn streaming_copies_every_alignment_and_length() {
         let src: Vec<u8> = (0..1000u32).map(|i| (i * 13 + 5) as u8).collect();
         let mut kinds = vec![detect(), FlushKind::Clflush, FlushKind::Fence];
@@ -357,6 +361,10 @@ mod tests {
 
     #[cfg(target_arch = "x86_64")]
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "non-temporal stores are inline assembly, which Miri cannot run"
+    )]
     fn both_streaming_loops_copy_whole_lines() {
         let src: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 1) as u8).collect();
         let mut dst = vec![0u8; 4096 + 64];
@@ -373,6 +381,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "cache-line flushes are inline assembly, which Miri cannot run"
+    )]
     fn flushes_keep_contents() {
         let mut v = vec![7u8; 4096];
         let kind = detect();

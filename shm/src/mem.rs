@@ -270,4 +270,47 @@ mod tests {
         assert!(check_range(u64::MAX, 2, 8).is_err());
         assert!(check_atomic(4, 8, 64).is_err());
     }
+
+    /// Every raw-pointer path of `RawMemory` on a private page, so that Miri (scripts/miri.sh)
+    /// checks the `unsafe` blocks above: bounds, alignment and the atomic casts.
+    #[test]
+    fn raw_memory_stays_inside_its_bytes() {
+        let layout = std::alloc::Layout::from_size_align(4096, 4096).unwrap();
+        // SAFETY: the layout has a non-zero size.
+        let base = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!base.is_null());
+        // SAFETY: `base` is a live, page-aligned allocation of 4096 bytes, freed only below, after
+        // the last use of `m`.
+        let m = unsafe { RawMemory::new(base, 4096) };
+        check_raw_memory(&m, base);
+        // SAFETY: allocated above with this layout; `m` is not used again.
+        unsafe { std::alloc::dealloc(base, layout) };
+    }
+
+    fn check_raw_memory(m: &RawMemory, base: *mut u8) {
+        m.write(4090, b"cxlkv!").unwrap();
+        let mut six = [0u8; 6];
+        m.read(4090, &mut six).unwrap();
+        assert_eq!(&six, b"cxlkv!");
+        assert_eq!(
+            m.write(4091, b"cxlkv!"),
+            Err(MemError::OutOfBounds {
+                offset: 4091,
+                len: 6,
+                size: 4096
+            })
+        );
+        m.fill(8, 16, 0xab).unwrap();
+        assert_eq!(m.load_u64(16, Ordering::Acquire), Ok(0xabab_abab_abab_abab));
+        m.store_u64(4088, 41, Ordering::Release).unwrap();
+        assert_eq!(m.compare_exchange_u64(4088, 41, 42), Ok(Ok(41)));
+        assert_eq!(m.compare_exchange_u64(4088, 41, 43), Ok(Err(42)));
+        assert!(matches!(
+            m.load_u64(4092, Ordering::Relaxed),
+            Err(MemError::Misaligned { .. })
+        ));
+        assert!(m.load_u64(4096, Ordering::Relaxed).is_err());
+        assert_eq!(m.raw_range(4096, 0), Ok(base.wrapping_add(4096)));
+        assert!(m.raw_range(4000, 97).is_err());
+    }
 }

@@ -4,8 +4,8 @@
 
 use super::{human, Error, Result};
 use clap::Args;
-use cxlkv::decode::{find_ndpd, DeviceChoice, Env, EnvOptions, ModeSpec, Phased, MODES};
-use cxlkv::model::{generate, Attention, AttentionStats, Model, WeightFormat};
+use cxlkv::decode::{find_ndpd, DeviceChoice, Env, EnvOptions, ModeSpec, Modes, Phased};
+use cxlkv::model::{generate, AttentionStats, Model, WeightFormat};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -68,13 +68,10 @@ pub struct GenerateArgs {
 
 /// The mode named by `--attention` and `--dense-layers`.
 fn mode_of(a: &GenerateArgs) -> Result<ModeSpec> {
-    let mut spec = ModeSpec::parse(&a.attention).map_err(|e| {
-        let known: Vec<String> = MODES
-            .iter()
-            .map(|(n, what)| format!("  {n}: {what}"))
-            .collect();
-        Error::Usage(format!("{e}\nmodes:\n{}", known.join("\n")))
-    })?;
+    let modes = Modes::builtin();
+    let mut spec = modes
+        .parse(&a.attention)
+        .map_err(|e| Error::Usage(format!("{e}\nmodes:\n{}", modes.help())))?;
     if let Some(l) = &a.dense_layers {
         let layers = cxlkv::decode::parse_layers(l)
             .map_err(|e| Error::Usage(format!("--dense-layers {l}: {e}")))?;
@@ -83,13 +80,13 @@ fn mode_of(a: &GenerateArgs) -> Result<ModeSpec> {
     Ok(spec)
 }
 
-fn device_of(a: &GenerateArgs) -> Result<DeviceChoice> {
-    match a.device.as_str() {
+/// The device named by `--device` (`thread`, `host` or `ndpd`, whose binary is `ndpd`, else found
+/// next to `cxlkv`); `cxlkv eval` takes it the same way.
+pub(super) fn device_choice(name: &str, ndpd: Option<PathBuf>) -> Result<DeviceChoice> {
+    match name {
         "thread" => Ok(DeviceChoice::Thread),
         "host" => Ok(DeviceChoice::Host),
-        "ndpd" => a
-            .ndpd
-            .clone()
+        "ndpd" => ndpd
             .or_else(find_ndpd)
             .map(DeviceChoice::Ndpd)
             .ok_or_else(|| {
@@ -108,7 +105,7 @@ fn device_of(a: &GenerateArgs) -> Result<DeviceChoice> {
 /// Runs `cxlkv generate`.
 pub fn run(a: &GenerateArgs) -> Result<ExitCode> {
     let spec = mode_of(a)?;
-    let device = device_of(a)?;
+    let device = device_choice(&a.device, a.ndpd.clone())?;
     let format: WeightFormat = a.weights.parse().map_err(Error::Usage)?;
     let prompt = match (&a.prompt, &a.prompt_file) {
         (Some(p), _) => p.clone(),
@@ -139,25 +136,20 @@ pub fn run(a: &GenerateArgs) -> Result<ExitCode> {
     let cfg = model.config();
     let shape = model.attention_shape();
     let decode_err = |e: cxlkv::decode::Error| Error::Other(e.to_string());
-    let env = if spec.uses_pool() {
-        let opts = EnvOptions {
-            pool: a.pool.clone(),
-            device,
-            block_tokens: a.block_tokens,
-            sinks: a.sinks,
-            window: a.window,
-            ..EnvOptions::default()
-        };
-        let env = Env::open(&opts, shape, ids.len() + a.n).map_err(decode_err)?;
+    let opts = EnvOptions {
+        pool: a.pool.clone(),
+        device,
+        block_tokens: a.block_tokens,
+        sinks: a.sinks,
+        window: a.window,
+        ..EnvOptions::default()
+    };
+    let env = Env::open_for(std::slice::from_ref(&spec), &opts, shape, ids.len() + a.n)
+        .map_err(decode_err)?;
+    if let Some(env) = &env {
         eprintln!("{}", env.describe());
-        Some(env)
-    } else {
-        None
-    };
-    let mut attn: Box<dyn Attention + '_> = match &env {
-        Some(env) => env.backend(&spec, 1).map_err(decode_err)?,
-        None => cxlkv::model::attention::backend(&spec.to_string(), shape).map_err(model_err)?,
-    };
+    }
+    let mut attn = spec.backend(shape, env.as_ref(), 1).map_err(decode_err)?;
     eprintln!(
         "model: {} ({} layers, d_model {}, {} heads / {} KV heads of {}, vocab {}, context {}), \
          weights {:?}, loaded in {:.2?}; attention {}",

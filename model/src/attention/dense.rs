@@ -1,12 +1,13 @@
 //! The reference backend: every key and value in private memory (f32, or f16 to halve it), exact
-//! softmax attention over all positions. Scores come from `cxlkv_kernels`' Q·K kernel (the one
-//! the near-data path uses), the softmax and the value sum from [`Partial`], so that a backend
-//! splitting the keys differs from this one only by the merge.
+//! softmax attention over all positions, computed by the one host attention loop
+//! ([`HostAttention::causal`]: `cxlkv_kernels`' Q·K kernel, the one the near-data path uses, and
+//! [`Partial`](cxlkv_kernels::Partial)'s softmax and value sum), so that a backend splitting the
+//! keys differs from this one only by the merge.
 
 use super::contract::{check_append, check_attend, Attention, AttentionShape, AttentionStats};
+use super::host::{HeadRows, HostAttention};
 use crate::error::{Error, Result};
-use cxlkv_kernels::Partial;
-use cxlkv_kernels::{DType, KeyRows, QueryGroup, ScoreKernel};
+use cxlkv_kernels::{DType, KeyRows};
 
 /// Keys and values of one KV head of one layer, rows of `head_dim` elements, little-endian.
 #[derive(Default)]
@@ -19,12 +20,11 @@ struct HeadCache {
 pub struct Dense {
     shape: AttentionShape,
     dtype: DType,
-    kernel: ScoreKernel,
+    host: HostAttention,
     /// `[layer][kv_head]`.
     heads: Vec<Vec<HeadCache>>,
     /// Positions held per layer.
     len: Vec<usize>,
-    scores: Vec<f32>,
     stats: AttentionStats,
 }
 
@@ -60,10 +60,9 @@ impl Dense {
         Ok(Dense {
             shape,
             dtype,
-            kernel: ScoreKernel::detect(),
+            host: HostAttention::new(),
             heads,
             len: vec![0; shape.layers],
-            scores: Vec::new(),
             stats: AttentionStats::default(),
         })
     }
@@ -131,31 +130,14 @@ impl Attention for Dense {
             return Err(self.layer_error(layer));
         }
         let held = self.len[layer];
-        let t = check_attend(&self.shape, self.name(), held, q, out)?;
-        let (d, g) = (self.shape.head_dim, self.shape.group());
-        let row = self.shape.heads * d;
-        let scale = self.shape.scale;
-        let rb = d * self.dtype.size();
-        for i in 0..t {
-            let visible = held - t + i + 1;
-            for (kv, cache) in self.heads[layer].iter().enumerate() {
-                let keys = KeyRows::new(&cache.k[..visible * rb], self.dtype, d)
-                    .expect("rows checked at construction");
-                let values = KeyRows::new(&cache.v[..visible * rb], self.dtype, d)
-                    .expect("rows checked at construction");
-                let group = &q[i * row + kv * g * d..i * row + (kv + 1) * g * d];
-                let group = QueryGroup::new(group, d).expect("dimension checked at construction");
-                self.scores.resize(visible * g, 0.0);
-                self.kernel.score(&group, &keys, &mut self.scores);
-                let parts = Partial::over_group(&values, &self.scores, g, scale);
-                for (j, p) in parts.iter().enumerate() {
-                    let at = i * row + (kv * g + j) * d;
-                    p.finish_into(&mut out[at..at + d]);
-                }
-                self.stats.query_heads += g as u64;
-                self.stats.value_rows += (g * visible) as u64;
-            }
-        }
+        check_attend(&self.shape, self.name(), held, q, out)?;
+        let (dtype, d) = (self.dtype, self.shape.head_dim);
+        let heads: Vec<HeadRows<'_>> = self.heads[layer]
+            .iter()
+            .map(|c| HeadRows::new(&c.k, &c.v, dtype, d).expect("rows checked at construction"))
+            .collect();
+        self.host
+            .causal(&self.shape, &heads, q, out, &mut self.stats);
         Ok(())
     }
 
@@ -186,7 +168,7 @@ mod tests {
             heads: 4,
             kv_heads: 2,
             head_dim: 16,
-            scale: 0.25,
+            scale: cxlkv_kernels::attention::default_scale(16),
         }
     }
 

@@ -18,58 +18,9 @@
 
 mod contract;
 mod dense;
+mod host;
 
 pub use contract::{check_append, check_attend, Attention, AttentionShape, AttentionStats};
 pub use cxlkv_kernels::Partial;
 pub use dense::Dense;
-
-use crate::error::{Error, Result};
-use cxlkv_kernels::DType;
-
-/// The backends [`backend`] builds, with a line each.
-pub const BACKENDS: &[(&str, &str)] = &[
-    (
-        "dense",
-        "private memory, f32 keys and values (the reference)",
-    ),
-    ("dense-f16", "private memory, f16 keys and values"),
-];
-
-/// The backend called `name`, for a model of `shape`. Unknown names are an error listing the
-/// known ones.
-pub fn backend(name: &str, shape: AttentionShape) -> Result<Box<dyn Attention>> {
-    match name {
-        "dense" => Ok(Box::new(Dense::new(shape, DType::F32)?)),
-        "dense-f16" => Ok(Box::new(Dense::new(shape, DType::F16)?)),
-        other => Err(Error::UnknownBackend {
-            found: other.to_string(),
-            known: BACKENDS
-                .iter()
-                .map(|(n, _)| *n)
-                .collect::<Vec<_>>()
-                .join(", "),
-        }),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn unknown_backend_lists_the_known() {
-        let shape = AttentionShape {
-            layers: 1,
-            heads: 2,
-            kv_heads: 1,
-            head_dim: 16,
-            scale: 0.25,
-        };
-        let e = backend("pool", shape).err().unwrap().to_string();
-        assert!(
-            e.contains("\"pool\"") && e.contains("dense, dense-f16"),
-            "{e}"
-        );
-        assert_eq!(backend("dense-f16", shape).unwrap().name(), "dense-f16");
-    }
-}
+pub use host::{HeadRows, HostAttention};

@@ -8,7 +8,7 @@ use crate::device::model::Device;
 use cxlkv_runtime::coherence::{self, Site};
 use cxlkv_runtime::mem::{read_obj, write_obj};
 use cxlkv_runtime::ndp::abi::*;
-use cxlkv_runtime::ndp::{futex_wait, futex_wake, qpi, reg, DEPTH};
+use cxlkv_runtime::ndp::{futex_wait, futex_wake, qpi, reg, Ring, DEPTH};
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
@@ -66,19 +66,8 @@ impl Device {
         let base = self.layout.qp(qp);
         c.index = *cq_tail;
         c.generation = self.generation;
-        let off = self.layout.cq_slot(qp, *cq_tail);
-        write_obj(mem, off, &c)?;
-        coherence::publish(
-            mem,
-            Site::NdpCompleteWrite,
-            off,
-            u64::from(CXLKV_NDP_CPL_SIZE),
-        );
-        *cq_tail = cq_tail.wrapping_add(1);
-        // Release: the entry (and the result buffer written before it) before the index. Pairs
-        // with the client's Acquire load of cq_tail in `drain`.
-        mem.store_u64(base + qpi::CQ_TAIL, *cq_tail, Ordering::Release)?;
-        coherence::publish(mem, Site::NdpCompleteWrite, base + qpi::CQ_TAIL, 8);
+        // The entry (and the result buffer written before it) before the index.
+        Ring::completion(&self.layout, qp).produce(mem, cq_tail, &c)?;
         // Dekker pair with the client's SeqCst store of cq_waiters before its re-check of cq_tail.
         fence(Ordering::SeqCst);
         if mem.load_u64(base + qpi::CQ_WAITERS, Ordering::SeqCst)? != 0 {
@@ -155,10 +144,8 @@ impl Device {
     /// Takes at most one command from queue pair `qp`; true if it did any work.
     pub(super) fn service(&self, qp: u32, head: &mut u64, cq_tail: &mut u64) -> bool {
         let mem = self.mem();
-        let base = self.layout.qp(qp);
-        coherence::acquire(mem, Site::NdpSubmitRead, base + qpi::SQ_TAIL, 8);
-        // Acquire pairs with the client's Release store of sq_tail after writing the slot.
-        let Ok(tail) = mem.load_u64(base + qpi::SQ_TAIL, Ordering::Acquire) else {
+        let sq = Ring::submission(&self.layout, qp);
+        let Ok(tail) = sq.tail(mem) else {
             return false;
         };
         if tail == *head {
@@ -169,8 +156,7 @@ impl Device {
             // (in this order, so a client that sees the error completion or counter and resyncs
             // from SQ_HEAD reads the new head, not the old one).
             *head = tail;
-            let _ = mem.store_u64(base + qpi::SQ_HEAD, *head, Ordering::Release);
-            coherence::publish(mem, Site::NdpHeadWrite, base + qpi::SQ_HEAD, 8);
+            let _ = sq.release(mem, *head);
             let _ = self.write_cpl(
                 qp,
                 cq_tail,
@@ -184,31 +170,20 @@ impl Device {
         }
         // Room in the completion ring? A cq_head that is not a plausible index is ignored (the
         // entry is written in the ring either way; only that client's view suffers).
-        coherence::acquire(mem, Site::NdpHeadRead, base + qpi::CQ_HEAD, 8);
-        let cq_head = mem
-            .load_u64(base + qpi::CQ_HEAD, Ordering::Acquire)
-            .unwrap_or(*cq_tail);
-        let used = cq_tail.wrapping_sub(cq_head);
+        let used = Ring::completion(&self.layout, qp)
+            .in_flight(mem, *cq_tail)
+            .unwrap_or(0);
         if used == DEPTH {
             return false;
         }
-        let slot = self.layout.sq_slot(qp, *head);
-        coherence::acquire(
-            mem,
-            Site::NdpSubmitRead,
-            slot,
-            u64::from(CXLKV_NDP_CMD_SIZE),
-        );
         // A private copy: the client may rewrite the slot; we check and use only this copy.
-        let cmd: cxlkv_ndp_cmd = match read_obj(mem, slot) {
+        let cmd: cxlkv_ndp_cmd = match sq.read(mem, *head) {
             Ok(c) => c,
             Err(_) => return false,
         };
         *head = head.wrapping_add(1);
-        // Release: our read of the slot before the client may reuse it. Pairs with the client's
-        // Acquire load of sq_head when it checks for space.
-        let _ = mem.store_u64(base + qpi::SQ_HEAD, *head, Ordering::Release);
-        coherence::publish(mem, Site::NdpHeadWrite, base + qpi::SQ_HEAD, 8);
+        // Our copy of the slot before the client may reuse it.
+        let _ = sq.release(mem, *head);
         let cpl = self.execute(qp, &cmd);
         let _ = self.write_cpl(qp, cq_tail, cpl);
         true

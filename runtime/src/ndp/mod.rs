@@ -10,6 +10,8 @@
 //!
 //! - [`layout`]: [`DeviceLayout`] (where the registers and queue pairs are, from the superblock
 //!   alone), register and ring-index offsets, [`DeviceStatus`].
+//! - [`queue`]: [`Ring`], the shared-memory steps of a submission or completion ring, for both
+//!   ends (the client here, the device in `cxlkv-ndp`); the loom models run them.
 //! - [`block`]: [`resolve_block`], the block validation both the device and the host fallback
 //!   apply (header CRC and index sequence via [`crate::pool::Pool::block_ref`], then the typed
 //!   layout against the command), token lookup and the owned-buffer check.
@@ -39,6 +41,7 @@ pub mod abi;
 pub mod block;
 pub mod client;
 pub mod layout;
+pub mod queue;
 pub mod result;
 pub mod select;
 
@@ -54,6 +57,7 @@ pub use client::{
     Select, Ticket, TopK,
 };
 pub use layout::{now_ns, qpi, reg, status_name, DeviceLayout, DeviceStatus, DEPTH};
+pub use queue::Ring;
 pub use result::{
     attend_result_size, block_mass, decode_attend_result, decode_list_info, decode_topk_result,
     encode_attend_result, encode_host_result, encode_list_info, encode_topk_result,

@@ -7,7 +7,8 @@ use crate::coherence::{self, Site};
 use crate::format::{decode_entry, slot_version, ENTRY_EMPTY, ENTRY_TOMBSTONE, INDEX_SLOT_SIZE};
 use crate::key::Key;
 use crate::pool::{Pool, PoolError, Result};
-use std::sync::atomic::{fence, Ordering};
+use crate::sync::{fence, Ordering};
+use cxlkv_shm::SharedMemory;
 
 /// Seqlock write of one index slot by the owner of partition `p`, whose generation is
 /// `generation`. Both version changes are compare-and-swaps from a word of that generation: once a
@@ -22,12 +23,29 @@ pub(super) fn write_slot(
     entry: u64,
     generation: u64,
 ) -> Result<()> {
-    let off = pool.index_slot_off(p, s);
-    let mem = pool.mem();
-    let fenced = |v: u64| PoolError::Fenced {
+    write_slot_at(
+        pool.mem(),
+        pool.index_slot_off(p, s),
+        key,
+        entry,
+        generation,
+    )?
+    .map_err(|v| PoolError::Fenced {
         partition: p,
         generation: slot_version::generation(v) as u32,
-    };
+    })
+}
+
+/// The protocol of [`write_slot`] on the slot at `off` of `mem`: `Ok(Err(version))` when the
+/// slot's version (`version`, as last read) says the writer is fenced. The loom models call it on
+/// loom-backed memory (`crate::lockfree`).
+pub(crate) fn write_slot_at(
+    mem: &dyn SharedMemory,
+    off: u64,
+    key: Key,
+    entry: u64,
+    generation: u64,
+) -> cxlkv_shm::mem::Result<std::result::Result<(), u64>> {
     // Pairs with the IndexWrite publish of a successor's retag at takeover.
     coherence::acquire(mem, Site::IndexRead, off, 8);
     let v = mem.load_u64(off, Ordering::Acquire)?;
@@ -35,11 +53,11 @@ pub(super) fn write_slot(
         || slot_version::quarantined(v)
         || v & 1 == 1
     {
-        return Err(fenced(v));
+        return Ok(Err(v));
     }
     let odd = slot_version::begin(v);
     if let Err(now) = mem.compare_exchange_u64(off, v, odd)? {
-        return Err(fenced(now));
+        return Ok(Err(now));
     }
     // The odd version reaches memory before any field does. Pairs with the IndexRead acquires in
     // `Pool::read_slot` / `Pool::slot_version`.
@@ -56,10 +74,10 @@ pub(super) fn write_slot(
     // Release). Pairs with the Acquire load of the version in `Pool::read_slot`. It fails
     // when a successor quarantined the slot meanwhile: nothing becomes visible.
     if let Err(now) = mem.compare_exchange_u64(off, odd, slot_version::end(odd))? {
-        return Err(fenced(now));
+        return Ok(Err(now));
     }
     coherence::publish(mem, Site::IndexWrite, off, INDEX_SLOT_SIZE);
-    Ok(())
+    Ok(Ok(()))
 }
 
 impl Participant {

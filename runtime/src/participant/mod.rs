@@ -39,6 +39,8 @@ pub(crate) mod state;
 mod write;
 
 pub use crash::{CRASH_SITES, OBJECT_CRASH_SITES};
+#[cfg(loom)]
+pub(crate) use index::write_slot_at;
 pub use liveness::{participant_dead, participant_liveness};
 pub use object::PutOutcome;
 pub use pin::{PinnedBlock, RawPin};

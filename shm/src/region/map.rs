@@ -378,6 +378,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "mmap of /dev/shm and get_mempolicy(2) are foreign calls Miri does not emulate"
+    )]
     fn numa_binding_is_applied_and_checked() {
         let b = Backend::Numa {
             node: 0,

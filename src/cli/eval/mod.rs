@@ -14,11 +14,8 @@ mod score;
 
 use super::{Error, Result};
 use clap::Args;
-use cxlkv::decode::{find_ndpd, DeviceChoice, Env, EnvOptions, Mode, ModeSpec};
-use cxlkv::kernels::DType;
-use cxlkv::model::{
-    attention, Attention, AttentionShape, Config, Dense, Gguf, Model, Tokenizer, WeightFormat,
-};
+use cxlkv::decode::{Env, EnvOptions, ModeSpec};
+use cxlkv::model::{Attention, AttentionShape, Config, Gguf, Model, Tokenizer, WeightFormat};
 use report::{ModeResult, Setting};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -84,27 +81,7 @@ pub struct EvalArgs {
 
 /// The pool modes' environment from the command line (as `cxlkv generate` takes it).
 fn env_options(a: &EvalArgs) -> Result<EnvOptions> {
-    let device = match a.device.as_str() {
-        "thread" => DeviceChoice::Thread,
-        "host" => DeviceChoice::Host,
-        "ndpd" => a
-            .ndpd
-            .clone()
-            .or_else(find_ndpd)
-            .map(DeviceChoice::Ndpd)
-            .ok_or_else(|| {
-                Error::Usage(
-                    "--device ndpd: cxlkv-ndpd not found next to cxlkv; give --ndpd PATH or set \
-                     CXLKV_NDPD"
-                        .into(),
-                )
-            })?,
-        other => {
-            return Err(Error::Usage(format!(
-                "--device {other:?}: use thread, ndpd or host"
-            )))
-        }
-    };
+    let device = super::generate::device_choice(&a.device, a.ndpd.clone())?;
     let dtype = a
         .dtype
         .parse()
@@ -122,8 +99,8 @@ fn env_options(a: &EvalArgs) -> Result<EnvOptions> {
     })
 }
 
-/// Builds the backend of each mode: dense modes in private memory, the others on the pool and
-/// device of `cxlkv_decode`'s [`Env`], opened only if some mode needs it.
+/// Builds the backend of each mode through the decode crate's one factory, on the pool and
+/// device of its [`Env`], opened only if some mode needs it.
 struct Backends {
     env: Option<Env>,
     shape: AttentionShape,
@@ -137,13 +114,8 @@ impl Backends {
         shape: AttentionShape,
         max_tokens: usize,
     ) -> Result<Backends> {
-        let env = if specs.iter().any(ModeSpec::uses_pool) {
-            Some(Env::open(opts, shape, max_tokens).map_err(decode_err)?)
-        } else {
-            None
-        };
         Ok(Backends {
-            env,
+            env: Env::open_for(specs, opts, shape, max_tokens).map_err(decode_err)?,
             shape,
             next_sequence: std::cell::Cell::new(1),
         })
@@ -160,16 +132,8 @@ impl Backends {
     fn backend(&self, spec: &ModeSpec) -> Result<Box<dyn Attention + '_>> {
         let seq = self.next_sequence.get();
         self.next_sequence.set(seq + 1);
-        match (&self.env, spec.mode) {
-            (Some(env), _) => env.backend(spec, seq).map_err(decode_err),
-            (None, Mode::Dense) => Ok(Box::new(
-                Dense::new(self.shape, DType::F32).map_err(score::model_err)?,
-            )),
-            (None, Mode::DenseF16) => Ok(Box::new(
-                Dense::new(self.shape, DType::F16).map_err(score::model_err)?,
-            )),
-            (None, _) => Err(Error::Other(format!("mode {spec} needs the pool"))),
-        }
+        spec.backend(self.shape, self.env.as_ref(), seq)
+            .map_err(decode_err)
     }
 }
 
@@ -190,8 +154,8 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
         }
     }
     // Dense is always a row: the baseline of the ratios, the plot and the pass-key test.
-    if !specs.iter().any(|s| s.mode == Mode::Dense) {
-        specs.insert(0, ModeSpec::parse("dense").map_err(usage)?);
+    if !specs.iter().any(|s| s.name() == ModeSpec::dense().name()) {
+        specs.insert(0, ModeSpec::dense());
     }
     if a.scored == 0 {
         return Err(Error::Usage("--scored must be at least 1".into()));
@@ -271,7 +235,7 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
     let backends = Backends::open(&env, &specs, shape, a.context)?;
 
     // The reference: an exact dense prefill, recorded, then dense decode steps.
-    let mut dense = attention::backend("dense", shape).map_err(score::model_err)?;
+    let mut dense = backends.backend(&ModeSpec::dense())?;
     let prefix = score::prefill(&model, dense.as_mut(), prefix_tokens, "reference")?;
     let (ref_scored, reference) = score::score(
         &model,
@@ -329,7 +293,7 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
                 p.length,
                 p.depth * 100.0
             );
-            let mut dense = attention::backend("dense", shape).map_err(score::model_err)?;
+            let mut dense = backends.backend(&ModeSpec::dense())?;
             let prefix = passkey::prefill_prompt(&model, dense.as_mut(), p, &label)?;
             drop(dense);
             for (spec, r) in specs.iter().zip(results.iter_mut()) {

@@ -15,10 +15,11 @@ use crate::ndp::abi::*;
 use crate::ndp::client::error::{FallbackReason, NdpError, Result};
 use crate::ndp::client::request::{NdpOptions, NdpStats, OwnedRequest};
 use crate::ndp::layout::{qpi, reg, DeviceLayout, DEPTH};
+use crate::ndp::queue::Ring;
 use crate::participant::{Participant, RawReservation};
 use crate::pool::Pool;
+use crate::sync::{fence, Ordering};
 use std::collections::HashMap;
-use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -240,23 +241,14 @@ impl NdpDevice {
     /// Moves every new completion into `done`, releasing quarantined staging blocks.
     pub(super) fn drain(&mut self) -> Result<()> {
         let mem = self.pool.memory().clone();
-        let base = self.layout.qp(self.qp);
-        coherence::acquire(&*mem, Site::NdpCompleteRead, base + qpi::CQ_TAIL, 8);
-        // Acquire pairs with the device's Release store of cq_tail after writing the entry.
-        let tail = mem.load_u64(base + qpi::CQ_TAIL, Ordering::Acquire)?;
+        let cq = Ring::completion(&self.layout, self.qp);
+        let tail = cq.tail(&*mem)?;
         if tail.wrapping_sub(self.cq_head) > DEPTH {
             // Not a state the device produces; resynchronise rather than read garbage.
             self.cq_head = tail;
         }
         while self.cq_head != tail {
-            let off = self.layout.cq_slot(self.qp, self.cq_head);
-            coherence::acquire(
-                &*mem,
-                Site::NdpCompleteRead,
-                off,
-                u64::from(CXLKV_NDP_CPL_SIZE),
-            );
-            let c: cxlkv_ndp_cpl = cxlkv_shm::mem::read_obj(&*mem, off)?;
+            let c: cxlkv_ndp_cpl = cq.read(&*mem, self.cq_head)?;
             self.cq_head = self.cq_head.wrapping_add(1);
             if self.pending.values().any(|p| p.tag == c.tag) {
                 // Its result is still to be read from the staging block: the block stays ours
@@ -272,10 +264,7 @@ impl NdpDevice {
                 }
             }
         }
-        // Release: our reads of the entries happen before the device may overwrite them. Pairs
-        // with the device's Acquire load of cq_head when it checks for space.
-        mem.store_u64(base + qpi::CQ_HEAD, self.cq_head, Ordering::Release)?;
-        coherence::publish(&*mem, Site::NdpHeadWrite, base + qpi::CQ_HEAD, 8);
+        cq.release(&*mem, self.cq_head)?;
         Ok(())
     }
 
@@ -295,24 +284,11 @@ impl NdpDevice {
         cmd: &cxlkv_ndp_cmd,
     ) -> Result<std::result::Result<u64, FallbackReason>> {
         let mem = self.pool.memory().clone();
-        let base = self.layout.qp(self.qp);
-        coherence::acquire(&*mem, Site::NdpHeadRead, base + qpi::SQ_HEAD, 8);
-        let head = mem.load_u64(base + qpi::SQ_HEAD, Ordering::Acquire)?;
-        if self.sq_tail.wrapping_sub(head) >= DEPTH {
+        let sq = Ring::submission(&self.layout, self.qp);
+        if sq.in_flight(&*mem, self.sq_tail)? >= DEPTH {
             return Ok(Err(FallbackReason::Busy));
         }
-        let slot = self.layout.sq_slot(self.qp, self.sq_tail);
-        cxlkv_shm::mem::write_obj(&*mem, slot, cmd)?;
-        coherence::publish(
-            &*mem,
-            Site::NdpSubmitWrite,
-            slot,
-            u64::from(CXLKV_NDP_CMD_SIZE),
-        );
-        self.sq_tail = self.sq_tail.wrapping_add(1);
-        // Release: the slot before the index. Pairs with the device's Acquire load of sq_tail.
-        mem.store_u64(base + qpi::SQ_TAIL, self.sq_tail, Ordering::Release)?;
-        coherence::publish(&*mem, Site::NdpSubmitWrite, base + qpi::SQ_TAIL, 8);
+        sq.produce(&*mem, &mut self.sq_tail, cmd)?;
         let mut sent = u64::from(CXLKV_NDP_CMD_SIZE) + 8;
         // Dekker pair with the device going to sleep: it stores `sleeping` then re-reads every
         // sq_tail (SeqCst); we store sq_tail then read `sleeping` (SeqCst). One of us sees the other.
