@@ -20,15 +20,11 @@ use cxlkv_runtime::{
     Backend, CoherenceMode, Key, Participant, Pool, PoolConfig, Region, RegionOptions,
 };
 use cxlkv_shm::cacheline::{self as coherence, detect, FlushKind};
+use cxlkv_test_support::median;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 const BLOCK: u64 = 256 << 10;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
 
 fn working_set() -> u64 {
     std::env::var("CXLKV_BENCH_WORKING_SET_MIB")

@@ -35,6 +35,7 @@ use cxlkv_runtime::ndp::{
     ScoreRequest,
 };
 use cxlkv_runtime::{Backend, HugePages, Key, KvShape, Pool, PoolConfig, Region, RegionOptions};
+use cxlkv_test_support::{median, TempBackend};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -51,21 +52,9 @@ fn settle() {
     std::thread::sleep(SPIN + Duration::from_millis(10));
 }
 
-struct Unlink(Backend);
-impl Drop for Unlink {
-    fn drop(&mut self) {
-        let _ = Region::unlink(&self.0);
-    }
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
 fn benches(c: &mut Criterion) {
-    let backend = Backend::Shm(format!("cxlkv-bench-ndp-{}", std::process::id()));
-    let _u = Unlink(backend.clone());
+    let temp = TempBackend::unique_shm("cxlkv-bench-ndp");
+    let backend = temp.backend().clone();
     let cfg = PoolConfig {
         block_size: 4 << 20,
         participants: 2,

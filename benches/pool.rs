@@ -18,9 +18,8 @@ mod common;
 use common::shuffled;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use cxlkv_runtime::{
-    AttachOptions, Backend, Key, Participant, Pool, PoolConfig, Region, RegionOptions,
-};
+use cxlkv_runtime::{AttachOptions, Key, Participant, PoolConfig};
+use cxlkv_test_support::TempPool;
 use std::hint::black_box;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -45,37 +44,21 @@ fn working_set() -> u64 {
         << 20
 }
 
-/// A pool in `/dev/shm`, unlinked when dropped.
-struct ShmPool {
-    pool: Pool,
-    backend: Backend,
-}
-
-impl ShmPool {
-    fn create(tag: &str, block_size: u64, blocks_per_partition: u64, partitions: u32) -> ShmPool {
-        let backend = Backend::Shm(format!("cxlkv-bench-{}-{tag}", std::process::id()));
-        let _ = Region::unlink(&backend);
-        // Header, device area and participant table, then per partition its index (32 B per slot,
-        // 2-4 slots per block), block headers and payloads, with slack for page rounding.
-        let per_partition = blocks_per_partition * (block_size + 64 + 128) + (64 << 10);
-        let size = (4 << 20) + u64::from(partitions) * per_partition;
-        let cfg = PoolConfig {
-            block_size,
-            participants: partitions,
-            partitions: Some(partitions),
-            lease: Duration::from_secs(30),
-            ..Default::default()
-        };
-        let pool = Pool::create_on(&backend, size, &cfg, &RegionOptions::default())
-            .expect("create shm pool");
-        ShmPool { pool, backend }
-    }
-}
-
-impl Drop for ShmPool {
-    fn drop(&mut self) {
-        let _ = Region::unlink(&self.backend);
-    }
+/// A pool in `/dev/shm` sized for `blocks_per_partition` blocks of `block_size` in each of
+/// `partitions` partitions, removed when dropped.
+fn shm_pool(tag: &str, block_size: u64, blocks_per_partition: u64, partitions: u32) -> TempPool {
+    // Header, device area and participant table, then per partition its index (32 B per slot,
+    // 2-4 slots per block), block headers and payloads, with slack for page rounding.
+    let per_partition = blocks_per_partition * (block_size + 64 + 128) + (64 << 10);
+    let size = (4 << 20) + u64::from(partitions) * per_partition;
+    let cfg = PoolConfig {
+        block_size,
+        participants: partitions,
+        partitions: Some(partitions),
+        lease: Duration::from_secs(30),
+        ..Default::default()
+    };
+    TempPool::create(&format!("bench-{tag}"), size, &cfg)
 }
 
 /// Bytes per second of `f` called over `order` repeatedly for about `secs`, `bytes` per call.
@@ -120,8 +103,8 @@ fn block_pattern(block: u64, salt: u64) -> Vec<u8> {
 fn bench_block_size(c: &mut Criterion, block: u64, label: &str) {
     let ws = working_set();
     let n = (ws / block).max(8);
-    let sp = ShmPool::create(label, block, n + 1, 1);
-    let pool = &sp.pool;
+    let sp = shm_pool(label, block, n + 1, 1);
+    let pool = sp.pool();
     let owner = Participant::attach(pool, AttachOptions::default()).expect("attach");
     // One block stays free so that every put replaces a key without evicting.
     let n = (u64::from(pool.superblock().blocks_per_partition) - 1).min(n) as usize;
@@ -329,8 +312,8 @@ fn bench_block_size(c: &mut Criterion, block: u64, label: &str) {
 fn bench_object(c: &mut Criterion) {
     const OBJ: usize = 64 << 20;
     const BLOCK: u64 = 256 << 10;
-    let sp = ShmPool::create("object", BLOCK, OBJ as u64 / BLOCK + 8, 1);
-    let pool = &sp.pool;
+    let sp = shm_pool("object", BLOCK, OBJ as u64 / BLOCK + 8, 1);
+    let pool = sp.pool();
     let owner = Participant::attach(pool, AttachOptions::default()).expect("attach");
     let key = Key::from_bytes(b"bench 64 MiB object");
     let payload = block_pattern(OBJ as u64, 0x3c);
@@ -424,8 +407,8 @@ fn bench_object(c: &mut Criterion) {
 /// `lookup_prefix` of one key, hit and miss, with `parts` partitions (keys spread evenly).
 fn bench_lookup(c: &mut Criterion, parts: u32) {
     let blocks = LOOKUP_KEYS_PER_PARTITION * 2;
-    let sp = ShmPool::create(&format!("lookup{parts}"), 4096, blocks, parts);
-    let pool = &sp.pool;
+    let sp = shm_pool(&format!("lookup{parts}"), 4096, blocks, parts);
+    let pool = sp.pool();
     let owners: Vec<Participant> = (0..parts)
         .map(|_| Participant::attach(pool, AttachOptions::default()).unwrap())
         .collect();

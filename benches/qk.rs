@@ -11,11 +11,12 @@
 //! name filter (`cargo bench --bench qk -- 'qk/N=1048576'`) works too.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use cxlkv_kernels::bench::synthetic_keys;
-use cxlkv_kernels::cold::evict;
+use cxlkv_bench_support::cold::evict;
+use cxlkv_bench_support::qk::synthetic_keys;
 use cxlkv_kernels::parallel::{scan_topk_parallel, stream_sum_parallel};
 use cxlkv_kernels::rng::SplitMix64;
 use cxlkv_kernels::{DType, KeyRows, QueryGroup, ScoreKernel, TopK};
+use cxlkv_test_support::median;
 use std::cell::RefCell;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -32,13 +33,13 @@ fn list(var: &str, default: &[usize]) -> Vec<usize> {
     }
 }
 
-fn median(times: &RefCell<Vec<Duration>>) -> f64 {
-    let mut t = times.borrow().clone();
+/// The median of the recorded times in seconds (NaN before any).
+fn median_s(times: &RefCell<Vec<Duration>>) -> f64 {
+    let t = times.borrow().clone();
     if t.is_empty() {
         return f64::NAN;
     }
-    t.sort();
-    t[t.len() / 2].as_secs_f64()
+    median(t).as_secs_f64()
 }
 
 fn qk(c: &mut Criterion) {
@@ -77,7 +78,7 @@ fn qk(c: &mut Criterion) {
                     total
                 })
             });
-            let read = median(&read_times);
+            let read = median_s(&read_times);
 
             for &g in &gs {
                 let q = SplitMix64::new(g as u64).normal_vec(g * DIM);
@@ -107,7 +108,7 @@ fn qk(c: &mut Criterion) {
                             })
                         },
                     );
-                    let secs = median(&times);
+                    let secs = median_s(&times);
                     if secs.is_finite() && read.is_finite() {
                         let line = format!(
                             "N={n:>8} threads={t} G={g} k={k:>4} {}: key {:6.2} GB/s, read {:6.2} GB/s, ratio {:5.1} %",

@@ -12,6 +12,7 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use cxlkv_runtime::policy::PolicyKind;
 use cxlkv_runtime::{Key, Pool, PoolConfig, Region};
+use cxlkv_test_support::median;
 use cxlkv_tier::spill::{SpillFile, SpillOptions, SPILL_HEADER_SIZE};
 use cxlkv_tier::{TierConfig, Tiers};
 use std::hint::black_box;
@@ -92,11 +93,7 @@ fn tracking_overhead(c: &mut Criterion) {
             ns[i].push(s.elapsed().as_nanos() as f64 / 200.0);
         }
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (on, off) = (median(&mut ns[0]), median(&mut ns[1]));
+    let [on, off] = ns.map(median);
     println!(
         "TRACKING: 256 KiB get {off:.0} ns without tracking, {on:.0} ns with: overhead {:.2} %",
         100.0 * (on - off) / off
@@ -128,11 +125,6 @@ fn fio(dir: &std::path::Path, rw: &str) -> Option<f64> {
 const SPILL_QD: usize = 32;
 const SPILL_BLOCKS: usize = 4096; // 1 GiB of payload, as fio's --size=1G
 const SPILL_ROUNDS: usize = 5;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// Writes `SPILL_BLOCKS` blocks into a fresh spill file in calls of `per_call` blocks (then
 /// fdatasync), reads them back into a caller buffer, and returns payload bytes/s (write, read).
@@ -296,7 +288,7 @@ fn lz4_on_kv(_c: &mut Criterion) {
         .unwrap_or_default();
     files.sort();
     for f in files {
-        let arr = cxlkv_kernels::npy::read_npy(&f).unwrap();
+        let arr = cxlkv_bench_support::npy::read_npy(&f).unwrap();
         let Ok(bits) = arr.to_f16_bits() else {
             continue;
         };

@@ -12,6 +12,10 @@
 
     python python/bench.py [--blocks 64] [--repeats 40] [--json]
 
+The Rust reference loops are not in the released wheel; install the package with them first:
+
+    MATURIN_PEP517_ARGS="--features bench-loops" pip install ./python
+
 The two sides of each comparison run back to back (order alternating), `repeats` times; the bench
 prints the median of the per-pair ratios (each pair saw the same machine state) and the ratio of
 the best rounds. A get is more than a copy: it probes the
@@ -40,6 +44,11 @@ def best(fn, repeats):
 
 
 def main():
+    if not hasattr(cxlkv._cxlkv, "_bench_rust_get"):
+        sys.exit(
+            "bench.py: this cxlkv was built without its Rust reference loops; reinstall it with\n"
+            '    MATURIN_PEP517_ARGS="--features bench-loops" pip install ./python'
+        )
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--blocks", type=int, default=64, help="256 KiB blocks per batch")
     ap.add_argument("--rounds", type=int, default=8, help="batches per timed round")

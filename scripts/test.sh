@@ -80,7 +80,7 @@ step "cxlkv topo"
 cargo run -q --features cxlkv-runtime/hwloc -- topo
 
 step "QEMU test bed (guest with ivshmem and CXL type-3 memory, two guests on one region, host-side cxlkv-ndpd; fails if a dependency cannot be installed)"
-./ndp-emulator/qemu/testbed.sh test
+./testbed/qemu/testbed.sh test
 
 step "HLS kernel C simulation (fpga: golden vectors from the Rust reference, g++ test bench)"
 make -C fpga csim

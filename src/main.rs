@@ -47,7 +47,7 @@ enum Command {
         command: BenchCommand,
     },
     /// QEMU test bed: `up` boots a guest that sees the pool as CXL memory with the device on the
-    /// host; `test` runs the scenarios (ndp-emulator/qemu/testbed.sh; `--help` there).
+    /// host; `test` runs the scenarios (testbed/qemu/testbed.sh; `--help` there).
     #[command(disable_help_flag = true)]
     Testbed {
         /// `up` or `test`, then the script's options.
@@ -119,7 +119,7 @@ fn main() -> ExitCode {
 }
 
 fn bench_qk(a: &QkArgs) -> cli::Result<ExitCode> {
-    use cxlkv::kernels::bench::{run_qk_bench, QkBenchConfig};
+    use cxlkv_bench_support::qk::{run_qk_bench, QkBenchConfig};
     let dtype = a.dtype.parse().map_err(cli::Error::Usage)?;
     if a.dim == 0 || !a.dim.is_multiple_of(16) || a.dim > 256 {
         return Err(cli::Error::Usage(format!(

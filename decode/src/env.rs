@@ -2,15 +2,16 @@
 //! thread, a `cxlkv-ndpd` child process, or none) and the client's queue pair. One [`Env`] per
 //! run; [`Env::backend`] builds any number of backends on it, each holding one sequence.
 
-use crate::daemon::Daemon;
 use crate::error::{Error, Result};
 use cxlkv_kernels::DType;
 use cxlkv_model::AttentionShape;
+use cxlkv_ndp::daemon::Daemon;
 use cxlkv_ndp::{Device, DeviceConfig, DeviceHandle};
 use cxlkv_runtime::ndp::abi::{CXLKV_NDP_MAX_DIM, CXLKV_NDP_MAX_GROUP};
 use cxlkv_runtime::ndp::{NdpDevice, NdpOptions};
 use cxlkv_runtime::pool::plan;
-use cxlkv_runtime::{Backend, KvShape, Participant, Pool, PoolConfig, Region, RegionOptions};
+use cxlkv_runtime::region::TempBackend;
+use cxlkv_runtime::{Backend, KvShape, Participant, Pool, PoolConfig, RegionOptions};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -66,17 +67,6 @@ enum Running {
     Process(#[allow(dead_code)] Daemon),
 }
 
-/// Removes a private pool's memory when the run ends.
-struct Unlink(Option<Backend>);
-
-impl Drop for Unlink {
-    fn drop(&mut self) {
-        if let Some(b) = self.0.take() {
-            let _ = Region::unlink(&b);
-        }
-    }
-}
-
 /// Staging blocks of the client: one per KV head, so that a token's commands for all KV heads of
 /// a layer are in flight at once.
 fn staging_blocks(shape: &AttentionShape) -> usize {
@@ -94,7 +84,8 @@ pub struct Env {
     running: Running,
     participant: Arc<Participant>,
     pool: Pool,
-    _unlink: Unlink,
+    /// A private pool's memory, removed when the run ends.
+    _unlink: Option<TempBackend>,
     opts: EnvOptions,
     shape: AttentionShape,
     nonce: u64,
@@ -191,7 +182,7 @@ impl Env {
             }
             let pool = Pool::create_on(&backend, size, &cfg, &RegionOptions::default())
                 .map_err(|e| setup(format!("creating a pool on {backend}: {e}")))?;
-            (pool, Unlink(Some(backend.clone())))
+            (pool, Some(TempBackend::new(backend.clone())))
         } else {
             let pool = Pool::open_on(&backend, &RegionOptions::default()).map_err(|e| {
                 setup(format!(
@@ -199,7 +190,7 @@ impl Env {
                      leave --pool out for a private one)"
                 ))
             })?;
-            (pool, Unlink(None))
+            (pool, None)
         };
         let sb = *pool.superblock();
         if sb.block_size < kv_block {
@@ -234,7 +225,9 @@ impl Env {
                     .map_err(|e| Error::Device(format!("the in-process device: {e}")))?,
             ),
             DeviceChoice::Ndpd(exe) => {
-                Running::Process(Daemon::spawn(exe, &backend.to_string()).map_err(Error::Device)?)
+                let d = Daemon::spawn(exe, &backend.to_string(), &[])
+                    .map_err(|e| Error::Device(e.to_string()))?;
+                Running::Process(d)
             }
         };
         let ndp = NdpDevice::open(

@@ -91,7 +91,6 @@
 //!    `HostAttention`, to float rounding where it merges partials, within a stated error where
 //!    it selects; then greedy tokens on the real model (`tests/greedy.rs`).
 
-mod daemon;
 mod env;
 mod error;
 mod exact;
@@ -103,7 +102,7 @@ mod registry;
 mod select;
 mod store;
 
-pub use daemon::find_ndpd;
+pub use cxlkv_ndp::daemon::find_ndpd;
 pub use env::{DeviceChoice, Env, EnvOptions};
 pub use error::{Error, Result};
 pub use mode::{

@@ -13,7 +13,7 @@
 //! tokens past it test the backends exactly as the ones before it do, while a stop would make the
 //! length (and so what is compared) depend on the prompt and the model.
 
-use cxlkv_decode::{find_ndpd, DeviceChoice, Env, EnvOptions, ModeSpec};
+use cxlkv_decode::{DeviceChoice, Env, EnvOptions, ModeSpec};
 use cxlkv_model::{argmax, Attention, AttentionStats, Model, WeightFormat};
 use std::path::PathBuf;
 
@@ -109,10 +109,7 @@ fn greedy_tokens_are_identical_across_modes_and_devices() {
             tokens(&model, &mut d, p).0
         })
         .collect();
-    let ndpd = find_ndpd().expect(
-        "cxlkv-ndpd is not built next to the test executables: `cargo build -p cxlkv-ndp` \
-         (scripts/test.sh builds the workspace first) or set CXLKV_NDPD",
-    );
+    let ndpd = cxlkv_test_support::ndpd();
     for device in [DeviceChoice::Thread, DeviceChoice::Ndpd(ndpd)] {
         let opts = EnvOptions {
             device: device.clone(),

@@ -10,7 +10,7 @@
 //! on SmolLM2's shape. Its tokens are garbage text, but they are a deterministic function of the
 //! attention outputs, which is what the comparison needs.
 
-use cxlkv_decode::{find_ndpd, DeviceChoice, Env, EnvOptions, ModeSpec};
+use cxlkv_decode::{DeviceChoice, Env, EnvOptions, ModeSpec};
 use cxlkv_kernels::rng::SplitMix64;
 use cxlkv_model::{argmax, Attention, Model, WeightFormat};
 use std::path::{Path, PathBuf};
@@ -272,10 +272,7 @@ fn a_second_shape_is_read_from_its_gguf_and_decodes_identically() {
         .collect();
     // Not a constant answer: the tokens depend on the prompt.
     assert_ne!(dense[0], dense[1]);
-    let ndpd = find_ndpd().expect(
-        "cxlkv-ndpd is not built next to the test executables: `cargo build -p cxlkv-ndp` \
-         (scripts/test.sh builds the workspace first) or set CXLKV_NDPD",
-    );
+    let ndpd = cxlkv_test_support::ndpd();
     let longest = prompts.iter().map(Vec::len).max().unwrap();
     // The comparison has teeth: attending to only 2 stored positions per head (no sinks, no
     // window) changes the tokens.

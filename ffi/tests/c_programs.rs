@@ -112,21 +112,13 @@ fn valgrind_env(bin: &Path, what: &str, env: &[(&str, PathBuf)]) {
     );
 }
 
-/// The device daemon built beside the library (`cargo build --workspace`).
-fn ndpd() -> PathBuf {
-    let d = target_dir().join("cxlkv-ndpd");
-    assert!(
-        d.is_file(),
-        "{} missing: run `cargo build --workspace` before the tests (scripts/test.sh does)",
-        d.display()
-    );
-    d
-}
-
 #[test]
 fn engine_example_shares_a_prefix_and_runs_an_ndp_topk() {
     let bin = compile("examples/engine.c", "engine");
-    let text = run(Command::new(&bin).env("CXLKV_NDPD", ndpd()), "engine");
+    let text = run(
+        Command::new(&bin).env("CXLKV_NDPD", cxlkv_test_support::ndpd()),
+        "engine",
+    );
     assert!(text.contains("reused 12 cached chunks"), "{text}");
     assert!(text.contains("computed on the device"), "{text}");
     assert!(text.contains("equal to the host reference"), "{text}");
@@ -155,7 +147,11 @@ fn engine_example_shares_a_prefix_and_runs_an_ndp_topk() {
     );
     assert!(text.contains("engine: OK"), "{text}");
     // Under valgrind the device process itself is not traced (--trace-children-skip).
-    valgrind_env(&bin, "engine", &[("CXLKV_NDPD", ndpd())]);
+    valgrind_env(
+        &bin,
+        "engine",
+        &[("CXLKV_NDPD", cxlkv_test_support::ndpd())],
+    );
     let _ = std::fs::remove_file(bin);
 }
 

@@ -10,8 +10,8 @@
 //! `[G, D]` or `[D]` `<f4` queries) instead of being synthetic; `--topk-out` writes the top-k
 //! indices of query 0 (`<i4`, best first) so another implementation can be checked against them.
 
-use cxlkv_kernels::bench::{measure_qk, run_qk_bench, QkBenchConfig};
-use cxlkv_kernels::npy::{read_npy, write_npy, NpyDType};
+use cxlkv_bench_support::npy::{read_npy, write_npy, NpyDType};
+use cxlkv_bench_support::qk::{measure_qk, run_qk_bench, QkBenchConfig};
 use cxlkv_kernels::{scan_topk, DType, KeyRows, QueryGroup, ScoreKernel, TopK};
 use std::process::ExitCode;
 

@@ -9,9 +9,9 @@
 //!
 //! `cargo run --release -p cxlkv-kernels --example real_stats`
 
+use cxlkv_bench_support::npy::read_npy;
 use cxlkv_kernels::attention::dense_scores;
 use cxlkv_kernels::bitplane::{approx_topk, to_bitplanes};
-use cxlkv_kernels::npy::read_npy;
 use cxlkv_kernels::score::dot_canonical;
 use cxlkv_kernels::topk::topk_by_sort;
 use cxlkv_kernels::{

@@ -31,9 +31,11 @@
 //!   pass, bit-identical across ISAs) that the NDP `ATTEND` command and its host fallback run.
 //! - [`bitplane`]: lossless f16 bit-plane layout and an approximate scorer that reads the high
 //!   planes only.
-//! - [`parallel`]: the same scans split across threads; [`bench`](mod@bench): the `cxlkv bench
-//!   qk` harness; [`npy`]: a small `.npy` reader for the real tensors; [`rng`]: a seeded generator
-//!   for tests.
+//! - [`parallel`]: the same scans split across threads; [`rng`]: the seeded generator that the
+//!   simulator's schedules, the synthetic data of the demo and evaluations, and every test draw
+//!   from (it stays here, beside [`DType`], because the kernels' own unit tests fill rows with it).
+//!   The bench tooling (the `cxlkv bench qk` harness, cache eviction, the `.npy` reader) is in
+//!   `cxlkv-bench-support`.
 //!
 //! ## Invariants
 //!
@@ -49,18 +51,18 @@
 //!   pruning never changes a top-k result.
 //! - Head dimension is a multiple of 16 in `16..=256` ([`MAX_DIM`]).
 
+// Items are `pub` only where a user of the crate can reach them.
+#![warn(unreachable_pub)]
+
 pub mod attend;
 #[cfg(target_arch = "x86_64")]
 mod attend_avx2;
 #[cfg(target_arch = "x86_64")]
 mod attend_simd;
 pub mod attention;
-pub mod bench;
 pub mod bitplane;
 pub mod bounds;
-pub mod cold;
 pub mod dtype;
-pub mod npy;
 pub mod parallel;
 pub mod partial;
 pub mod pruned;

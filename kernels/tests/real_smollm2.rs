@@ -5,10 +5,10 @@
 //! equals the dense reference, the GQA group scan equals the per-head scans, the pruned top-k
 //! equals the full top-k, and the mass@k / relerr@k means reproduce `stats.json` within 1e-3.
 
+use cxlkv_bench_support::npy::read_npy;
 use cxlkv_kernels::attention::{
     dense_scores, relative_error, softmax_attention_selected, softmax_mass,
 };
-use cxlkv_kernels::npy::read_npy;
 use cxlkv_kernels::topk::topk_by_sort;
 use cxlkv_kernels::{
     block_bounds, pruned_topk, scan_topk, DType, Hit, Isa, KeyRows, QueryGroup, ScoreKernel, TopK,

@@ -29,7 +29,7 @@ pub enum PreTokenizer {
 }
 
 /// The `tokenizer.ggml.pre` values this module implements.
-pub const SUPPORTED_PRE: &str =
+pub(crate) const SUPPORTED_PRE: &str =
     "gpt2, default, mpt, olmo, smollm, starcoder, refact, command-r, codeshell, exaone, minerva";
 
 impl PreTokenizer {

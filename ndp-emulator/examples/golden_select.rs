@@ -13,8 +13,9 @@
 //!
 //! Blocks are fed in order, each block's scores from the crate's canonical kernel.
 
+use cxlkv_bench_support::npy;
 use cxlkv_kernels::rng::{push_elem, SplitMix64};
-use cxlkv_kernels::{npy, DType, KeyRows, QueryGroup, ScoreKernel};
+use cxlkv_kernels::{DType, KeyRows, QueryGroup, ScoreKernel};
 use cxlkv_runtime::ndp::abi::CXLKV_NDP_ERR_ARGS;
 use cxlkv_runtime::ndp::select::{Select, Selection};
 use std::io::Write;

@@ -22,7 +22,7 @@ use cxlkv_runtime::kv::chunk_kv;
 use cxlkv_runtime::ndp::{
     host_score_topk, BlockSpec, NdpDevice, NdpOptions, NdpPath, ScoreRequest,
 };
-use cxlkv_runtime::{Backend, Key, KvShape, Participant, Pool, PoolConfig, Region, RegionOptions};
+use cxlkv_runtime::{Backend, Key, KvShape, Participant, Pool, PoolConfig, RegionOptions};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -376,11 +376,11 @@ fn load_kv_dir(dir: &Path) -> Result<Vec<RealLayer>, DemoError> {
     let mut out = Vec::new();
     for l in layers {
         let read = |n: &str| {
-            cxlkv_kernels::npy::read_npy(dir.join(format!("layer{l:02}_{n}.npy")))
+            cxlkv_bench_support::npy::read_npy(dir.join(format!("layer{l:02}_{n}.npy")))
                 .map_err(|e| err(format!("layer {l} {n}: {e}")))
         };
         let (q, k, v) = (read("q")?, read("k")?, read("v")?);
-        let f16 = cxlkv_kernels::npy::NpyDType::F16;
+        let f16 = cxlkv_bench_support::npy::NpyDType::F16;
         let ok = q.dtype == f16
             && k.dtype == f16
             && v.dtype == f16
@@ -406,20 +406,10 @@ fn default_kv_dir() -> Option<PathBuf> {
         .find(|p| p.join("meta.json").exists() || p.is_dir())
 }
 
-struct Daemon(std::process::Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) with this child's pid (it has not been reaped yet, so the pid is ours).
-        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
-        let _ = self.0.wait();
-    }
-}
-
 /// The device, held until the demo ends (dropping either variant stops it).
 enum Running {
     Thread(#[allow(dead_code)] DeviceHandle),
-    Process(Daemon),
+    Process(crate::daemon::Daemon),
 }
 
 fn start_device(pool: &Pool, backend: &Backend, process: bool) -> Result<Running, DemoError> {
@@ -431,39 +421,20 @@ fn start_device(pool: &Pool, backend: &Backend, process: bool) -> Result<Running
         };
         return Ok(Running::Thread(Device::start(pool.clone(), cfg)?));
     }
-    let exe = std::env::var_os("CXLKV_NDPD")
-        .map(PathBuf::from)
-        .or_else(|| {
-            let me = std::env::current_exe().ok()?;
-            let dir = me.parent()?;
-            [dir.join("cxlkv-ndpd"), dir.join("../cxlkv-ndpd")]
-                .into_iter()
-                .find(|p| p.exists())
-        });
-    let exe = exe.ok_or_else(|| {
+    let exe = crate::daemon::find_ndpd().ok_or_else(|| {
         DemoError::Daemon("binary not found next to this executable (set CXLKV_NDPD)".into())
     })?;
-    let mut child = std::process::Command::new(&exe)
-        .args([
-            "--pool",
-            &backend.to_string(),
+    let d = crate::daemon::Daemon::spawn(
+        &exe,
+        &backend.to_string(),
+        &[
             "--link-bw",
             &LINK_GBPS.to_string(),
             "--link-latency",
             &(LINK_LATENCY_NS as u64).to_string(),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| DemoError::Daemon(format!("{}: {e}", exe.display())))?;
-    let mut line = String::new();
-    use std::io::BufRead;
-    std::io::BufReader::new(child.stdout.take().expect("piped"))
-        .read_line(&mut line)
-        .map_err(|e| DemoError::Daemon(e.to_string()))?;
-    let d = Daemon(child);
-    if !line.contains("serving") {
-        return Err(DemoError::Daemon(format!("did not start: {line:?}")));
-    }
+        ],
+    )
+    .map_err(|e| DemoError::Daemon(e.to_string()))?;
     Ok(Running::Process(d))
 }
 
@@ -641,15 +612,7 @@ pub fn run_demo(
             true,
         ),
     };
-    struct Unlink(Option<Backend>);
-    impl Drop for Unlink {
-        fn drop(&mut self) {
-            if let Some(b) = self.0.take() {
-                let _ = Region::unlink(&b);
-            }
-        }
-    }
-    let _unlink = Unlink(owned.then(|| backend.clone()));
+    let _unlink = owned.then(|| cxlkv_runtime::region::TempBackend::new(backend.clone()));
     progress(&format!("creating pool {backend} ({} MiB)", size >> 20));
     let cfg = PoolConfig {
         block_size: BLOCK_SIZE,
@@ -662,7 +625,7 @@ pub fn run_demo(
     let running = start_device(&pool, &backend, opts.device_process)?;
     let device = match &running {
         Running::Thread(_) => "in-process thread".to_string(),
-        Running::Process(d) => format!("cxlkv-ndpd process (pid {})", d.0.id()),
+        Running::Process(d) => format!("cxlkv-ndpd process (pid {})", d.pid()),
     };
     let mut ndp = NdpDevice::open(
         participant.clone(),

@@ -68,45 +68,48 @@ mod ffi {
 
     /// Opaque scan state of the C library.
     #[repr(C)]
-    pub struct Scan {
+    pub(super) struct Scan {
         _private: [u8; 0],
     }
 
     unsafe extern "C" {
-        pub fn cxlkv_hls_scan_new(
+        pub(super) fn cxlkv_hls_scan_new(
             g: u32,
             k: u32,
             group_max: u32,
             queries: *const f32,
             dim: u32,
         ) -> *mut Scan;
-        pub fn cxlkv_hls_scan_free(s: *mut Scan);
-        pub fn cxlkv_hls_scan_block(
+        pub(super) fn cxlkv_hls_scan_free(s: *mut Scan);
+        pub(super) fn cxlkv_hls_scan_block(
             s: *mut Scan,
             keys: *const u16,
             rows: u32,
             base: u32,
             dtype: u8,
         ) -> i32;
-        pub fn cxlkv_hls_kth(s: *const Scan, list: u32, score: *mut f32) -> i32;
-        pub fn cxlkv_hls_scan_finish(s: *const Scan, per_list: u32, out: *mut cxlkv_ndp_hit)
-            -> u32;
-        pub fn cxlkv_hls_copy_row(src: *const u16, words: u32, dst: *mut u16);
-        pub fn cxlkv_hls_attend_new(
+        pub(super) fn cxlkv_hls_kth(s: *const Scan, list: u32, score: *mut f32) -> i32;
+        pub(super) fn cxlkv_hls_scan_finish(
+            s: *const Scan,
+            per_list: u32,
+            out: *mut cxlkv_ndp_hit,
+        ) -> u32;
+        pub(super) fn cxlkv_hls_copy_row(src: *const u16, words: u32, dst: *mut u16);
+        pub(super) fn cxlkv_hls_attend_new(
             g: u32,
             queries: *const f32,
             dim: u32,
             scale: f32,
         ) -> *mut Attend;
-        pub fn cxlkv_hls_attend_free(s: *mut Attend);
-        pub fn cxlkv_hls_attend_block(
+        pub(super) fn cxlkv_hls_attend_free(s: *mut Attend);
+        pub(super) fn cxlkv_hls_attend_block(
             s: *mut Attend,
             keys: *const u16,
             values: *const u16,
             rows: u32,
             dtype: u8,
         ) -> i32;
-        pub fn cxlkv_hls_attend_finish(
+        pub(super) fn cxlkv_hls_attend_finish(
             s: *const Attend,
             out: *mut f32,
             max: *mut f32,
@@ -116,12 +119,12 @@ mod ffi {
 
     /// Opaque selection state of the C library.
     #[repr(C)]
-    pub struct Sel {
+    pub(super) struct Sel {
         _private: [u8; 0],
     }
 
     unsafe extern "C" {
-        pub fn cxlkv_hls_sel_new(
+        pub(super) fn cxlkv_hls_sel_new(
             g: u32,
             k: u32,
             group_max: u32,
@@ -129,15 +132,15 @@ mod ffi {
             dim: u32,
             sel: *const cxlkv_ndp_select,
         ) -> *mut Sel;
-        pub fn cxlkv_hls_sel_free(s: *mut Sel);
-        pub fn cxlkv_hls_sel_block(
+        pub(super) fn cxlkv_hls_sel_free(s: *mut Sel);
+        pub(super) fn cxlkv_hls_sel_block(
             s: *mut Sel,
             keys: *const u16,
             rows: u32,
             base: u32,
             dtype: u8,
         ) -> i32;
-        pub fn cxlkv_hls_sel_finish(
+        pub(super) fn cxlkv_hls_sel_finish(
             s: *mut Sel,
             hits: *mut cxlkv_ndp_hit,
             info: *mut cxlkv_ndp_list_info,
@@ -146,7 +149,7 @@ mod ffi {
 
     /// Opaque ATTEND state of the C library.
     #[repr(C)]
-    pub struct Attend {
+    pub(super) struct Attend {
         _private: [u8; 0],
     }
 }

@@ -18,6 +18,8 @@
 //!   or [`Engine::Hls`] (the HLS kernel of `fpga/` compiled as a host library; `cxlkv-ndpd
 //!   --engine hls`), with identical results: both score the blocks that the kernels' visiting
 //!   order and skip rule choose.
+//! - [`daemon`]: starting and finding `cxlkv-ndpd` ([`daemon::Daemon::spawn`],
+//!   [`daemon::find_ndpd`]), the one launcher every caller and test uses.
 //! - [`metrics_http`]: the `GET /metrics` endpoint of `cxlkv-ndpd --metrics ADDR`, serving
 //!   the device's Prometheus metrics ([`Device::encode_metrics`]).
 //! - [`demo`]: [`demo::run_demo`], the `cxlkv demo` experiment: bytes over the link and time per
@@ -27,6 +29,10 @@
 //! block identity is checked, and a bad command gets an error completion); it writes only its
 //! device area and the result buffers that commands name inside their submitter's own partition.
 
+// Items are `pub` only where a user of the crate can reach them.
+#![warn(unreachable_pub)]
+
+pub mod daemon;
 pub mod demo;
 pub mod device;
 pub mod engine_hls;

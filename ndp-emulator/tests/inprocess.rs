@@ -14,10 +14,10 @@ use cxlkv_runtime::ndp::{
 use cxlkv_runtime::Pool;
 use std::sync::Arc;
 
-fn setup(tag: &str) -> (Cleanup, Pool) {
+fn setup(tag: &str) -> (TempBackend, Pool) {
     let b = shm_backend(tag);
-    let pool = create_pool(&b, 64 << 20, 64 << 10);
-    (Cleanup(b), pool)
+    let pool = create_pool(b.backend(), 64 << 20, 64 << 10);
+    (b, pool)
 }
 
 fn config(engine: Engine) -> DeviceConfig {

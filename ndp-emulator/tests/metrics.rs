@@ -6,21 +6,14 @@
 mod common;
 use common::*;
 use cxlkv_kernels::{rng::SplitMix64, DType, GroupMode};
+use cxlkv_ndp::daemon::Daemon;
 use cxlkv_runtime::ndp::{NdpDevice, NdpOptions, NdpPath};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::sync::Arc;
-
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// The whole HTTP answer to `GET path` (status line, headers, body).
 fn http_get(addr: &str, path: &str) -> String {
@@ -75,21 +68,19 @@ fn scrape(addr: &str) -> HashMap<String, f64> {
 
 #[test]
 fn daemon_serves_prometheus_metrics_that_follow_the_commands() {
-    let b = shm_backend("metrics");
-    let _c = Cleanup(b.clone());
+    let temp = shm_backend("metrics");
+    let b = temp.backend().clone();
     let pool = create_pool(&b, 32 << 20, 64 << 10);
     let p = Arc::new(pool.attach().unwrap());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cxlkv-ndpd"))
-        .args(["--pool", &b.to_string(), "--metrics", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn cxlkv-ndpd");
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let _d = Daemon(child);
+    let mut d = Daemon::spawn(
+        Path::new(env!("CARGO_BIN_EXE_cxlkv-ndpd")),
+        &b.to_string(),
+        &["--metrics", "127.0.0.1:0"],
+    )
+    .expect("spawn cxlkv-ndpd");
     let mut addr = None;
     for _ in 0..4 {
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
+        let line = d.read_line().unwrap();
         if let Some(rest) = line.trim().strip_prefix("cxlkv-ndpd: metrics on http://") {
             addr = Some(rest.trim_end_matches("/metrics").to_string());
             break;
@@ -151,8 +142,8 @@ fn daemon_serves_prometheus_metrics_that_follow_the_commands() {
 
 #[test]
 fn a_taken_metrics_address_is_a_clear_error() {
-    let b = shm_backend("metrics-taken");
-    let _c = Cleanup(b.clone());
+    let temp = shm_backend("metrics-taken");
+    let b = temp.backend().clone();
     let _pool = create_pool(&b, 16 << 20, 64 << 10);
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();

@@ -6,45 +6,31 @@
 mod common;
 use common::*;
 use cxlkv_kernels::{rng::SplitMix64, DType, GroupMode};
+use cxlkv_ndp::daemon::Daemon;
 use cxlkv_runtime::ndp::{host_score_topk, FallbackReason, NdpDevice, NdpOptions, NdpPath};
 use cxlkv_runtime::Backend;
-use std::io::BufRead;
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-struct Daemon(Child);
-
-impl Daemon {
-    fn spawn(backend: &Backend, extra: &[&str]) -> Daemon {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cxlkv-ndpd"))
-            .args(["--pool", &backend.to_string()])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn cxlkv-ndpd");
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(line.contains("serving"), "daemon said {line:?}");
-        let engine = extra
-            .windows(2)
-            .find(|w| w[0] == "--engine")
-            .map_or("rust", |w| w[1]);
-        assert!(
-            line.contains(&format!("engine {engine}")),
-            "daemon said {line:?}"
-        );
-        Daemon(child)
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// `cxlkv-ndpd --pool BACKEND EXTRA..`, serving with the engine that `extra` names.
+fn spawn(backend: &Backend, extra: &[&str]) -> Daemon {
+    let d = Daemon::spawn(
+        Path::new(env!("CARGO_BIN_EXE_cxlkv-ndpd")),
+        &backend.to_string(),
+        extra,
+    )
+    .expect("spawn cxlkv-ndpd");
+    let engine = extra
+        .windows(2)
+        .find(|w| w[0] == "--engine")
+        .map_or("rust", |w| w[1]);
+    assert!(
+        d.said().contains(&format!("engine {engine}")),
+        "daemon said {:?}",
+        d.said()
+    );
+    d
 }
 
 #[test]
@@ -58,11 +44,11 @@ fn separate_process_matches_reference_on_real_and_random_data_hls_engine() {
 }
 
 fn separate_process_matches_reference(engine: &str) {
-    let b = shm_backend(&format!("proc-{engine}"));
-    let _c = Cleanup(b.clone());
+    let temp = shm_backend(&format!("proc-{engine}"));
+    let b = temp.backend().clone();
     let pool = create_pool(&b, 96 << 20, 128 << 10);
     let p = Arc::new(pool.attach().unwrap());
-    let _d = Daemon::spawn(&b, &["--workers", "1", "--engine", engine]);
+    let _d = spawn(&b, &["--workers", "1", "--engine", engine]);
     let mut ndp = NdpDevice::open(p.clone(), NdpOptions::default()).unwrap();
     // Real tensors: layer 4 of SmolLM2 (3 KV heads, 9 query heads, head dim 64, 2048 tokens).
     let (q, k, v) = smollm2(4).expect("data/kv/smollm2_devil_2048 is part of the repository");
@@ -123,8 +109,8 @@ fn killed_device_falls_back_and_a_restarted_one_serves_hls_engine() {
 }
 
 fn killed_device_falls_back_and_a_restarted_one_serves(engine: &str) {
-    let b = shm_backend(&format!("kill-{engine}"));
-    let _c = Cleanup(b.clone());
+    let temp = shm_backend(&format!("kill-{engine}"));
+    let b = temp.backend().clone();
     let pool = create_pool(&b, 64 << 20, 128 << 10);
     let p = Arc::new(pool.attach().unwrap());
     let (k, v) = random_kv(11, 1, 2000, 64, DType::F16);
@@ -132,7 +118,7 @@ fn killed_device_falls_back_and_a_restarted_one_serves(engine: &str) {
     let qs = SplitMix64::new(5).normal_vec(2 * 64);
     let want = reference(&s, 0, &qs, 32, GroupMode::GroupMax);
     // 256 KB of keys at 1 MB/s: the scan takes about a quarter of a second.
-    let mut d = Daemon::spawn(&b, &["--internal-bw", "0.001", "--engine", engine]);
+    let mut d = spawn(&b, &["--internal-bw", "0.001", "--engine", engine]);
     let timeout = Duration::from_millis(1500);
     let mut ndp = NdpDevice::open(
         p.clone(),
@@ -148,8 +134,7 @@ fn killed_device_falls_back_and_a_restarted_one_serves(engine: &str) {
         .submit_score(&request(&s, 0, &qs, 32, GroupMode::GroupMax, false, true))
         .unwrap();
     std::thread::sleep(Duration::from_millis(60));
-    d.0.kill().unwrap(); // SIGKILL, mid-scan
-    d.0.wait().unwrap();
+    d.kill().unwrap(); // SIGKILL, mid-scan
     let got = ndp.wait(t).unwrap();
     assert!(
         start.elapsed() < timeout + Duration::from_millis(500),
@@ -174,7 +159,7 @@ fn killed_device_falls_back_and_a_restarted_one_serves(engine: &str) {
         .unwrap();
     assert!(matches!(got.stats.path, Some(NdpPath::Host(_))));
     assert_eq!(hits_of(&got), want);
-    let _d2 = Daemon::spawn(&b, &["--engine", engine]);
+    let _d2 = spawn(&b, &["--engine", engine]);
     for prune in [false, true] {
         let got = ndp
             .score_topk(&request(&s, 0, &qs, 32, GroupMode::GroupMax, prune, true))

@@ -30,9 +30,11 @@
 //!   device call releases the GIL, so Python threads overlap commands the way C tickets do.
 //!
 //! Modules: [`observe`], [`errors`], [`buffer`] (the only one that makes slices of raw addresses), [`keys`],
-//! [`pool`], [`participant`], [`pin`], [`reservation`], [`kv`], [`device`], [`bench`] (reference loops for
-//! python/bench.py).
+//! [`pool`], [`participant`], [`pin`], [`reservation`], [`kv`], [`device`]; `bench`
+//! (reference loops for python/bench.py) only with the non-default `bench-loops` feature, which
+//! the wheel leaves out.
 
+#[cfg(feature = "bench-loops")]
 pub mod bench;
 pub mod buffer;
 pub mod device;
@@ -62,8 +64,11 @@ fn _cxlkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pool::unlink, m)?)?;
     m.add_function(wrap_pyfunction!(observe::metrics, m)?)?;
     m.add_function(wrap_pyfunction!(observe::metrics_text, m)?)?;
-    m.add_function(wrap_pyfunction!(bench::_bench_rust_get, m)?)?;
-    m.add_function(wrap_pyfunction!(bench::_bench_memcpy, m)?)?;
+    #[cfg(feature = "bench-loops")]
+    {
+        m.add_function(wrap_pyfunction!(bench::_bench_rust_get, m)?)?;
+        m.add_function(wrap_pyfunction!(bench::_bench_memcpy, m)?)?;
+    }
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

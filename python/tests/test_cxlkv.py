@@ -7,8 +7,6 @@ target/release (`cargo build -p cxlkv-ndp` builds it); without one it is skipped
 """
 
 import os
-import subprocess
-import sys
 import threading
 import time
 
@@ -16,33 +14,7 @@ import numpy as np
 import pytest
 
 import cxlkv
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@pytest.fixture
-def spec(request):
-    s = "shm:cxlkv-py-%d-%s" % (os.getpid(), request.node.name[:40])
-    yield s
-    try:
-        cxlkv.unlink(s)
-    except cxlkv.Error:
-        pass
-
-
-def make_pool(spec, participants=3, size=32 << 20, block=64 << 10):
-    return cxlkv.Pool.create(spec, size, block_size=block, participants=participants)
-
-
-def rand_bytes(seed, n):
-    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
-
-
-def run_child(code):
-    """Runs `code` in a fresh interpreter; returns its stdout (fails the test on a non-zero exit)."""
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, "child failed:\n%s\n%s" % (r.stdout, r.stderr)
-    return r.stdout
+from conftest import make_pool, ndpd_binary, rand_bytes, run_child, start_ndpd, stop_ndpd
 
 
 def test_two_processes_put_then_zero_copy_get_byte_exact(spec):
@@ -360,17 +332,6 @@ def test_lmcache_shaped_backend(spec):
         b.close()
 
 
-def ndpd_binary():
-    env = os.environ.get("CXLKV_NDPD")
-    if env:
-        return env
-    for profile in ("debug", "release"):
-        p = os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), profile, "cxlkv-ndpd")
-        if os.path.exists(p):
-            return p
-    return None
-
-
 def test_device_score_topk_and_gather_match_the_host_reference(spec):
     ndpd = ndpd_binary()
     if ndpd is None:
@@ -386,7 +347,7 @@ def test_device_score_topk_and_gather_match_the_host_reference(spec):
             blocks.append(("seq3-%d" % i, i * tokens))
         q = rng.standard_normal((group, dim)).astype(np.float32)
         args = dict(sequence=3, layer=2, kv_head=1, dtype="f16", k=k)
-        dev = subprocess.Popen([ndpd, "--pool", spec], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        dev = start_ndpd(ndpd, spec)
         try:
             with me.device(timeout_ms=2000) as d:
                 deadline = time.monotonic() + 20
@@ -421,8 +382,7 @@ def test_device_score_topk_and_gather_match_the_host_reference(spec):
                 with pytest.raises(cxlkv.BadInputError):
                     d.score_topk(q, dim, [], **args)
         finally:
-            dev.terminate()
-            dev.wait(timeout=10)
+            stop_ndpd(dev)
 
 
 def test_device_falls_back_to_the_host_without_a_device(spec):

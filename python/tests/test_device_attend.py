@@ -10,8 +10,6 @@ tolerances hold.
     python -m pytest python/tests/test_device_attend.py -q
 """
 
-import os
-import subprocess
 import threading
 import time
 
@@ -19,8 +17,7 @@ import numpy as np
 import pytest
 
 import cxlkv
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from conftest import ndpd_binary, start_ndpd, stop_ndpd
 
 # Real shape: head dim 64, 4 blocks of 128 tokens, 2 KV heads, a GQA group of 4 queries, float16.
 DIM, TOKENS, NBLOCKS, GROUP, HEADS = 64, 128, 4, 4, 2
@@ -30,17 +27,6 @@ ARGS = dict(sequence=SEQ, layer=LAYER, kv_head=HEAD, dtype="f16")
 ATOL, RTOL = 2e-5, 1e-4
 # Left-out softmax mass vs numpy (float64), absolute.
 MASS_TOL = 1e-5
-
-
-def ndpd_binary():
-    env = os.environ.get("CXLKV_NDPD")
-    if env:
-        return env
-    for profile in ("debug", "release"):
-        p = os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), profile, "cxlkv-ndpd")
-        if os.path.exists(p):
-            return p
-    return None
 
 
 class Setup:
@@ -64,7 +50,7 @@ class Setup:
         self.q = (3 * rng.standard_normal((GROUP, DIM))).astype(np.float32)
         self.proc = None
         if ndpd is not None:
-            self.proc = subprocess.Popen([ndpd, "--pool", spec], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            self.proc = start_ndpd(ndpd, spec)
         self.dev = self.me.device(timeout_ms=2000 if ndpd else 100)
         if ndpd is not None:
             deadline = time.monotonic() + 20
@@ -78,15 +64,13 @@ class Setup:
     def close(self):
         self.dev.close()
         if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
+            stop_ndpd(self.proc)
         self.me.detach()
         self.pool.close()
 
 
 @pytest.fixture(params=["in-process host", "cxlkv-ndpd"])
-def setup(request):
-    spec = "shm:cxlkv-pyatt-%d-%s" % (os.getpid(), request.node.name[:30].replace("[", "-").replace("]", ""))
+def setup(request, spec):
     ndpd = None
     if request.param == "cxlkv-ndpd":
         ndpd = ndpd_binary()
@@ -98,10 +82,6 @@ def setup(request):
         yield s
     finally:
         s.close()
-        try:
-            cxlkv.unlink(spec)
-        except cxlkv.Error:
-            pass
 
 
 def softmax_ref(q, k, v, scale):

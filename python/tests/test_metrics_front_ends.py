@@ -22,31 +22,27 @@ def delta(before, after, op):
     return [after[op][f] - before[op][f] for f in FIELDS]
 
 
-def test_the_front_end_scenario_counts_each_call_once():
-    spec = "shm:cxlkv-py-fe-%d" % os.getpid()
+def test_the_front_end_scenario_counts_each_call_once(spec):
     with cxlkv.Pool.create(spec, 8 << 20, block_size=4096, participants=2) as pool:
-        try:
-            with pool.attach() as me:
-                before = cxlkv.metrics()
-                for i in range(3):
-                    me.put("k-%d" % i, bytes([i]) * 100)
-                with pytest.raises(cxlkv.BadInputError) as e:
-                    me.put("k-9", bytes((8 << 20) + 1))
-                assert e.value.code == cxlkv.ERR_PAYLOAD_TOO_LARGE
-                assert me.put_if_absent("k-1", bytes(100)) is False
-                buf = bytearray(256)
-                assert me.get_into("k-0", buf) == 100
-                assert len(me.get("k-1")) == 100
-                assert me.get_into("none", buf) is None
-                with pytest.raises(cxlkv.BadInputError):
-                    me.get_into("k-2", bytearray(10))
-                with me.pin("k-2") as p:
-                    assert len(p) == 100
-                assert me.delete("k-0") is True
-                assert me.delete("none") is False
-                after = cxlkv.metrics()
-        finally:
-            cxlkv.unlink(spec)
+        with pool.attach() as me:
+            before = cxlkv.metrics()
+            for i in range(3):
+                me.put("k-%d" % i, bytes([i]) * 100)
+            with pytest.raises(cxlkv.BadInputError) as e:
+                me.put("k-9", bytes((8 << 20) + 1))
+            assert e.value.code == cxlkv.ERR_PAYLOAD_TOO_LARGE
+            assert me.put_if_absent("k-1", bytes(100)) is False
+            buf = bytearray(256)
+            assert me.get_into("k-0", buf) == 100
+            assert len(me.get("k-1")) == 100
+            assert me.get_into("none", buf) is None
+            with pytest.raises(cxlkv.BadInputError):
+                me.get_into("k-2", bytearray(10))
+            with me.pin("k-2") as p:
+                assert len(p) == 100
+            assert me.delete("k-0") is True
+            assert me.delete("none") is False
+            after = cxlkv.metrics()
     # [ok, miss, error, bytes_in, bytes_out, calls timed], as in Rust and C.
     assert delta(before, after, "put") == [4, 0, 1, 300, 0, 5]
     assert delta(before, after, "get") == [2, 1, 1, 0, 200, 4]

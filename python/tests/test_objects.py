@@ -3,25 +3,14 @@
     python -m pytest python/tests/test_objects.py -q
 """
 
-import os
 
 import numpy as np
 import pytest
 
 import cxlkv
-from test_cxlkv import rand_bytes, run_child  # the helpers of the package's main test module
+from conftest import rand_bytes, run_child
 
 BLOCK = 64 << 10
-
-
-@pytest.fixture
-def spec(request):
-    s = "shm:cxlkv-pyobj-%d-%s" % (os.getpid(), request.node.name[:40])
-    yield s
-    try:
-        cxlkv.unlink(s)
-    except cxlkv.Error:
-        pass
 
 
 def test_objects_round_trip_at_part_boundaries(spec):

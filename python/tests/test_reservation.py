@@ -3,8 +3,6 @@ the same runtime calls): a writable zero-copy view of the reserved block, publis
 or freed by abort(), a `with` block that commits or aborts, no view outliving the commit, and a
 commit counted as a put of the reserved length."""
 
-import os
-
 import numpy as np
 import pytest
 
@@ -12,14 +10,10 @@ import cxlkv
 
 
 @pytest.fixture
-def me():
-    spec = "shm:cxlkv-py-res-%d" % os.getpid()
+def me(spec):
     with cxlkv.Pool.create(spec, 8 << 20, block_size=4096, participants=2) as pool:
-        try:
-            with pool.attach() as p:
-                yield p
-        finally:
-            cxlkv.unlink(spec)
+        with pool.attach() as p:
+            yield p
 
 
 def test_reserve_write_in_place_then_commit(me):

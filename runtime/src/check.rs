@@ -6,14 +6,15 @@
 //! such as an index slot left mid-update by a crashed owner, which the next owner repairs.
 
 use crate::format::{
-    claim, decode_entry, partition, pin, read_plain, slot, slot_version, BlockHeader, Codec,
-    IndexSlot, ENTRY_EMPTY, ENTRY_TOMBSTONE,
+    claim, decode_entry, partition, pin, slot, slot_version, BlockHeader, Codec, IndexSlot,
+    ENTRY_EMPTY, ENTRY_TOMBSTONE,
 };
 use crate::key::Key;
 use crate::object::Manifest;
 use crate::participant::liveness::participant_liveness;
 use crate::pool::{Pool, Result};
 use crate::watch::Liveness;
+use cxlkv_shm::mem::read_obj;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
@@ -188,7 +189,7 @@ pub fn check(pool: &Pool) -> Result<CheckReport> {
         let mask = sb.index_slots - 1;
         for s in 0..sb.index_slots {
             let off = pool.index_slot_off(p, s);
-            let slotv: IndexSlot = read_plain(mem, off)?;
+            let slotv: IndexSlot = read_obj(mem, off)?;
             let place = format!("partition {p} slot {s}");
             if slot_version::quarantined(slotv.version) {
                 r.quarantined_slots += 1;
@@ -250,7 +251,7 @@ pub fn check(pool: &Pool) -> Result<CheckReport> {
                 }
                 i = (i + 1) & mask;
             }
-            let h: BlockHeader = read_plain(mem, pool.header_off(p, b))?;
+            let h: BlockHeader = read_obj(mem, pool.header_off(p, b))?;
             let hplace = format!("partition {p} block {b}");
             if h.header_crc != h.compute_crc() {
                 err(&mut r, hplace, "header CRC mismatch".into());

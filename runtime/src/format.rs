@@ -2,7 +2,7 @@
 //!
 //! Every struct here is `#[repr(C)]`, little-endian, free of padding, and valid for every bit
 //! pattern, which the [`Plain`] marker states and the layout tests check. Structures are moved in
-//! and out of shared memory only by copies ([`read_plain`], [`write_plain`]); words that another
+//! and out of shared memory only by copies ([`mem::read_obj`], [`mem::write_obj`]); words that another
 //! party reads while their owner writes them are accessed as atomics by offset (the `*_OFF`
 //! constants), never through these structs.
 //!
@@ -84,46 +84,9 @@ impl Codec {
     }
 }
 
-/// Plain data that can be copied to and from shared memory byte for byte.
-///
-/// # Safety
-/// Implementors must be `#[repr(C)]`, contain no padding, no pointers or references, and be valid
-/// for every bit pattern.
-pub unsafe trait Plain: Copy + Default + 'static {}
-
-/// The bytes of a plain value.
-pub fn as_bytes<T: Plain>(v: &T) -> &[u8] {
-    // SAFETY: T: Plain has no padding, so all size_of::<T>() bytes are initialized.
-    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
-}
-
-/// A plain value from the first `size_of::<T>()` bytes of `bytes` (which must be that long).
-pub fn from_bytes<T: Plain>(bytes: &[u8]) -> T {
-    assert!(
-        bytes.len() >= std::mem::size_of::<T>(),
-        "short buffer for plain value"
-    );
-    // SAFETY: length checked above; T: Plain is valid for every bit pattern; read_unaligned copes
-    // with any alignment of the byte buffer.
-    unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) }
-}
-
-/// Copies a plain value out of shared memory.
-pub fn read_plain<T: Plain>(mem: &dyn SharedMemory, offset: u64) -> mem::Result<T> {
-    let mut v = T::default();
-    // SAFETY: T: Plain is valid for every bit pattern, so overwriting its bytes keeps it valid; the
-    // slice covers exactly the value and is dropped before `v` is used again.
-    let bytes = unsafe {
-        std::slice::from_raw_parts_mut((&mut v as *mut T).cast::<u8>(), std::mem::size_of::<T>())
-    };
-    mem.read(offset, bytes)?;
-    Ok(v)
-}
-
-/// Copies a plain value into shared memory.
-pub fn write_plain<T: Plain>(mem: &dyn SharedMemory, offset: u64, v: &T) -> mem::Result<()> {
-    mem.write(offset, as_bytes(v))
-}
+/// The plain-data codec lives beside [`SharedMemory`] in `cxlkv-shm`; re-exported here for the
+/// layouts below and their users.
+pub use cxlkv_shm::mem::{as_bytes, from_bytes, Plain};
 
 /// CRC-32C (Castagnoli, CRC-32/ISCSI), the checksum of every header and payload. Computed with
 /// `crc-fast`, which folds with (V)PCLMULQDQ where the CPU has it (about 4x the SSE4.2 `crc32`

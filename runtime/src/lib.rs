@@ -68,6 +68,9 @@
 //! reads concurrently is an atomic with a named ordering; no Rust reference points into memory
 //! another party writes.
 
+// Items are `pub` only where a user of the crate can reach them.
+#![warn(unreachable_pub)]
+
 pub mod api;
 pub mod check;
 pub mod clock;

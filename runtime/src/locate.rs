@@ -7,8 +7,9 @@
 //! validates (magic, version, CRC and a geometry that fits the rest of the window) at every
 //! `align`-aligned offset, then maps the pool with [`Region::open_range`].
 
-use crate::format::{read_plain, Superblock, MAGIC, SUPERBLOCK_SIZE};
+use crate::format::{Superblock, MAGIC, SUPERBLOCK_SIZE};
 use crate::pool::{validate_superblock, Pool, PoolError};
+use cxlkv_shm::mem::read_obj;
 use cxlkv_shm::mem::SharedMemory;
 use cxlkv_shm::region::{Backend, Region, RegionError, RegionOptions};
 use std::sync::Arc;
@@ -65,7 +66,7 @@ pub fn find_superblocks(mem: &dyn SharedMemory, align: u64) -> Vec<Located> {
         // The magic alone first: one 8-byte read per step keeps the scan cheap on slow memory.
         if mem.read(off, &mut magic).is_ok() && magic == MAGIC {
             mem.acquire(off, SUPERBLOCK_SIZE);
-            if let Ok(sb) = read_plain::<Superblock>(mem, off) {
+            if let Ok(sb) = read_obj::<Superblock>(mem, off) {
                 if validate_superblock(&sb, size - off).is_ok() {
                     found.push(Located {
                         offset: off,

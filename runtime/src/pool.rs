@@ -12,14 +12,15 @@
 use crate::clock::{Clock, SystemClock};
 use crate::coherence::{self, Site};
 use crate::format::{
-    self, decode_entry, read_plain, BlockHeader, Codec, CoherenceMode, Superblock,
-    BLOCK_HEADER_SIZE, DEVICE_AREA_SIZE, ENTRY_EMPTY, ENTRY_TOMBSTONE, INDEX_SLOT_SIZE, MAGIC,
+    self, decode_entry, BlockHeader, Codec, CoherenceMode, Superblock, BLOCK_HEADER_SIZE,
+    DEVICE_AREA_SIZE, ENTRY_EMPTY, ENTRY_TOMBSTONE, INDEX_SLOT_SIZE, MAGIC,
     MAX_BLOCKS_PER_PARTITION, MAX_PINS, PAGE, PARTITION_HEADER_SIZE, SUPERBLOCK_SIZE,
     VERSION_MAJOR, VERSION_MINOR,
 };
 use crate::key::Key;
 use crate::sync::{fence, spin_loop, Ordering};
 use crate::watch::Watch;
+use cxlkv_shm::mem::read_obj;
 use cxlkv_shm::mem::{MemError, Result as MemResult, SharedMemory};
 use cxlkv_shm::region::{Backend, Region, RegionError, RegionOptions};
 use std::sync::Arc;
@@ -549,7 +550,7 @@ impl Pool {
         coherence::publish(&*mem, Site::FormatWrite, 0, sb.pool_size);
         // The superblock goes last: readers that see its magic see a formatted pool. Pairs with
         // the acquire in `open`.
-        format::write_plain(&*mem, 0, &sb)?;
+        cxlkv_shm::mem::write_obj(&*mem, 0, &sb)?;
         coherence::publish(&*mem, Site::SuperblockWrite, 0, SUPERBLOCK_SIZE);
         Ok(Pool {
             inner: Arc::new(PoolInner {
@@ -582,7 +583,7 @@ impl Pool {
         // in `create`.
         mem.set_coherence(CoherenceMode::Software);
         coherence::acquire(&*mem, Site::SuperblockRead, 0, SUPERBLOCK_SIZE);
-        let sb: Superblock = read_plain(&*mem, 0)?;
+        let sb: Superblock = read_obj(&*mem, 0)?;
         validate_superblock(&sb, mem.size())?;
         mem.set_coherence(CoherenceMode::from_code(sb.coherence).expect("validated"));
         Ok(Pool {
@@ -777,7 +778,7 @@ impl Pool {
         let off = self.header_off(loc.partition, loc.block);
         // Pairs with the publish of the header in the owner's commit.
         coherence::acquire(self.mem(), Site::HeaderRead, off, BLOCK_HEADER_SIZE);
-        let h: BlockHeader = read_plain(self.mem(), off)?;
+        let h: BlockHeader = read_obj(self.mem(), off)?;
         let ok = h.key_lo == key.lo()
             && h.key_hi == key.hi()
             && h.seq == loc.seq

@@ -3,8 +3,9 @@
 //! option; a format 3.0 pool (superblock field 0) still opens with the 64 pins of its 4 KiB slots;
 //! the per-participant byte counters of the second counter line.
 
-use cxlkv_runtime::format::{self, Superblock, DEFAULT_PINS, MAX_PINS, PAGE, SUPERBLOCK_SIZE};
+use cxlkv_runtime::format::{Superblock, DEFAULT_PINS, MAX_PINS, PAGE, SUPERBLOCK_SIZE};
 use cxlkv_runtime::hotness::{read_hotlist, Hotness};
+use cxlkv_runtime::mem::{read_obj, write_obj};
 use cxlkv_runtime::{
     check, pool_stats, Key, Participant, Pool, PoolConfig, PoolError, Region, SharedMemory,
 };
@@ -90,11 +91,11 @@ fn pin_table_bounds_are_checked() {
 
 /// Rewrites the pool's superblock as format 3.0 wrote it: minor 0, no pin-table field.
 fn as_format_3_0(mem: &dyn SharedMemory) -> Superblock {
-    let mut sb: Superblock = format::read_plain(mem, 0).unwrap();
+    let mut sb: Superblock = read_obj(mem, 0).unwrap();
     sb.version_minor = 0;
     sb.pins_per_participant = 0;
     sb.crc = sb.compute_crc();
-    format::write_plain(mem, 0, &sb).unwrap();
+    write_obj(mem, 0, &sb).unwrap();
     sb
 }
 

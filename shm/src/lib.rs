@@ -26,10 +26,13 @@
 //!
 //! - **A new memory backend**: a [`Backend`] variant and its parser (`region/spec.rs`), its
 //!   creation and opening in `Region::create` / `Region::open` (`region/map.rs`), and a case in
-//!   `runtime/tests/region_conformance.rs`, which every backend passes.
+//!   `shm/tests/region_conformance.rs`, which every backend passes.
 //! - **A new cache-maintenance instruction**: a [`cacheline::FlushKind`] variant, its detection in
 //!   [`cacheline::detect`] and its line loop in [`cacheline::write_back`] /
 //!   [`cacheline::invalidate`].
+
+// Items are `pub` only where a user of the crate can reach them.
+#![warn(unreachable_pub)]
 
 pub mod cacheline;
 pub mod futex;

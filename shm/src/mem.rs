@@ -6,6 +6,9 @@
 //! as atomics with explicit orderings (alignment checked); bulk data moves by copies into or out of
 //! private buffers and is validated by the protocol (seqlock versions and CRCs), never trusted.
 //!
+//! Structures move in and out as whole [`Plain`] values: [`read_obj`] and [`write_obj`] copy one
+//! by offset, [`as_bytes`] and [`from_bytes`] encode and decode one in a private buffer.
+//!
 //! Coherence is part of the interface: [`SharedMemory::publish`] after writing a range that others
 //! read, [`SharedMemory::acquire`] before reading a range others wrote. On hardware-coherent memory
 //! both are ordering fences only; docs/COHERENCE.md describes the protocol.
@@ -107,6 +110,48 @@ pub trait SharedMemory: Send + Sync {
     /// Sets how `publish` and `acquire` keep parties coherent (the pool's recorded mode; see
     /// [`crate::cacheline`]). Memory that models coherence itself (simulators) ignores it.
     fn set_coherence(&self, _mode: crate::cacheline::CoherenceMode) {}
+}
+
+/// Plain data that can be copied to and from shared memory byte for byte: the on-memory
+/// structures of the pool format and the device ABI.
+///
+/// # Safety
+/// Implementors must be `#[repr(C)]`, contain no padding, no pointers or references, and be valid
+/// for every bit pattern.
+pub unsafe trait Plain: Copy + Default + 'static {}
+
+/// The bytes of a plain value.
+pub fn as_bytes<T: Plain>(v: &T) -> &[u8] {
+    // SAFETY: T: Plain has no padding, so all size_of::<T>() bytes are initialized.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
+}
+
+/// A plain value from the first `size_of::<T>()` bytes of `bytes` (which must be that long).
+pub fn from_bytes<T: Plain>(bytes: &[u8]) -> T {
+    assert!(
+        bytes.len() >= std::mem::size_of::<T>(),
+        "short buffer for plain value"
+    );
+    // SAFETY: length checked above; T: Plain is valid for every bit pattern; read_unaligned copes
+    // with any alignment of the byte buffer.
+    unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) }
+}
+
+/// Copies a plain value out of shared memory at `offset` (bounds checked by `mem`).
+pub fn read_obj<T: Plain>(mem: &dyn SharedMemory, offset: u64) -> Result<T> {
+    let mut v = T::default();
+    // SAFETY: T: Plain is valid for every bit pattern, so overwriting its bytes keeps it valid; the
+    // slice covers exactly the value and is dropped before `v` is used again.
+    let bytes = unsafe {
+        std::slice::from_raw_parts_mut((&mut v as *mut T).cast::<u8>(), std::mem::size_of::<T>())
+    };
+    mem.read(offset, bytes)?;
+    Ok(v)
+}
+
+/// Copies a plain value into shared memory at `offset` (bounds checked by `mem`).
+pub fn write_obj<T: Plain>(mem: &dyn SharedMemory, offset: u64, v: &T) -> Result<()> {
+    mem.write(offset, as_bytes(v))
 }
 
 /// Shared memory at a fixed address: the raw-pointer operations behind [`SharedMemory`] for

@@ -21,13 +21,13 @@
 
 use super::{human, Error, Result};
 use clap::Args;
-use cxlkv::kernels::npy::read_npy;
 use cxlkv::kernels::DType;
 use cxlkv::runtime::kv::chunk_kv;
 use cxlkv::runtime::region::{Backend, Region, RegionOptions};
 use cxlkv::runtime::{
     check, pool_stats, Key, KeyChain, KvBlock, KvShape, Participant, Pool, PoolConfig,
 };
+use cxlkv_bench_support::npy::read_npy;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};

@@ -94,7 +94,7 @@ pub fn topo(json: bool) -> Result<ExitCode> {
 
 /// `cxlkv testbed ...`: runs the test-bed script of the source tree this binary was built from.
 pub fn testbed(args: &[String]) -> Result<ExitCode> {
-    let rel = std::path::Path::new("ndp-emulator/qemu/testbed.sh");
+    let rel = std::path::Path::new("testbed/qemu/testbed.sh");
     let roots = std::env::current_exe()
         .ok()
         .into_iter()

@@ -15,10 +15,11 @@
 mod attend;
 
 use attend::AttendSet;
+use cxlkv_bench_support::npy;
 use cxlkv_kernels::attention::default_scale;
 use cxlkv_kernels::rng::{push_elem, SplitMix64};
 use cxlkv_kernels::{
-    block_bounds, npy, pruned_topk, scan_topk, DType, KeyRows, QueryGroup, ScoreKernel, TopK,
+    block_bounds, pruned_topk, scan_topk, DType, KeyRows, QueryGroup, ScoreKernel, TopK,
 };
 use std::io::Write;
 use std::path::{Path, PathBuf};

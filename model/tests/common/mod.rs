@@ -43,7 +43,7 @@ pub fn meta() -> serde_json::Value {
 
 /// The reference tokens.
 pub fn tokens() -> Vec<u32> {
-    cxlkv_kernels::npy::read_npy(data_dir().join("tokens.npy"))
+    cxlkv_bench_support::npy::read_npy(data_dir().join("tokens.npy"))
         .expect("tokens.npy")
         .to_i32()
         .expect("int32 tokens")
@@ -54,7 +54,7 @@ pub fn tokens() -> Vec<u32> {
 
 /// A reference array as f32 and its shape.
 pub fn array(name: &str) -> (Vec<f32>, Vec<usize>) {
-    let a = cxlkv_kernels::npy::read_npy(data_dir().join(name)).expect(name);
+    let a = cxlkv_bench_support::npy::read_npy(data_dir().join(name)).expect(name);
     (a.to_f32().expect("float array"), a.shape.clone())
 }
 

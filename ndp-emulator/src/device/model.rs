@@ -132,7 +132,7 @@ impl Device {
             ..Default::default()
         };
         regs.doorbell = mem.load_u64(r + reg::DOORBELL, Ordering::Relaxed)?;
-        format::write_plain(&*mem, r, &Plain(regs))?;
+        cxlkv_runtime::mem::write_obj(&*mem, r, &Plain(regs))?;
         let reader = Participant::attach(
             &pool,
             AttachOptions {

@@ -6,7 +6,7 @@ use crate::device::commands::{err, Done, Outcome};
 use crate::device::config::DeviceError;
 use crate::device::model::Device;
 use cxlkv_runtime::coherence::{self, Site};
-use cxlkv_runtime::format;
+use cxlkv_runtime::mem::{read_obj, write_obj};
 use cxlkv_runtime::ndp::abi::*;
 use cxlkv_runtime::ndp::{futex_wait, futex_wake, qpi, reg, Ring, DEPTH};
 use std::sync::atomic::{fence, Ordering};
@@ -28,7 +28,7 @@ impl Device {
         if tail.wrapping_sub(head) <= DEPTH {
             let mut i = head;
             while i != tail {
-                let cmd: cxlkv_ndp_cmd = format::read_plain(mem, self.layout.sq_slot(qp, i))?;
+                let cmd: cxlkv_ndp_cmd = read_obj(mem, self.layout.sq_slot(qp, i))?;
                 self.write_cpl(
                     qp,
                     &mut cq_tail,
@@ -273,7 +273,7 @@ impl Device {
                 epochs += 1;
                 let top = self.hottest(CXLKV_NDP_HOTLIST_WINDOW as usize);
                 for (i, e) in top.iter().enumerate() {
-                    let _ = format::write_plain(mem, r + reg::HOT + 32 * i as u64, e);
+                    let _ = write_obj(mem, r + reg::HOT + 32 * i as u64, e);
                 }
                 let _ = mem.store_u64(r + reg::HOT_COUNT, top.len() as u64, Ordering::Relaxed);
                 let _ = mem.store_u64(r + reg::HOT_EPOCH, epochs, Ordering::Release);

@@ -8,11 +8,11 @@ use cxlkv_runtime::ndp::{BlockSpec, ScoreRequest};
 use cxlkv_runtime::{Backend, Key, KvShape, Participant, Pool, PoolConfig, RegionOptions};
 use std::path::PathBuf;
 
-/// A unique /dev/shm backend for one test.
-pub fn shm_backend(tag: &str) -> Backend {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    Backend::Shm(format!("cxlkv-ndp-test-{tag}-{}-{n}", std::process::id()))
+pub use cxlkv_test_support::TempBackend;
+
+/// A unique /dev/shm backend for one test, removed when dropped.
+pub fn shm_backend(tag: &str) -> TempBackend {
+    TempBackend::unique_shm(&format!("cxlkv-ndp-test-{tag}"))
 }
 
 /// Creates a pool of `size` bytes on `backend` with `block_size` blocks.
@@ -23,14 +23,6 @@ pub fn create_pool(backend: &Backend, size: u64, block_size: u64) -> Pool {
         ..PoolConfig::default()
     };
     Pool::create_on(backend, size, &cfg, &RegionOptions::default()).expect("create pool")
-}
-
-/// Removes a shm pool file.
-pub struct Cleanup(pub Backend);
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let _ = cxlkv_runtime::Region::unlink(&self.0);
-    }
 }
 
 /// One sequence of one layer stored as typed blocks, with its keys and values per head kept for
@@ -188,7 +180,7 @@ pub fn hits_of(t: &cxlkv_runtime::ndp::TopK) -> Vec<Vec<Hit>> {
 pub fn smollm2(layer: u32) -> Option<(Vec<u8>, Vec<u8>, Vec<u8>)> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data/kv/smollm2_devil_2048");
     let read = |n: &str| {
-        cxlkv_kernels::npy::read_npy(dir.join(format!("layer{layer:02}_{n}.npy")))
+        cxlkv_bench_support::npy::read_npy(dir.join(format!("layer{layer:02}_{n}.npy")))
             .ok()
             .map(|a| a.data)
     };

@@ -68,7 +68,7 @@ pub fn resolve_block(
     }
     let mem = pool.memory();
     coherence::acquire(&**mem, Site::PayloadRead, r.payload_off, LAYOUT_SIZE as u64);
-    let l: KvLayout = format::read_plain(&**mem, r.payload_off).map_err(|_| block_err)?;
+    let l: KvLayout = cxlkv_shm::mem::read_obj(&**mem, r.payload_off).map_err(|_| block_err)?;
     let esize = want.dtype.size() as u64;
     let t = u64::from(l.kv_heads) * u64::from(l.tokens) * u64::from(l.head_dim) * esize;
     let total = LAYOUT_SIZE as u64 + 2 * t + u64::from(l.kv_heads) * u64::from(l.head_dim) * 8;

@@ -13,11 +13,11 @@
 //! and they are what `tests/loom_models.rs` runs under loom.
 
 use crate::coherence::{self, Site};
-use crate::format::{self, Plain};
+use crate::format::Plain;
 use crate::ndp::abi::{CXLKV_NDP_CMD_SIZE, CXLKV_NDP_CPL_SIZE, CXLKV_NDP_QP_INDICES_SIZE};
 use crate::ndp::layout::{qpi, DeviceLayout, DEPTH};
 use crate::sync::Ordering;
-use cxlkv_shm::mem::Result;
+use cxlkv_shm::mem::{read_obj, write_obj, Result};
 use cxlkv_shm::SharedMemory;
 
 /// Where one ring's indices and slots are, and the coherence sites of its two ends.
@@ -119,7 +119,7 @@ impl Ring {
     ) -> Result<()> {
         debug_assert!(std::mem::size_of::<T>() as u64 <= self.entry);
         let slot = self.slot(*tail);
-        format::write_plain(mem, slot, entry)?;
+        write_obj(mem, slot, entry)?;
         coherence::publish(mem, self.write, slot, self.entry);
         *tail = tail.wrapping_add(1);
         // Release: the slot before the index. Pairs with the consumer's Acquire load in `tail`.
@@ -141,7 +141,7 @@ impl Ring {
         debug_assert!(std::mem::size_of::<T>() as u64 <= self.entry);
         let slot = self.slot(index);
         coherence::acquire(mem, self.read, slot, self.entry);
-        format::read_plain(mem, slot)
+        read_obj(mem, slot)
     }
 
     /// Consumer: hands back every slot below `head`.

@@ -4,11 +4,12 @@
 
 use super::crash::crash_point;
 use super::state::{OwnerState, Participant};
-use crate::format::{self, read_plain, BlockHeader, Codec, ObjectPartEntry};
+use crate::format::{self, BlockHeader, Codec, ObjectPartEntry};
 use crate::key::Key;
 use crate::metrics::{count_call, Op, Outcome};
 use crate::object::{max_object_len, part_key, Manifest, MANIFEST_HEAD, PART_ENTRY};
 use crate::pool::{Location, PoolError, Result};
+use cxlkv_shm::mem::read_obj;
 use std::collections::HashMap;
 use std::sync::atomic::{fence, Ordering};
 use std::time::Instant;
@@ -216,7 +217,7 @@ pub(super) fn rebuild_objects(
     let mut manifests = Vec::new();
     for (b, e) in indexed.iter().enumerate() {
         let Some((_, seq)) = *e else { continue };
-        let h: BlockHeader = read_plain(mem, pool.header_off(p, b as u32))?;
+        let h: BlockHeader = read_obj(mem, pool.header_off(p, b as u32))?;
         let key = Key::from_parts(h.key_lo, h.key_hi);
         by_key.insert(key, (b as u32, seq, h.codec));
         if h.codec == Codec::ObjectManifest as u32 {

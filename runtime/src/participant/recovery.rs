@@ -8,12 +8,12 @@ use super::index::write_slot;
 use super::state::{OwnerState, Recovery};
 use crate::coherence::{self, Site};
 use crate::format::{
-    self, claim, decode_entry, partition, read_plain, slot_version, BlockHeader, ENTRY_EMPTY,
-    ENTRY_TOMBSTONE,
+    self, claim, decode_entry, partition, slot_version, BlockHeader, ENTRY_EMPTY, ENTRY_TOMBSTONE,
 };
 use crate::key::Key;
 use crate::policy::{EvictionPolicy, Lru};
 use crate::pool::{Location, Pool, Result};
+use cxlkv_shm::mem::read_obj;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
@@ -61,7 +61,7 @@ pub(super) fn recover_partition(
         // and a former owner's swap after ours fails.
         loop {
             let v = mem.load_u64(off, Ordering::Acquire)?;
-            let slot: format::IndexSlot = read_plain(mem, off)?;
+            let slot: format::IndexSlot = read_obj(mem, off)?;
             let key = Key::from_parts(slot.key_lo, slot.key_hi);
             if slot_version::quarantined(v) {
                 if mem

@@ -40,6 +40,8 @@
 //! - `shared.rs`: the [`SharedMemory`](crate::mem::SharedMemory) impl of [`Region`] and its
 //!   coherence (fences, or cache-line write-back and invalidation).
 //! - `sys.rs`: what the kernel reports (sysfs root, page size).
+//! - `temp.rs`: [`TempBackend`], a backend removed when its guard is dropped (private and test
+//!   pools).
 
 mod dax;
 mod error;
@@ -49,8 +51,10 @@ mod numa;
 mod shared;
 mod spec;
 mod sys;
+mod temp;
 
 pub use dax::DAX_ALIGN;
 pub use error::{RegionError, Result};
 pub use map::Region;
 pub use spec::{Backend, HugePages, RegionOptions};
+pub use temp::TempBackend;

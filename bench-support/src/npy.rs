@@ -180,7 +180,7 @@ impl NpyArray {
             NpyDType::F16 => Ok(self
                 .to_f16_bits()?
                 .into_iter()
-                .map(crate::dtype::f16_to_f32)
+                .map(cxlkv_kernels::dtype::f16_to_f32)
                 .collect()),
             NpyDType::F32 => Ok(self
                 .data

@@ -24,7 +24,7 @@
 # committed (--coherence: the pool's mode, hardware, software, or both: one run of each, the default).
 # `test` with no options runs 1,2,4 on ivshmem, then 3 on cxl, then 5 hardware- and software-coherent.
 #
-# Env: CACHE [ndp-emulator/qemu/.cache] downloads, kernel, initramfs, logs (git-ignored)
+# Env: CACHE [testbed/qemu/.cache] downloads, kernel, initramfs, logs (git-ignored)
 #      TESTBED_BIN_DIR  prebuilt static cxlkv, cxlkv-ndpd, cxlkv-testbed (skips the cargo build)
 #      TESTBED_TIMEOUT [300] seconds per guest run; QEMU [qemu-system-x86_64]; SHM_DIR [/dev/shm]
 # Needs root (or sudo) on Debian bookworm for the packages; KVM is not used (TCG).
@@ -77,7 +77,7 @@ prepare() {
 		command -v cargo >/dev/null || die "cargo not found"
 		# Static binaries: they run in the busybox guest and on the host alike.
 		(cd "$REPO" && RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$REPO/target-qemu-static" \
-			cargo build -q --release --target x86_64-unknown-linux-gnu -p cxlkv-ndp --bins -p cxlkv --bin cxlkv) ||
+			cargo build -q --release --target x86_64-unknown-linux-gnu -p cxlkv-ndp --bin cxlkv-ndpd -p cxlkv-testbed -p cxlkv --bin cxlkv) ||
 			die "static build of cxlkv, cxlkv-ndpd, cxlkv-testbed failed"
 		BIN="$REPO/target-qemu-static/x86_64-unknown-linux-gnu/release"
 	fi

@@ -8,10 +8,10 @@
 //! Every name is unique to this process (it includes the pid) and every file is removed at the
 //! end, also when a check fails.
 
-use cxlkv_runtime::mem::MemError;
-use cxlkv_runtime::region::{RegionError, DAX_ALIGN};
-use cxlkv_runtime::topo::Topology;
-use cxlkv_runtime::{Backend, HugePages, Region, RegionOptions, SharedMemory};
+use cxlkv_shm::mem::MemError;
+use cxlkv_shm::region::{RegionError, DAX_ALIGN};
+use cxlkv_shm::topo::Topology;
+use cxlkv_shm::{Backend, HugePages, Region, RegionOptions, SharedMemory};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 

@@ -7,12 +7,12 @@
 //! the read back to back; the report gives medians (the headline figures) and bests.
 
 use crate::cold::evict;
-use crate::dtype::DType;
-use crate::parallel::{scan_topk_parallel, stream_sum_parallel};
-use crate::rng::SplitMix64;
-use crate::rows::{KeyRows, QueryGroup, ShapeError};
-use crate::score::ScoreKernel;
-use crate::topk::{Hit, TopK};
+use cxlkv_kernels::dtype::DType;
+use cxlkv_kernels::parallel::{scan_topk_parallel, stream_sum_parallel};
+use cxlkv_kernels::rng::SplitMix64;
+use cxlkv_kernels::rows::{KeyRows, QueryGroup, ShapeError};
+use cxlkv_kernels::score::ScoreKernel;
+use cxlkv_kernels::topk::{Hit, TopK};
 use std::fmt;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -101,7 +101,7 @@ pub fn synthetic_keys(tokens: usize, dim: usize, dtype: DType, seed: u64) -> Vec
         let f32_bits = (sign << 31) | ((124 + exp) << 23) | (man << 10);
         match dtype {
             DType::F16 => out.extend_from_slice(
-                &crate::dtype::f32_to_f16(f32::from_bits(f32_bits)).to_le_bytes(),
+                &cxlkv_kernels::dtype::f32_to_f16(f32::from_bits(f32_bits)).to_le_bytes(),
             ),
             DType::Bf16 => out.extend_from_slice(&((f32_bits >> 16) as u16).to_le_bytes()),
             DType::F32 => out.extend_from_slice(&f32_bits.to_le_bytes()),
@@ -161,8 +161,8 @@ pub fn measure_qk(
         black_box(stream_sum_parallel(black_box(keys), config.threads));
         read_times.push(t.elapsed());
     }
-    let kernel_secs = median_and_best(&mut kernel_times);
-    let read_secs = median_and_best(&mut read_times);
+    let kernel_secs = median_and_best(&kernel_times);
+    let read_secs = median_and_best(&read_times);
     let bytes = keys.len() as f64;
     let key_gbps = bytes / kernel_secs.0 / 1e9;
     let read_gbps = bytes / read_secs.0 / 1e9;
@@ -180,10 +180,10 @@ pub fn measure_qk(
     })
 }
 
-fn median_and_best(times: &mut [Duration]) -> (f64, f64) {
-    times.sort();
-    let median = times[times.len() / 2].as_secs_f64().max(1e-12);
-    (median, times[0].as_secs_f64().max(1e-12))
+fn median_and_best(times: &[Duration]) -> (f64, f64) {
+    let median = crate::median(times.to_vec()).as_secs_f64().max(1e-12);
+    let best = times.iter().min().expect("timed at least once");
+    (median, best.as_secs_f64().max(1e-12))
 }
 
 impl QkBenchReport {
@@ -324,10 +324,12 @@ mod tests {
         let keys = synthetic_keys(5000, 64, DType::F16, cfg.seed);
         let q = SplitMix64::new(cfg.seed ^ 0x5eed).normal_vec(2 * 64);
         let rows = KeyRows::new(&keys, DType::F16, 64).unwrap();
-        let scores = crate::attention::dense_scores(&q[..64], &rows);
+        let scores = cxlkv_kernels::attention::dense_scores(&q[..64], &rows);
         assert_eq!(
             r.best_hit,
-            crate::topk::topk_by_sort(&scores, 1).first().copied()
+            cxlkv_kernels::topk::topk_by_sort(&scores, 1)
+                .first()
+                .copied()
         );
     }
 }

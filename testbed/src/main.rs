@@ -1,4 +1,4 @@
-//! `cxlkv-testbed`: both sides of the QEMU test bed's scenarios (ndp-emulator/qemu/).
+//! `cxlkv-testbed`: both sides of the QEMU test bed's scenarios (testbed/qemu/).
 //!
 //! The guest side runs inside a QEMU guest on the memory the guest sees (an ivshmem BAR's
 //! `resource2`, a `/dev/daxX.Y` of an emulated NVDIMM or CXL type-3 region): it formats a pool
@@ -17,6 +17,7 @@
 use clap::{Parser, Subcommand};
 use cxlkv_kernels::rng::SplitMix64;
 use cxlkv_kernels::{DType, ScoreKernel};
+use cxlkv_ndp::daemon::Daemon;
 use cxlkv_runtime::locate::{self, SCAN_ALIGN};
 use cxlkv_runtime::ndp::{
     host_score_topk, BlockSpec, FallbackReason, NdpDevice, NdpOptions, NdpPath,
@@ -25,7 +26,7 @@ use cxlkv_runtime::{
     kv, Backend, CoherenceMode, Key, KvShape, Participant, Pool, PoolConfig, Region, RegionOptions,
     SharedMemory,
 };
-use std::process::{Child, Command};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -529,21 +530,6 @@ fn guest_fallback(p: &Arc<Participant>, timeout: Duration, run: Option<NdpRun>) 
 // ------------------------------------------------------------------------------------------------
 // Host side
 
-struct Ndpd(Child);
-
-impl Ndpd {
-    fn kill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Ndpd {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 fn host(file: &str, scenarios: &str, ndpd: &str, timeout: Duration) -> Res<()> {
     let scenarios = parse_scenarios(scenarios)?;
     let backend = Backend::File(file.into());
@@ -602,7 +588,7 @@ fn host(file: &str, scenarios: &str, ndpd: &str, timeout: Duration) -> Res<()> {
         }
         if scenarios.contains(&4) {
             // A dead device: no clean shutdown, no deregistration.
-            d.kill();
+            d.kill()?;
             println!("host: cxlkv-ndpd killed (SIGKILL); telling the guest");
             p.put(flag("device-stopped"), b"stopped")?;
         }
@@ -621,20 +607,17 @@ fn host(file: &str, scenarios: &str, ndpd: &str, timeout: Duration) -> Res<()> {
     }
 }
 
-/// Starts `cxlkv-ndpd` on the pool in `file`, spinning `spin_us` after each command.
-fn start_ndpd(ndpd: &str, file: &str, spin_us: u64) -> Res<Ndpd> {
-    let child = Command::new(ndpd)
-        .args([
-            "--pool",
-            &format!("file:{file}"),
-            "--locate",
-            "--idle-spin-us",
-            &spin_us.to_string(),
-        ])
-        .spawn()
-        .map_err(|e| format!("starting {ndpd}: {e}"))?;
-    println!("host: started {ndpd} (pid {}) on file:{file}", child.id());
-    Ok(Ndpd(child))
+/// Starts `cxlkv-ndpd` on the pool in `file`, spinning `spin_us` after each command, and waits
+/// until it serves.
+fn start_ndpd(ndpd: &str, file: &str, spin_us: u64) -> Res<Daemon> {
+    let d = Daemon::spawn(
+        Path::new(ndpd),
+        &format!("file:{file}"),
+        &["--locate", "--idle-spin-us", &spin_us.to_string()],
+    )?;
+    print!("{}", d.said());
+    println!("host: started {ndpd} (pid {}) on file:{file}", d.pid());
+    Ok(d)
 }
 
 fn locate_cmd(spec: &str) -> Res<()> {

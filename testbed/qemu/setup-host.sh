@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Install what the cxlkv QEMU test bed needs on a Debian bookworm host (run as root).
 #
-#   ndp-emulator/qemu/setup-host.sh
+#   testbed/qemu/setup-host.sh
 #
 # QEMU 10 comes from bookworm-backports, reached through a private apt configuration under
 # $CACHE/apt (the mirror URI is taken from the host's own apt sources), so /etc/apt is not
 # modified.  QEMU 7.2 (bookworm) cannot make a volatile CXL type-3 region; 10 can.
 # Installs are never optional: any failure exits non-zero with the reason.
-# Env: CACHE [ndp-emulator/qemu/.cache]
+# Env: CACHE [testbed/qemu/.cache]
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 CACHE="${CACHE:-$HERE/.cache}"

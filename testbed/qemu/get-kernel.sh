@@ -3,7 +3,7 @@
 # volatile CXL region), unpacked with dpkg -x, plus an uncompressed vmlinux extracted from the
 # bzImage (boots through PVH, which skips ~5 s of in-guest decompression under TCG).
 #
-#   ndp-emulator/qemu/get-kernel.sh        -> prints KDIR=<dir> on stdout
+#   testbed/qemu/get-kernel.sh        -> prints KDIR=<dir> on stdout
 #
 # Needs setup-host.sh's private apt configuration under $CACHE/apt.  Env: CACHE.
 set -euo pipefail
@@ -11,7 +11,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 CACHE="${CACHE:-$HERE/.cache}"
 die() { echo "testbed get-kernel: ERROR: $*" >&2; exit 1; }
 A="$CACHE/apt"
-[ -f "$A/sources.list" ] || die "no $A/sources.list: run ndp-emulator/qemu/setup-host.sh first"
+[ -f "$A/sources.list" ] || die "no $A/sources.list: run testbed/qemu/setup-host.sh first"
 # shellcheck disable=SC1091
 CODENAME=$(. /etc/os-release && echo "$VERSION_CODENAME")
 APTO=(-o "Dir::Etc::SourceList=$A/sources.list" -o Dir::Etc::SourceParts=/dev/null

@@ -1,0 +1,91 @@
+//! # cxlkv-test-support
+//!
+//! The helpers that the workspace's tests and benches share, written once (`publish = false`: no
+//! library of the product depends on it; crates take it as a dev-dependency).
+//!
+//! - [`TempPool`]: a pool on a fresh `/dev/shm` backend, removed when dropped (a failed assertion
+//!   included), built on the runtime's [`TempBackend`] guard.
+//! - [`ndpd`] and [`spawn_ndpd`]: the `cxlkv-ndpd` binary and a daemon serving a pool, through
+//!   the device crate's launcher ([`cxlkv_ndp::daemon`]), with the message a test wants when the
+//!   binary is not built.
+//! - [`SplitMix64`]: the seeded generator every test and bench draws its data from (the
+//!   kernels' generator, which the simulator also runs on).
+//! - [`median`]: the upper median of measurements, as the benches report them (defined in
+//!   `cxlkv-bench-support`, whose `cxlkv bench qk` harness reports it too).
+//!
+//! Python's counterparts (the daemon binary, temporary pools, the seeded generator) are in
+//! `python/tests/conftest.py`.
+
+// Items are `pub` only where a user of the crate can reach them.
+#![warn(unreachable_pub)]
+
+use cxlkv_ndp::daemon::{find_ndpd, Daemon};
+use cxlkv_runtime::{Backend, Pool, PoolConfig, RegionOptions};
+use std::path::PathBuf;
+
+pub use cxlkv_bench_support::median;
+pub use cxlkv_kernels::rng::{push_elem, SplitMix64};
+pub use cxlkv_runtime::region::TempBackend;
+
+/// A pool on its own `/dev/shm` file, removed when this is dropped.
+pub struct TempPool {
+    // Declared first: the pool's mapping goes before its file does.
+    pool: Pool,
+    backend: TempBackend,
+}
+
+impl TempPool {
+    /// Creates a pool of `size` bytes with `cfg` on a fresh backend named after `tag`.
+    pub fn create(tag: &str, size: u64, cfg: &PoolConfig) -> TempPool {
+        let backend = TempBackend::unique_shm(&format!("cxlkv-test-{tag}"));
+        let pool = Pool::create_on(backend.backend(), size, cfg, &RegionOptions::default())
+            .unwrap_or_else(|e| panic!("create pool on {}: {e}", backend.backend()));
+        TempPool { pool, backend }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Where it lives (for a daemon or another process to open).
+    pub fn backend(&self) -> &Backend {
+        self.backend.backend()
+    }
+}
+
+/// The `cxlkv-ndpd` binary ([`find_ndpd`]: `$CXLKV_NDPD`, else beside the test executables);
+/// panics with how to build it when it is missing.
+pub fn ndpd() -> PathBuf {
+    find_ndpd().expect(
+        "cxlkv-ndpd is not built next to the test executables: `cargo build -p cxlkv-ndp` \
+         (scripts/test.sh builds the workspace first) or set CXLKV_NDPD",
+    )
+}
+
+/// `cxlkv-ndpd --pool BACKEND ARGS..` ([`ndpd`]), serving when this returns, stopped when the
+/// [`Daemon`] is dropped.
+pub fn spawn_ndpd(backend: &Backend, args: &[&str]) -> Daemon {
+    let exe = ndpd();
+    Daemon::spawn(&exe, &backend.to_string(), args).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_temp_pool_is_removed_when_dropped() {
+        let cfg = PoolConfig {
+            block_size: 64 << 10,
+            participants: 2,
+            ..PoolConfig::default()
+        };
+        let t = TempPool::create("self", 8 << 20, &cfg);
+        let path = t.backend().path().unwrap();
+        assert!(path.exists());
+        t.pool().attach().unwrap();
+        drop(t);
+        assert!(!path.exists(), "{} left behind", path.display());
+    }
+}
