@@ -20,14 +20,11 @@
 //!   order and skip rule choose.
 //! - [`metrics_http`]: the `GET /metrics` endpoint of `cxlkv-ndpd --metrics ADDR`, serving
 //!   the device's Prometheus metrics ([`Device::encode_metrics`]).
-//! - [`demo`]: [`demo::run_demo`], the `cxlkv demo` experiment: bytes over the link and time per
-//!   decode step, host scan versus NDP, on real SmolLM2 tensors and a long synthetic sequence.
 //!
 //! Invariants: the device trusts nothing it reads from the pool (every index, offset, length and
 //! block identity is checked, and a bad command gets an error completion); it writes only its
 //! device area and the result buffers that commands name inside their submitter's own partition.
 
-pub mod demo;
 pub mod device;
 pub mod engine_hls;
 pub mod metrics_http;
