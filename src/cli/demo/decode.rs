@@ -4,10 +4,11 @@
 //!
 //! The text's first `context` tokens are the window. Its first `context − 1` positions are
 //! prefilled once with exact dense attention (`cxlkv eval`'s recorded prefill); `dense`, `pool`
-//! and `ndp-exact` are each loaded with those keys and values and then run the same `steps`
-//! greedy decode steps, the first of which runs the window's last token: every generated token
-//! comes from a decode step under the mode, over the whole window. That is the serving setting
-//! (exact prefill, decode against a stored cache), and the one `cxlkv eval` measures.
+//! and `ndp-exact` are each loaded with those keys and values, run the window's last token under
+//! the mode (which chooses the first generated token and completes the window's stored blocks),
+//! then greedy-decode the rest: every generated token is chosen by the mode's attention over the
+//! whole window. That is the serving setting (exact prefill, decode against a stored cache), the
+//! one `cxlkv eval` measures.
 //!
 //! Every figure comes from the backends' counters over the decode steps ([`AttentionStats`]):
 //! link bytes (read + write) per token for `pool` (every stored key and value pulled across) and
@@ -38,23 +39,27 @@ pub struct DecodeOptions {
     pub kv_dir: PathBuf,
     /// Tokens in the window.
     pub context: usize,
-    /// Decode steps per mode.
+    /// Tokens each mode generates.
     pub steps: usize,
     /// The near-data device.
     pub device: DeviceChoice,
 }
 
-/// One mode's decode steps.
+/// One mode's generation: its tokens, and what its decode steps moved and took.
 struct ModeRun {
     mode: &'static str,
     tokens: Vec<u32>,
+    /// The decode steps: one per generated token but the last (each runs one and chooses the
+    /// next), the window's last token not counted.
+    steps: usize,
     stats: AttentionStats,
     wall: Duration,
 }
 
 impl ModeRun {
+    /// `x` per decode step (a step runs one token and chooses the next).
     fn per_token(&self, x: u64) -> f64 {
-        x as f64 / self.tokens.len().max(1) as f64
+        x as f64 / self.steps.max(1) as f64
     }
 
     fn link_per_token(&self) -> f64 {
@@ -62,7 +67,7 @@ impl ModeRun {
     }
 
     fn ms_per_token(&self) -> f64 {
-        self.wall.as_secs_f64() * 1e3 / self.tokens.len().max(1) as f64
+        self.wall.as_secs_f64() * 1e3 / self.steps.max(1) as f64
     }
 }
 
@@ -120,6 +125,9 @@ impl DecodeReport {
             "prefill_seconds": self.prefill.as_secs_f64(),
             "environment": self.environment,
             "generated_tokens": ndp.tokens.len(),
+            "decode_steps": ndp.steps,
+            "per_token": "per decode step over the stored window: each runs one generated token \
+                          and chooses the next",
             "tokens_identical_to_dense": self.first_difference(MODE).is_none(),
             "first_difference": self.first_difference(MODE),
             "pool_tokens_identical_to_dense": self.first_difference(BASELINE).is_none(),
@@ -156,17 +164,17 @@ impl DecodeReport {
             ),
             format!(
                 "context {} tokens, ending \"…{}\"",
-                self.context,
+                grouped(self.context as f64),
                 self.window_tail.escape_debug()
             ),
             format!(
                 "exact dense prefill of {} positions in {:.1} s, its K/V loaded into each mode; {}",
-                self.context - 1,
+                grouped((self.context - 1) as f64),
                 self.prefill.as_secs_f64(),
                 self.environment
             ),
             format!(
-                "   {:<10} {:>8} {:>22} {:>16} {:>16} {:>9}",
+                "   {:<10} {:>7} {:>18} {:>13} {:>24} {:>9}",
                 "mode", "tokens", "vs dense", "link B/token", "(read + write)", "ms/token"
             ),
         ];
@@ -177,15 +185,15 @@ impl DecodeReport {
                 (_, Some(i)) => format!("DIFFER at token {}", i + 1),
             };
             out.push(format!(
-                "   {:<10} {:>8} {:>22} {:>16.0} {:>16} {:>9.1}",
+                "   {:<10} {:>7} {:>18} {:>13} {:>24} {:>9.1}",
                 r.mode,
                 r.tokens.len(),
                 same,
-                r.link_per_token(),
+                grouped(r.link_per_token()),
                 format!(
-                    "({:.0} + {:.0})",
-                    r.per_token(r.stats.link_read_bytes),
-                    r.per_token(r.stats.link_write_bytes)
+                    "({} + {})",
+                    grouped(r.per_token(r.stats.link_read_bytes)),
+                    grouped(r.per_token(r.stats.link_write_bytes))
                 ),
                 r.ms_per_token()
             ));
@@ -197,12 +205,12 @@ impl DecodeReport {
         ));
         out.push(match self.first_difference(MODE) {
             None => format!(
-                "{MODE} moves {:.0}x fewer link bytes per token than {BASELINE} ({} against {}) at a \
+                "{MODE} moves {}x fewer link bytes per token than {BASELINE} ({} against {}) at a \
                  {}-token context, with its {} tokens identical to dense",
-                self.link_ratio(),
+                grouped(self.link_ratio()),
                 human(ndp.link_per_token() as u64),
                 human(self.run(BASELINE).link_per_token() as u64),
-                self.context,
+                grouped(self.context as f64),
                 ndp.tokens.len()
             ),
             Some(i) => format!(
@@ -215,7 +223,7 @@ impl DecodeReport {
         out.push(String::new());
         out.push(format!(
             "== part 3: the near-data device's own numbers ({MODE}, {} decode steps)",
-            ndp.tokens.len()
+            ndp.steps
         ));
         out.push(format!(
             "   {:.0} commands per token ({} in all), {} read in place per token ({} in all), \
@@ -229,6 +237,19 @@ impl DecodeReport {
         ));
         out
     }
+}
+
+/// `x` rounded, with thousands separated: 94,794,240.
+fn grouped(x: f64) -> String {
+    let digits = format!("{:.0}", x.max(0.0));
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// The window's token ids and a description of the text.
@@ -273,27 +294,31 @@ fn window(o: &DecodeOptions, model: &Model) -> Result<(Vec<u32>, String)> {
     Ok((ids[..o.context].to_vec(), what))
 }
 
-/// `steps` greedy decode steps on `attn`, the first running `first`.
+/// Runs the window's `last` token on `attn` (which holds the rest of the window), then greedy
+/// decode steps until `n` tokens are generated; the statistics cover the decode steps only.
 fn decode(
     model: &Model,
     mode: &'static str,
     attn: &mut dyn Attention,
-    first: u32,
-    steps: usize,
+    last: u32,
+    n: usize,
 ) -> Result<ModeRun> {
+    let step = |token: u32, attn: &mut dyn Attention| {
+        model
+            .forward(&[token], attn)
+            .map(|logits| argmax(&logits) as u32)
+            .map_err(|e| Error::Other(format!("{mode}: {e}")))
+    };
+    let mut tokens = vec![step(last, attn)?];
     let before = attn.stats();
     let t0 = Instant::now();
-    let mut tokens = Vec::with_capacity(steps);
-    let mut next = first;
-    for _ in 0..steps {
-        let logits = model
-            .forward(&[next], attn)
-            .map_err(|e| Error::Other(format!("{mode}: {e}")))?;
-        next = argmax(&logits) as u32;
+    while tokens.len() < n {
+        let next = step(*tokens.last().expect("one token"), attn)?;
         tokens.push(next);
     }
     Ok(ModeRun {
         mode,
+        steps: tokens.len() - 1,
         tokens,
         stats: attn.stats().since(&before),
         wall: t0.elapsed(),
@@ -307,21 +332,21 @@ fn pooled(
     mode: &'static str,
     sequence: u64,
     prefix: &Prefix,
-    first: u32,
-    steps: usize,
+    last: u32,
+    n: usize,
 ) -> Result<ModeRun> {
     let decode_err = |e: cxlkv::decode::Error| Error::Other(format!("{mode}: {e}"));
     let spec = ModeSpec::parse(mode).map_err(decode_err)?;
     let mut attn = env.backend(&spec, sequence).map_err(decode_err)?;
     prefix.load_into(attn.as_mut())?;
-    decode(model, mode, attn.as_mut(), first, steps)
+    decode(model, mode, attn.as_mut(), last, n)
 }
 
 /// Runs parts 2 and 3; `say` prints progress for people.
 pub fn run(o: &DecodeOptions, say: &dyn Fn(&str)) -> Result<DecodeReport> {
-    if o.context < 2 || o.steps == 0 {
+    if o.context < 2 || o.steps < 2 {
         return Err(Error::Usage(format!(
-            "--context {} must be at least 2 and --generate {} at least 1",
+            "--context {} and --generate {} must be at least 2 each",
             o.context, o.steps
         )));
     }
@@ -343,17 +368,17 @@ pub fn run(o: &DecodeOptions, say: &dyn Fn(&str)) -> Result<DecodeReport> {
         ids.len()
     ));
     let shape = model.attention_shape();
-    let (prefix_ids, first) = (&ids[..ids.len() - 1], ids[ids.len() - 1]);
+    let (prefix_ids, last) = (&ids[..ids.len() - 1], ids[ids.len() - 1]);
 
     let t = Instant::now();
     let mut dense = attention::backend("dense", shape).map_err(model_err)?;
     let prefix = prefill(&model, dense.as_mut(), prefix_ids, "demo: the window")?;
     let prefill_time = t.elapsed();
-    let mut runs = vec![decode(&model, "dense", dense.as_mut(), first, o.steps)?];
+    let mut runs = vec![decode(&model, "dense", dense.as_mut(), last, o.steps)?];
     drop(dense);
     say(&format!(
-        "dense: {} tokens in {:.1} s",
-        o.steps,
+        "dense: {} decode steps in {:.1} s",
+        runs[0].steps,
         runs[0].wall.as_secs_f64()
     ));
 
@@ -364,17 +389,17 @@ pub fn run(o: &DecodeOptions, say: &dyn Fn(&str)) -> Result<DecodeReport> {
     let env = Env::open(&env_opts, shape, o.context + o.steps)
         .map_err(|e| Error::Other(e.to_string()))?;
     for (i, mode) in [BASELINE, MODE].into_iter().enumerate() {
-        let r = pooled(&model, &env, mode, i as u64 + 1, &prefix, first, o.steps)?;
+        let r = pooled(&model, &env, mode, i as u64 + 1, &prefix, last, o.steps)?;
         say(&format!(
-            "{mode}: {} tokens in {:.1} s",
-            o.steps,
+            "{mode}: {} decode steps in {:.1} s",
+            r.steps,
             r.wall.as_secs_f64()
         ));
         runs.push(r);
     }
     let tk = model.tokenizer();
     let spell = |ids: &[u32]| tk.decode(ids).map_err(|e| Error::Other(e.to_string()));
-    let tail = spell(&prefix_ids[prefix_ids.len().saturating_sub(12)..])? + &spell(&[first])?;
+    let tail = spell(&prefix_ids[prefix_ids.len().saturating_sub(12)..])? + &spell(&[last])?;
     Ok(DecodeReport {
         model: name,
         model_file: o.model.clone(),
@@ -386,4 +411,16 @@ pub fn run(o: &DecodeOptions, say: &dyn Fn(&str)) -> Result<DecodeReport> {
         window_tail: tail,
         runs,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn grouped_separates_thousands() {
+        assert_eq!(super::grouped(0.0), "0");
+        assert_eq!(super::grouped(999.4), "999");
+        assert_eq!(super::grouped(2048.0), "2,048");
+        assert_eq!(super::grouped(94_794_240.0), "94,794,240");
+        assert_eq!(super::grouped(531.24), "531");
+    }
 }

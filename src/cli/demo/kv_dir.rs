@@ -59,9 +59,8 @@ pub fn meta(dir: &Path) -> Result<serde_json::Value> {
 
 /// The token ids of `tokens.npy`.
 pub fn tokens(dir: &Path) -> Result<Vec<u32>> {
-    let err = |e: &dyn std::fmt::Display| {
-        Error::Other(format!("{}: tokens.npy: {e}", dir.display()))
-    };
+    let err =
+        |e: &dyn std::fmt::Display| Error::Other(format!("{}: tokens.npy: {e}", dir.display()));
     let ids = read_npy(dir.join("tokens.npy"))
         .and_then(|a| a.to_i32())
         .map_err(|e| err(&e))?;

@@ -100,12 +100,7 @@ fn shape(t: &KvDir, layer: u32, t0: usize, t1: usize) -> KvShape {
 
 /// Runs part 1 on `kv_dir` (a fresh `/dev/shm` pool unless `pool` names one; kept with `keep`).
 /// `say` prints a line for people.
-pub fn run(
-    kv_dir: &Path,
-    pool: Option<&str>,
-    keep: bool,
-    say: &dyn Fn(&str),
-) -> Result<Sharing> {
+pub fn run(kv_dir: &Path, pool: Option<&str>, keep: bool, say: &dyn Fn(&str)) -> Result<Sharing> {
     let spec = pool.map_or_else(
         || format!("shm:cxlkv-demo-{}", std::process::id()),
         str::to_string,
