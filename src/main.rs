@@ -25,8 +25,9 @@ enum Command {
         #[command(subcommand)]
         command: cli::pool::PoolCommand,
     },
-    /// The main job: a shared-memory pool, several participant processes storing and sharing the
-    /// real SmolLM2 KV cache, then a check of the pool.
+    /// What cxlkv is for: processes sharing a real KV cache through the pool, then the real model
+    /// decoding with its attention next to the memory (ndp-exact), tokens checked against dense,
+    /// link bytes and the device's numbers read from the run.
     Demo(cli::demo::DemoArgs),
     /// Generate text with a GGUF model and a chosen attention backend (greedy; text to stdout,
     /// prefill and decode tokens/s to stderr).

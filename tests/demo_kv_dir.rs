@@ -1,5 +1,6 @@
 //! `cxlkv demo --kv-dir` on folders in the data/kv format that hold other layers than the
-//! bundled one: the layers come from meta.json's `dumped_layers`, never from a fixed list.
+//! bundled one: the layers come from meta.json's `dumped_layers`, never from a fixed list (part 1
+//! and the `--sweep`, which read the folder; the real-model part is left out).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -33,7 +34,16 @@ fn folder(name: &str, pairs: &[(u32, u32)], layers: &[u32]) -> PathBuf {
 
 fn demo(dir: &Path) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_cxlkv"))
-        .args(["demo", "--tokens", "4096", "--k", "32", "--kv-dir"])
+        .args([
+            "demo",
+            "--no-decode",
+            "--sweep",
+            "--tokens",
+            "4096",
+            "--k",
+            "32",
+            "--kv-dir",
+        ])
         .arg(dir)
         .output()
         .unwrap()

@@ -22,8 +22,6 @@
 //!   [`daemon::find_ndpd`]), the one launcher every caller and test uses.
 //! - [`metrics_http`]: the `GET /metrics` endpoint of `cxlkv-ndpd --metrics ADDR`, serving
 //!   the device's Prometheus metrics ([`Device::encode_metrics`]).
-//! - [`demo`]: [`demo::run_demo`], the `cxlkv demo` experiment: bytes over the link and time per
-//!   decode step, host scan versus NDP, on real SmolLM2 tensors and a long synthetic sequence.
 //!
 //! Invariants: the device trusts nothing it reads from the pool (every index, offset, length and
 //! block identity is checked, and a bad command gets an error completion); it writes only its
@@ -33,7 +31,6 @@
 #![warn(unreachable_pub)]
 
 pub mod daemon;
-pub mod demo;
 pub mod device;
 pub mod engine_hls;
 pub mod metrics_http;

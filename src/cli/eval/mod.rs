@@ -10,7 +10,8 @@
 
 mod passkey;
 mod report;
-mod score;
+// `cxlkv demo` decodes from the same recorded prefill.
+pub(super) mod score;
 
 use super::{Error, Result};
 use clap::Args;
