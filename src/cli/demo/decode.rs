@@ -417,6 +417,76 @@ pub fn run(o: &DecodeOptions, say: &dyn Fn(&str)) -> Result<DecodeReport> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    fn run(mode: &'static str, tokens: &[u32], link_read: u64) -> ModeRun {
+        ModeRun {
+            mode,
+            tokens: tokens.to_vec(),
+            steps: tokens.len() - 1,
+            stats: AttentionStats {
+                link_read_bytes: link_read,
+                device_commands: 6,
+                ..AttentionStats::default()
+            },
+            wall: Duration::from_millis(30),
+        }
+    }
+
+    fn report(ndp_tokens: &[u32]) -> DecodeReport {
+        DecodeReport {
+            model: "m".into(),
+            model_file: "m.gguf".into(),
+            text: "t".into(),
+            context: 2048,
+            prefill: Duration::from_secs(1),
+            environment: "e".into(),
+            runs: vec![
+                run("dense", &[1, 2, 3, 4], 0),
+                run("pool", &[1, 2, 3, 4], 3000),
+                run(MODE, ndp_tokens, 6),
+            ],
+            window_tail: "w".into(),
+            generated_text: "g".into(),
+        }
+    }
+
+    #[test]
+    fn figures_are_per_decode_step_and_the_ratio_is_pool_over_ndp_exact() {
+        let r = report(&[1, 2, 3, 4]);
+        assert!(r.identical());
+        let j = r.to_json();
+        assert_eq!(j["tokens_identical_to_dense"], true);
+        assert_eq!(j["link_bytes_per_token"]["pool"], 1000.0);
+        assert_eq!(j["link_bytes_per_token"][MODE], 2.0);
+        assert_eq!(j["link_ratio"], 500.0);
+        assert_eq!(j["device"]["commands_per_token"], 2.0);
+        assert!(r
+            .lines()
+            .iter()
+            .any(|l| l.contains("500x fewer link bytes")));
+    }
+
+    #[test]
+    fn tokens_that_differ_from_dense_are_said_and_fail() {
+        let r = report(&[1, 2, 9, 4]);
+        assert!(!r.identical());
+        let j = r.to_json();
+        assert_eq!(j["tokens_identical_to_dense"], false);
+        assert_eq!(j["first_difference"], 2);
+        let lines = r.lines();
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("DIFFER from dense's at generated token 3")),
+            "{lines:?}"
+        );
+        assert!(
+            !lines.iter().any(|l| l.contains("fewer link bytes")),
+            "{lines:?}"
+        );
+    }
+
     #[test]
     fn grouped_separates_thousands() {
         assert_eq!(super::grouped(0.0), "0");
