@@ -22,13 +22,7 @@ fn var(name: &str, default: usize) -> usize {
 }
 
 fn model_path() -> Option<PathBuf> {
-    let path = match std::env::var_os("CXLKV_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => std::env::var_os("HOME")
-            .map(|h| PathBuf::from(h).join(".cache/cxlkv/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
-            .unwrap_or_default(),
-    };
-    path.is_file().then_some(path)
+    cxlkv_test_support::smollm2("bench generate")
 }
 
 struct Run {

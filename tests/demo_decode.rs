@@ -15,21 +15,7 @@ fn cxlkv(args: &[&str]) -> std::process::Output {
 }
 
 fn model() -> Option<PathBuf> {
-    let path = std::env::var_os("CXLKV_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/cxlkv/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    if path.is_file() {
-        Some(path)
-    } else {
-        eprintln!(
-            "skipped: no model at {} (run scripts/fetch-model.sh or set CXLKV_MODEL)",
-            path.display()
-        );
-        None
-    }
+    cxlkv_test_support::smollm2("demo")
 }
 
 #[test]

@@ -14,21 +14,7 @@ fn cxlkv(args: &[&str]) -> Output {
 }
 
 fn model_path() -> Option<PathBuf> {
-    let path = std::env::var_os("CXLKV_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/cxlkv/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    if path.is_file() {
-        Some(path)
-    } else {
-        eprintln!(
-            "skipped: no model at {} (scripts/fetch-model.sh)",
-            path.display()
-        );
-        None
-    }
+    cxlkv_test_support::smollm2("eval")
 }
 
 /// A neutral text written for this test (not the dev set of data/kv).

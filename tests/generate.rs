@@ -1,7 +1,6 @@
 //! `cxlkv generate` end to end: argument errors without a model, and a short greedy run with the
 //! SmolLM2 GGUF when it is present (scripts/fetch-model.sh; `CXLKV_MODEL` overrides the path).
 
-use std::path::PathBuf;
 use std::process::Command;
 
 fn cxlkv(args: &[&str]) -> std::process::Output {
@@ -40,19 +39,9 @@ fn missing_model_is_a_clear_error() {
 
 #[test]
 fn generates_with_the_real_model() {
-    let path = std::env::var_os("CXLKV_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/cxlkv/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    if !path.is_file() {
-        eprintln!(
-            "skipped: no model at {} (scripts/fetch-model.sh)",
-            path.display()
-        );
+    let Some(path) = cxlkv_test_support::smollm2("generate") else {
         return;
-    }
+    };
     let model = path.to_str().unwrap();
     let out = cxlkv(&[
         "generate",
@@ -95,19 +84,9 @@ fn bad_device_is_a_clear_error() {
 /// statistics; a pool that does not exist is a clear error.
 #[test]
 fn ndp_exact_generates_the_dense_text() {
-    let path = std::env::var_os("CXLKV_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/cxlkv/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    if !path.is_file() {
-        eprintln!(
-            "skipped: no model at {} (scripts/fetch-model.sh)",
-            path.display()
-        );
+    let Some(path) = cxlkv_test_support::smollm2("generate") else {
         return;
-    }
+    };
     let model = path.to_str().unwrap();
     let run = |mode: &str, extra: &[&str]| {
         let mut args = vec![

@@ -41,23 +41,7 @@ fn env_or(name: &str, default: usize) -> usize {
 }
 
 fn model_path() -> Option<PathBuf> {
-    let path = match std::env::var_os("CXLKV_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-            .unwrap_or_default()
-            .join("cxlkv/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-    };
-    if path.is_file() {
-        Some(path)
-    } else {
-        eprintln!(
-            "skipped: no model at {} (run scripts/fetch-model.sh or set CXLKV_MODEL)",
-            path.display()
-        );
-        None
-    }
+    cxlkv_test_support::smollm2("greedy")
 }
 
 /// Exactly `new_tokens()` greedy tokens of `prompt` (through end-of-sequence tokens: see the

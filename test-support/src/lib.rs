@@ -10,6 +10,8 @@
 //!   binary is not built.
 //! - [`SplitMix64`]: the seeded generator every test and bench draws its data from (the
 //!   kernels' generator, which the simulator also runs on).
+//! - [`smollm2`]: the SmolLM2 GGUF the model tests run on (`$CXLKV_MODEL`, else the cache that
+//!   `scripts/fetch-model.sh` fills), or `None` with a printed reason, so a test skips clearly.
 //! - [`median`]: the upper median of measurements, as the benches report them (defined in
 //!   `cxlkv-bench-support`, whose `cxlkv bench qk` harness reports it too).
 //!
@@ -68,6 +70,29 @@ pub fn ndpd() -> PathBuf {
 pub fn spawn_ndpd(backend: &Backend, args: &[&str]) -> Daemon {
     let exe = ndpd();
     Daemon::spawn(&exe, &backend.to_string(), args).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The SmolLM2-135M GGUF: `$CXLKV_MODEL`, else the file `scripts/fetch-model.sh` caches
+/// (`${XDG_CACHE_HOME:-$HOME/.cache}/cxlkv/models/`). `None` when it is absent, after printing
+/// why `test` is skipped (CI before the fetch, a machine without the model).
+pub fn smollm2(test: &str) -> Option<PathBuf> {
+    let path = match std::env::var_os("CXLKV_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .unwrap_or_default()
+            .join("cxlkv/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    };
+    if path.is_file() {
+        Some(path)
+    } else {
+        eprintln!(
+            "{test}: skipped: no model at {} (run scripts/fetch-model.sh or set CXLKV_MODEL)",
+            path.display()
+        );
+        None
+    }
 }
 
 #[cfg(test)]

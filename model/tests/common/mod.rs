@@ -14,25 +14,7 @@ pub fn data_dir() -> PathBuf {
 /// The SmolLM2 GGUF: `$CXLKV_MODEL`, else the cache `scripts/fetch-model.sh` fills. `None`, with
 /// a message, when it is absent (CI before the fetch).
 pub fn model_path(test: &str) -> Option<PathBuf> {
-    let path = match std::env::var_os("CXLKV_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let cache = std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-                .unwrap_or_default();
-            cache.join("cxlkv/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        }
-    };
-    if path.is_file() {
-        Some(path)
-    } else {
-        eprintln!(
-            "{test}: skipped: no model at {} (run scripts/fetch-model.sh or set CXLKV_MODEL)",
-            path.display()
-        );
-        None
-    }
+    cxlkv_test_support::smollm2(test)
 }
 
 /// `meta.json` of the reference data.
