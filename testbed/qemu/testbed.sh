@@ -77,7 +77,7 @@ prepare() {
 		command -v cargo >/dev/null || die "cargo not found"
 		# Static binaries: they run in the busybox guest and on the host alike.
 		(cd "$REPO" && RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$REPO/target-qemu-static" \
-			cargo build -q --release --target x86_64-unknown-linux-gnu -p cxlkv-ndp --bin cxlkv-ndpd -p cxlkv-testbed -p cxlkv --bin cxlkv) ||
+			cargo build -q --release --target x86_64-unknown-linux-gnu -p cxlkv-ndp --bin cxlkv-ndpd -p cxlkv-testbed --bin cxlkv-testbed -p cxlkv --bin cxlkv) ||
 			die "static build of cxlkv, cxlkv-ndpd, cxlkv-testbed failed"
 		BIN="$REPO/target-qemu-static/x86_64-unknown-linux-gnu/release"
 	fi
