@@ -7,7 +7,7 @@
 # `--model FILE` replaces the fetched model, `--no-decode` leaves the model out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+./scripts/setup.sh >&2   # stdout stays the demo's own (`--json`)
 export PATH="$HOME/.cargo/bin:$PATH"
 
 need_model=1
