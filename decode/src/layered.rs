@@ -58,15 +58,6 @@ impl Attention for Layered<'_> {
     }
 
     fn stats(&self) -> AttentionStats {
-        let (a, b) = (self.dense.stats(), self.inner.stats());
-        AttentionStats {
-            query_heads: a.query_heads + b.query_heads,
-            value_rows: a.value_rows + b.value_rows,
-            link_read_bytes: a.link_read_bytes + b.link_read_bytes,
-            link_write_bytes: a.link_write_bytes + b.link_write_bytes,
-            device_commands: a.device_commands + b.device_commands,
-            device_scan_bytes: a.device_scan_bytes + b.device_scan_bytes,
-            device_ns: a.device_ns + b.device_ns,
-        }
+        self.dense.stats().add(&self.inner.stats())
     }
 }

@@ -163,6 +163,9 @@ impl Attention for Selected<'_> {
                 let at = (kv * g + j) * d;
                 p.finish_into(&mut out[at..at + d]);
                 self.stats.value_rows += (scores.len() + open_rows) as u64;
+                if let Some(&m) = r.left_out_mass.get(j) {
+                    self.stats.record_left_out(m);
+                }
             }
             self.stats.query_heads += g as u64;
         }

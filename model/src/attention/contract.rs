@@ -91,6 +91,12 @@ pub struct AttentionStats {
     pub device_scan_bytes: u64,
     /// Execution time the device reported, ns.
     pub device_ns: u64,
+    /// Query-head attentions computed over a selection of the stored positions (top-k, top-p):
+    /// the count [`AttentionStats::left_out_mass_e9`] is summed over.
+    pub selected_heads: u64,
+    /// Softmax mass the selections left out, summed over `selected_heads`, in units of 1e-9
+    /// (an integer so that stats stay `Eq`); [`AttentionStats::left_out_mass`] is the mean.
+    pub left_out_mass_e9: u64,
 }
 
 impl AttentionStats {
@@ -104,7 +110,37 @@ impl AttentionStats {
             device_commands: self.device_commands - before.device_commands,
             device_scan_bytes: self.device_scan_bytes - before.device_scan_bytes,
             device_ns: self.device_ns - before.device_ns,
+            selected_heads: self.selected_heads - before.selected_heads,
+            left_out_mass_e9: self.left_out_mass_e9 - before.left_out_mass_e9,
         }
+    }
+
+    /// The sum of two backends' stats (a layered backend's parts).
+    pub fn add(&self, other: &AttentionStats) -> AttentionStats {
+        AttentionStats {
+            query_heads: self.query_heads + other.query_heads,
+            value_rows: self.value_rows + other.value_rows,
+            link_read_bytes: self.link_read_bytes + other.link_read_bytes,
+            link_write_bytes: self.link_write_bytes + other.link_write_bytes,
+            device_commands: self.device_commands + other.device_commands,
+            device_scan_bytes: self.device_scan_bytes + other.device_scan_bytes,
+            device_ns: self.device_ns + other.device_ns,
+            selected_heads: self.selected_heads + other.selected_heads,
+            left_out_mass_e9: self.left_out_mass_e9 + other.left_out_mass_e9,
+        }
+    }
+
+    /// Records one query head's selection that left out `mass` (0 to 1) of the softmax.
+    pub fn record_left_out(&mut self, mass: f32) {
+        self.selected_heads += 1;
+        self.left_out_mass_e9 += (f64::from(mass.clamp(0.0, 1.0)) * 1e9).round() as u64;
+    }
+
+    /// Mean softmax mass the selections left out, over the selected query heads (`None` when
+    /// nothing was selected).
+    pub fn left_out_mass(&self) -> Option<f64> {
+        (self.selected_heads > 0)
+            .then(|| self.left_out_mass_e9 as f64 / 1e9 / self.selected_heads as f64)
     }
 }
 
