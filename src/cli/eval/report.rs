@@ -359,6 +359,7 @@ mod tests {
             device_commands: 2 * 1000,
             device_scan_bytes: 2 * 61_440_000,
             device_ns: 0,
+            ..AttentionStats::default()
         };
         let r = result("ndp-exact", true, stats, 10.0);
         assert_eq!(r.value_rows_per_head(), 100.0);
