@@ -111,18 +111,22 @@ inline void tile_scores(const uint16_t* keys, uint32_t rows, uint32_t dim, uint8
 
 // Phase B, weights: w = exp_neg(s - m) of every row and query, in row order, added to the running
 // sums (as the reference). One row per dim >= 16 cycles reaches this unit, so its loop-carried sum
-// (one f32 add) does not limit the pipeline even at II = 8.
+// (one f32 add) does not limit the pipeline even at II = 8. A quantized block's rows carry
+// per-token scales vs: the sum adds w itself and the accumulator gets w * vs[i] (one f32
+// multiply, kernels/src/attend.rs attend_block_scaled); vs is null for other blocks.
 template <int GMAX>
 inline void weight_unit(uint32_t rows, uint32_t g, const float s[][GMAX], const float m[GMAX],
-                        hls::stream<LaneVals<GMAX> >& out, float sum[GMAX]) {
+                        const float* vs, hls::stream<LaneVals<GMAX> >& out, float sum[GMAX]) {
 WEIGHT:
     for (uint32_t i = 0; i < rows; ++i) {
 #pragma HLS PIPELINE II = 1
         LaneVals<GMAX> w;
+        const float vsi = vs != nullptr ? vs[i] : 1.0f;
         for (int q = 0; q < GMAX; ++q) {
 #pragma HLS UNROLL
-            w.v[q] = uint32_t(q) < g ? exp_neg(s[i][q] - m[q]) : 0.0f;
-            sum[q] += w.v[q];
+            const float wq = uint32_t(q) < g ? exp_neg(s[i][q] - m[q]) : 0.0f;
+            sum[q] += wq;
+            w.v[q] = vs != nullptr ? wq * vsi : wq;
         }
         out.write(w);
     }
@@ -153,8 +157,8 @@ ACC:
 
 // Phase B: the tile's weights and values into the running partial (out and sum).
 template <int GMAX, int DMAX>
-inline void tile_values(const uint16_t* values, uint32_t rows, uint32_t dim, uint8_t dtype,
-                        uint32_t g, const float s[][GMAX], const float m[GMAX],
+inline void tile_values(const uint16_t* values, const float* vs, uint32_t rows, uint32_t dim,
+                        uint8_t dtype, uint32_t g, const float s[][GMAX], const float m[GMAX],
                         float out[GMAX][DMAX], float sum[GMAX]) {
 #pragma HLS DATAFLOW
     hls::stream<float> s_vals("b_vals");
@@ -162,7 +166,7 @@ inline void tile_values(const uint16_t* values, uint32_t rows, uint32_t dim, uin
 #pragma HLS STREAM variable = s_vals depth = 64
 #pragma HLS STREAM variable = s_w depth = 8
     read_keys(values, rows, dim, dtype, s_vals);
-    weight_unit<GMAX>(rows, g, s, m, s_w, sum);
+    weight_unit<GMAX>(rows, g, s, m, vs, s_w, sum);
     value_unit<GMAX, DMAX>(rows, dim, s_vals, s_w, out);
 }
 
@@ -217,33 +221,45 @@ RESCALE:
 }
 
 // One tile (rows <= ATTEND_TILE) of a block's keys and values into the block's running partial
-// blk; sbuf and tmax are scratch.
+// blk; sbuf and tmax are scratch. vs: the tile's value scales (quantized blocks), else null.
 template <int GMAX, int DMAX>
-inline void attend_tile(const uint16_t* keys, const uint16_t* values, uint32_t rows, uint32_t dim,
-                        uint8_t dtype, const float q[GMAX][DMAX], uint32_t g, float scale,
-                        float sbuf[][GMAX], float tmax[GMAX], Partials<GMAX, DMAX>& blk) {
+inline void attend_tile(const uint16_t* keys, const uint16_t* values, const float* vs,
+                        uint32_t rows, uint32_t dim, uint8_t dtype, const float q[GMAX][DMAX],
+                        uint32_t g, float scale, float sbuf[][GMAX], float tmax[GMAX],
+                        Partials<GMAX, DMAX>& blk) {
     if (rows == 0) return;
     tile_scores<GMAX, DMAX>(keys, rows, dim, dtype, q, scale, sbuf, tmax);
     partials_rescale<GMAX, DMAX>(blk, tmax, g, dim);
-    tile_values<GMAX, DMAX>(values, rows, dim, dtype, g, sbuf, blk.max, blk.out, blk.sum);
+    tile_values<GMAX, DMAX>(values, vs, rows, dim, dtype, g, sbuf, blk.max, blk.out, blk.sum);
 }
 
-// One block (rows of keys and values) into acc: its partial, tile by tile, then the merge.
+// One block's partial (rows of keys and values, rw 16-bit words per row) into blk, tile by tile
+// (kernels/src/attend.rs attend_block, or attend_block_scaled with value scales vs).
 template <int GMAX, int DMAX>
-inline void attend_block(const uint16_t* keys, const uint16_t* values, uint32_t rows,
-                         uint32_t dim, uint32_t words, uint8_t dtype, const float q[GMAX][DMAX],
-                         uint32_t g, float scale, float sbuf[][GMAX], Partials<GMAX, DMAX>& blk,
-                         Partials<GMAX, DMAX>& acc) {
+inline void attend_rows(const uint16_t* keys, const uint16_t* values, const float* vs,
+                        uint32_t rows, uint32_t dim, uint32_t rw, uint8_t dtype,
+                        const float q[GMAX][DMAX], uint32_t g, float scale, float sbuf[][GMAX],
+                        Partials<GMAX, DMAX>& blk) {
     float tmax[GMAX];
 #pragma HLS ARRAY_PARTITION variable = tmax complete
     partials_clear<GMAX, DMAX>(blk);
 TILES:
     for (uint32_t r = 0; r < rows; r += ATTEND_TILE) {
         const uint32_t n = rows - r < ATTEND_TILE ? rows - r : ATTEND_TILE;
-        const uint64_t at = uint64_t(r) * dim * words;
-        attend_tile<GMAX, DMAX>(keys + at, values + at, n, dim, dtype, q, g, scale, sbuf, tmax,
-                                blk);
+        const uint64_t at = uint64_t(r) * rw;
+        attend_tile<GMAX, DMAX>(keys + at, values + at, vs != nullptr ? vs + r : nullptr, n, dim,
+                                dtype, q, g, scale, sbuf, tmax, blk);
     }
+}
+
+// One block (rows of keys and values, rw 16-bit words per row; value scales vs or null) into
+// acc: its partial, tile by tile, then the merge.
+template <int GMAX, int DMAX>
+inline void attend_block(const uint16_t* keys, const uint16_t* values, const float* vs,
+                         uint32_t rows, uint32_t dim, uint32_t rw, uint8_t dtype,
+                         const float q[GMAX][DMAX], uint32_t g, float scale, float sbuf[][GMAX],
+                         Partials<GMAX, DMAX>& blk, Partials<GMAX, DMAX>& acc) {
+    attend_rows<GMAX, DMAX>(keys, values, vs, rows, dim, rw, dtype, q, g, scale, sbuf, blk);
     partials_merge<GMAX, DMAX>(acc, blk, g, dim);
 }
 

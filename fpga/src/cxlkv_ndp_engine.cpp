@@ -115,9 +115,8 @@ extern "C" void cxlkv_hls_attend_free(cxlkv_hls_attend* s) { delete s; }
 extern "C" int cxlkv_hls_attend_block(cxlkv_hls_attend* s, const uint16_t* keys,
                                       const uint16_t* values, uint32_t rows, uint8_t dtype) {
     if (dtype < CXLKV_HLS_DTYPE_F16 || dtype > CXLKV_HLS_DTYPE_F32) return -1;
-    const uint32_t words = dtype == CXLKV_HLS_DTYPE_F32 ? 2 : 1;
-    attend_block<EGMAX, EDMAX>(keys, values, rows, s->dim, words, dtype, s->q, s->g, s->scale,
-                               s->sbuf, s->blk, s->acc);
+    attend_block<EGMAX, EDMAX>(keys, values, nullptr, rows, s->dim, row_words(dtype, s->dim),
+                               dtype, s->q, s->g, s->scale, s->sbuf, s->blk, s->acc);
     return 0;
 }
 

@@ -42,6 +42,11 @@ extern "C" {
 #define CXLKV_HLS_DTYPE_F16 1
 #define CXLKV_HLS_DTYPE_BF16 2
 #define CXLKV_HLS_DTYPE_F32 3
+// Quantized codes (ABI 1.2): int8, one two's-complement byte per element; int4, two elements per
+// byte (element 2j in the low nibble of byte j, 2j+1 in the high one), two's-complement 4-bit.
+// Keys carry per-channel scales (folded into the queries), values per-token scales.
+#define CXLKV_HLS_DTYPE_I8 4
+#define CXLKV_HLS_DTYPE_I4 5
 
 // A block of the command after the device's control path resolved its key (index lookup, header
 // CRC and layout checks stay with the control path, as in the emulator's resolve_block): where the
@@ -52,6 +57,10 @@ struct cxlkv_hls_block {
     uint64_t bounds_elem; // first f32 of min[dim] then max[dim] in `bounds`
     uint32_t tokens;      // rows in the block
     uint32_t base;        // token index of row 0 (the block entry's token_offset)
+    // Quantized blocks only (int8, int4), as f32 indices into the same port as the bounds: the
+    // head's key scales [dim] (per channel) and value scales [tokens] (per token).
+    uint64_t kscale_elem;
+    uint64_t vscale_elem;
 };
 
 namespace cxlkv_hls {
@@ -97,6 +106,49 @@ inline float f16_to_f32(uint16_t h) {
 
 // bfloat16 -> f32: a shift (exact).
 inline float bf16_to_f32(uint16_t h) { return f32_from_bits(uint32_t(h) << 16); }
+
+inline bool is_quantized(uint8_t dtype) {
+    return dtype == CXLKV_HLS_DTYPE_I8 || dtype == CXLKV_HLS_DTYPE_I4;
+}
+
+// 16-bit words of one row of dim elements (dim a multiple of 16), 0 for an unknown dtype.
+inline uint32_t row_words(uint8_t dtype, uint32_t dim) {
+    switch (dtype) {
+    case CXLKV_HLS_DTYPE_F16:
+    case CXLKV_HLS_DTYPE_BF16: return dim;
+    case CXLKV_HLS_DTYPE_F32: return 2 * dim;
+    case CXLKV_HLS_DTYPE_I8: return dim / 2;
+    case CXLKV_HLS_DTYPE_I4: return dim / 4;
+    default: return 0;
+    }
+}
+
+// Element e of a row stream of int8 codes (little-endian words: byte 2w low, 2w+1 high), widened
+// exactly to f32.
+inline float i8_at(const uint16_t* w, uint32_t e) {
+    return float(int8_t(uint8_t(w[e >> 1] >> (8 * (e & 1)))));
+}
+
+// Element e of a row stream of int4 codes: byte e/2, its low nibble for even e; within the
+// 16-bit word that is bits 4 * (e % 4). Sign-extended from 4 bits, widened exactly to f32.
+inline float i4_at(const uint16_t* w, uint32_t e) {
+    const uint32_t nib = (uint32_t(w[e >> 2]) >> (4 * (e & 3))) & 0xfu;
+    return float(int32_t(nib << 28) >> 28);
+}
+
+// The queries folded with a quantized block's key scales: q'[g][d] = q[g][d] * ks[d], one f32
+// multiply each (kernels/src/quant.rs fold_key_scales). The score of a quantized key is the
+// canonical dot product of q' with its codes.
+template <int GMAX, int DMAX>
+inline void fold_queries(const float q[GMAX][DMAX], const float* ks, uint32_t g, uint32_t dim,
+                         float out[GMAX][DMAX]) {
+FOLD:
+    for (uint32_t i = 0; i < uint32_t(GMAX) * DMAX; ++i) {
+#pragma HLS PIPELINE II = 1
+        const uint32_t qi = i / DMAX, d = i % DMAX;
+        out[qi][d] = (qi < g && d < dim) ? q[qi][d] * ks[d] : 0.0f;
+    }
+}
 
 // Ranking: true if (sa, ia) ranks strictly before (sb, ib). C's == already equates -0 and +0.
 inline bool beats(float sa, uint32_t ia, float sb, uint32_t ib) {
@@ -181,11 +233,20 @@ SHIFT:
     if (count < k) ++count;
 }
 
-// Stage 1, key-streaming reader: the block's rows * dim elements, converted exactly to f32.
+// Stage 1, key-streaming reader: the block's rows * dim elements, converted exactly to f32
+// (f16, bf16, f32, int8 and int4 codes).
 inline void read_keys(const uint16_t* keys, uint32_t rows, uint32_t dim, uint8_t dtype,
                       hls::stream<float>& out) {
     uint32_t n = rows * dim;
-    if (dtype == CXLKV_HLS_DTYPE_F32) {
+    if (dtype == CXLKV_HLS_DTYPE_I8 || dtype == CXLKV_HLS_DTYPE_I4) {
+        // Codes: one element per cycle from a word read every second (int8) or fourth (int4)
+        // element, sign-extended and converted exactly.
+    READ_CODES:
+        for (uint32_t e = 0; e < n; ++e) {
+#pragma HLS PIPELINE II = 1
+            out.write(dtype == CXLKV_HLS_DTYPE_I8 ? i8_at(keys, e) : i4_at(keys, e));
+        }
+    } else if (dtype == CXLKV_HLS_DTYPE_F32) {
         // f32 keys (emulator engine only; two 16-bit words per element, little-endian).
     READ_F32:
         for (uint32_t e = 0; e < n; ++e) {
