@@ -6,6 +6,9 @@
 // key rows of the file (the test bench stores the keys again as the "values" region). The block
 // list is handed to the kernel reversed for every other case: results must not depend on it.
 //
+// After the golden sets, the self-generated ones (quantized blocks, sparse ATTEND; tb_quant.cpp,
+// tb_sparse.cpp) run against the C++ reference of tb_ref.h.
+//
 // Usage: tb GOLDEN_FILE...   Exit status 0 iff every case passed.
 #include <cstdio>
 #include <cstring>
@@ -182,7 +185,9 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
         if (run_file(argv[i], passed, failed) != 0) ++bad_files;
     }
-    std::printf("csim: %d sets, %d passed, %d failed%s\n", argc - 1 - bad_files, passed,
+    int generated = run_quant(passed, failed);
+    generated += run_sparse(passed, failed);
+    std::printf("csim: %d sets, %d passed, %d failed%s\n", argc - 1 - bad_files + generated, passed,
                 failed + bad_files, bad_files ? " (unreadable sets counted as failures)" : "");
     return (failed == 0 && bad_files == 0 && passed > 0) ? 0 : 1;
 }

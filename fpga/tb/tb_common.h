@@ -56,5 +56,9 @@ inline bool same_score(float a, float b) {
 // after their magic; -1 if the file is unreadable.
 int run_attend(Reader& r, const std::string& name, int& passed, int& failed);
 int run_select(Reader& r, const std::string& name, int& passed, int& failed);
+// Self-generated sets with a C++ reference (tb_ref.h): quantized blocks (tb_quant.cpp) and the
+// sparse ATTEND (tb_sparse.cpp); each returns its number of sets.
+int run_quant(int& passed, int& failed);
+int run_sparse(int& passed, int& failed);
 
 #endif
