@@ -1,5 +1,6 @@
 // The HLS top function: SCORE_TOPK (full and bound-pruned, per query or group max, optional
-// selection and value gather), GATHER and ATTEND over resolved blocks in card memory. See
+// selection and value gather), GATHER, ATTEND and the sparse ATTEND (FLAG_SELECT) over resolved
+// blocks in card memory, f16/bf16/f32 rows and int8/int4 codes with their scales. See
 // cxlkv_ndp_kernel.h for the ports and fpga/README.md for the pragmas' reasoning.
 #include "cxlkv_ndp_attend.h"
 #include "cxlkv_ndp_kernel.h"

@@ -1,4 +1,5 @@
-// cxlkv NDP kernel: SCORE_TOPK (full and bound-pruned) and GATHER, in Vitis-HLS-style C++.
+// cxlkv NDP kernel: SCORE_TOPK (full and bound-pruned), GATHER, ATTEND and the sparse ATTEND
+// over f16, bf16, f32, int8 and int4 rows, in Vitis-HLS-style C++.
 //
 // One source, two builds:
 //   - the HLS top function cxlkv_ndp_top() (cxlkv_ndp_kernel.cpp), compiled with the hardware
@@ -388,19 +389,24 @@ inline bool can_skip(const float* ub, uint32_t g, uint32_t k, bool group_max,
 //            flags, k, dtype, group, dim and nblocks are used.
 //   sel      s_axilite: SCORE_TOPK's selection (struct cxlkv_ndp_select, the arguments' tail with
 //            FLAG_SELECT; unused without).
-//   att      s_axilite: ATTEND's argument tail (struct cxlkv_ndp_attend: the scale).
+//   att      s_axilite: ATTEND's argument tail (struct cxlkv_ndp_attend: the scale). With
+//            FLAG_SELECT (sparse ATTEND) sel is the selection and cmd.k the per-query cap.
 //   keys     m_axi gmem0: card memory as 16-bit words (key rows).
 //   values   m_axi gmem1: card memory as 16-bit words (value rows, GATHER and FLAG_GATHER_V).
 //   queries  m_axi gmem2: f32 queries[group][dim] (the command's arguments).
-//   bounds   m_axi gmem2: f32 block bounds (min[dim], max[dim] per block) for FLAG_PRUNE.
+//   bounds   m_axi gmem2: f32 block bounds (min[dim], max[dim] per block) for FLAG_PRUNE, and a
+//            quantized block's key scales [dim] and value scales [tokens] (kscale_elem,
+//            vscale_elem of its cxlkv_hls_block).
 //   blocks   m_axi gmem2: the resolved block list (struct cxlkv_hls_block[nblocks]).
 //   tokens   m_axi gmem2: GATHER's token list (u32[k]).
-//   hits     m_axi gmem3: result hits [lists][per_list] (struct cxlkv_ndp_hit), best first.
+//   hits     m_axi gmem3: result hits [lists][per_list] (struct cxlkv_ndp_hit), best first; a
+//            sparse ATTEND's union (ascending tokens, score 0) if not null.
 //   rows_out m_axi gmem3: gathered value rows [lists][per_list][dim] (a selected list is padded
 //            to per_list with token 0xFFFFFFFF, score -inf and zero rows, as the ABI's result).
 //   att_out  m_axi gmem3: ATTEND's outputs, f32 [group][dim] (the result's values section).
 //   att_ms   m_axi gmem3: ATTEND's struct cxlkv_ndp_partial [group] (max, sum).
-//   info     m_axi gmem3: a selected SCORE_TOPK's struct cxlkv_ndp_list_info [lists].
+//   info     m_axi gmem3: a selected SCORE_TOPK's struct cxlkv_ndp_list_info [lists]; a sparse
+//            ATTEND's [group] (count = |U|, the mass U leaves out).
 //   cpl      m_axi gmem3: the completion (status, detail, bytes_scanned, blocks_scanned/pruned,
 //            and result_bytes = hits written; the control path adds header and mass).
 extern "C" void cxlkv_ndp_top(cxlkv_ndp_cmd cmd, cxlkv_ndp_select sel, cxlkv_ndp_attend att,
