@@ -13,6 +13,7 @@ fn main() {
         "src/cxlkv_ndp_kernel.h",
         "src/cxlkv_ndp_attend.h",
         "src/cxlkv_ndp_select.h",
+        "src/cxlkv_ndp_sparse.h",
         "src/cxlkv_hls_types.h",
         "include/hls_compat/hls_stream.h",
     ] {

@@ -14,11 +14,15 @@
 //     indices identical, scores bit for bit, left-out mass within 1e-6;
 //   - ATTEND (G in {1, 4}, scale 1/sqrt(d) and 4/sqrt(d)): max bit for bit, sum and out within
 //     ATTEND_TOL (0 in this build: bit for bit; 1e-5 with the vendor's or a perturbed exp),
-//     bytes scanned = K and V codes + key and value scales.
+//     bytes scanned = K and V codes + key and value scales;
+//   - the emulator's engine library (cxlkv_ndp_engine.h: *_block_q, cxlkv_hls_dequant_row, the
+//     ABI's limits) on the same commands: hits, lists, masses, partials and rows bit for bit
+//     equal to the top function's.
 // Odd cases hand the kernel the block list reversed.
 #include <cmath>
 #include <string>
 
+#include "../src/cxlkv_ndp_engine.h"
 #include "tb_common.h"
 #include "tb_ref.h"
 
@@ -258,6 +262,25 @@ std::string topk_case(const QData& q, ref::Rng& rng, uint32_t g, uint32_t k, boo
     for (uint32_t i = 0; i < per; ++i)
         if (gh[i].token != toks[i] || !row_is_dequantized(q, &grows[size_t(i) * 2 * q.dim], toks[i]))
             return "GATHER row is not the dequantized value row";
+    // The engine library: the same lists, and the dequantized rows.
+    cxlkv_hls_scan* es = cxlkv_hls_scan_new(g, k, gmax ? 1 : 0, qs.data(), q.dim);
+    if (es == nullptr) return "engine: scan_new failed";
+    for (const cxlkv_hls_block& b : blocks)
+        cxlkv_hls_scan_block_q(es, &q.keys[b.k_elem], b.tokens, b.base, q.dtype, &q.meta[b.kscale_elem]);
+    std::vector<cxlkv_ndp_hit> eh(size_t(lists) * per);
+    cxlkv_hls_scan_finish(es, per, eh.data());
+    cxlkv_hls_scan_free(es);
+    for (size_t i = 0; i < eh.size(); ++i)
+        if (eh[i].token != want[i / per][i % per].t || !same_score(eh[i].score, want[i / per][i % per].s))
+            return "engine: hit differs";
+    std::vector<float> row(q.dim);
+    for (uint32_t i = 0; i < per; ++i) {
+        const uint32_t t = want[0][i].t;
+        const uint16_t* src = &q.vals[size_t(t) * q.rb / 2];
+        if (cxlkv_hls_dequant_row(src, q.dim, q.dtype, q.vscale(t), row.data()) != 0 ||
+            !row_is_dequantized(q, reinterpret_cast<const uint16_t*>(row.data()), t))
+            return "engine: dequantized row differs";
+    }
     return "";
 }
 
@@ -303,6 +326,24 @@ std::string select_case(const QData& q, ref::Rng& rng, uint32_t g, uint32_t k,
         const double e = std::fabs(double(info[j].left_out_mass) - double(left));
         worst = std::max(worst, e);
         if (!(e <= 1e-6)) return "selection left-out mass differs";
+    }
+    // The engine library: the top function's lists and masses, bit for bit.
+    cxlkv_hls_sel* es = cxlkv_hls_sel_new(g, k, 0, qs.data(), q.dim, &sel);
+    if (es == nullptr) return "engine: sel_new failed";
+    for (const cxlkv_hls_block& b : blocks)
+        cxlkv_hls_sel_block_q(es, &q.keys[b.k_elem], b.tokens, b.base, q.dtype, &q.meta[b.kscale_elem]);
+    std::vector<cxlkv_ndp_hit> eh(size_t(g) * k);
+    std::vector<cxlkv_ndp_list_info> ei(g);
+    const int nl = cxlkv_hls_sel_finish(es, eh.data(), ei.data());
+    cxlkv_hls_sel_free(es);
+    if (nl != int(g)) return "engine: selection failed";
+    for (uint32_t j = 0; j < g; ++j) {
+        if (ei[j].count != info[j].count || std::memcmp(&ei[j].left_out_mass, &info[j].left_out_mass, 4) != 0)
+            return "engine: selection count or mass differs";
+        for (uint32_t i = 0; i < ei[j].count; ++i)
+            if (eh[size_t(j) * k + i].token != hits[size_t(j) * per + i].token ||
+                !same_score(eh[size_t(j) * k + i].score, hits[size_t(j) * per + i].score))
+                return "engine: selection hit differs";
     }
     return "";
 }
@@ -365,6 +406,27 @@ std::string attend_case(const QData& q, ref::Rng& rng, uint32_t g, float scale, 
                           e_out);
             return msg;
         }
+    }
+    // The engine library: the top function's partials, bit for bit.
+    cxlkv_hls_attend* ea = cxlkv_hls_attend_new(g, qs.data(), q.dim, scale);
+    if (ea == nullptr) return "engine: attend_new failed";
+    for (const cxlkv_hls_block& b : blocks)
+        cxlkv_hls_attend_block_q(ea, &q.keys[b.k_elem], &q.vals[b.v_elem], b.tokens, q.dtype,
+                                 &q.meta[b.kscale_elem], &q.meta[b.vscale_elem]);
+    std::vector<float> eo(size_t(g) * q.dim), em(g), es(g);
+    cxlkv_hls_attend_finish(ea, eo.data(), em.data(), es.data());
+    cxlkv_hls_attend_free(ea);
+    for (uint32_t j = 0; j < g; ++j)
+        if (std::memcmp(&em[j], &ms[j].max, 4) != 0 || std::memcmp(&es[j], &ms[j].sum, 4) != 0)
+            return "engine: ATTEND max or sum differs";
+    if (std::memcmp(eo.data(), out.data(), eo.size() * 4) != 0) return "engine: ATTEND out differs";
+    // The fold: one f32 multiply per element.
+    std::vector<float> folded(size_t(g) * q.dim);
+    const float* ks = &q.meta[blocks[0].kscale_elem];
+    cxlkv_hls_fold(qs.data(), g, q.dim, ks, folded.data());
+    for (uint32_t i = 0; i < g * q.dim; ++i) {
+        const float w = qs[i] * ks[i % q.dim];
+        if (std::memcmp(&folded[i], &w, 4) != 0) return "engine: fold differs";
     }
     return "";
 }

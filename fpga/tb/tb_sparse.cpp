@@ -10,6 +10,8 @@
 //     scanned = every key row + |U| key and value rows;
 //   - with one block and k >= its tokens the sparse partial equals plain ATTEND's bit for bit
 //     (both are attend_block over the same rows);
+//   - the emulator's engine library (cxlkv_hls_sparse_*, the ABI's limits) on the same command:
+//     the union, partials and infos bit for bit equal to the top function's;
 //   - refusals: select.scale != attend.scale (DETAIL_BAD_SCALE), k = 0, k > KMAX, another flag
 //     with FLAG_SELECT, more forced tokens than k (DETAIL_TOO_MANY_FORCED), a window past the
 //     stored tokens (DETAIL_BAD_WINDOW), a quantized dtype (DETAIL_BAD_OPTIONS).
@@ -18,6 +20,7 @@
 #include <set>
 #include <string>
 
+#include "../src/cxlkv_ndp_engine.h"
 #include "tb_common.h"
 #include "tb_ref.h"
 
@@ -208,6 +211,30 @@ std::string sparse_case(const SData& s, ref::Rng& rng, uint32_t g, uint32_t k,
             return msg;
         }
     }
+    // The engine library: selection scan, union, partial over the gathered rows, finish.
+    cxlkv_hls_sparse* es = cxlkv_hls_sparse_new(g, k, qs.data(), s.dim, sel.scale, &sel);
+    if (es == nullptr) return "engine: sparse_new failed";
+    for (const cxlkv_hls_block& b : blocks)
+        cxlkv_hls_sparse_block(es, &s.keys[b.k_elem], b.tokens, b.base, s.dtype);
+    std::vector<uint32_t> eu(size_t(g) * k);
+    const int nu = cxlkv_hls_sparse_union(es, eu.data());
+    bool same = nu == int(u.size()) && std::equal(u.begin(), u.end(), eu.begin());
+    std::vector<float> eo(size_t(g) * s.dim), em(g), esum(g);
+    std::vector<cxlkv_ndp_list_info> ei(g);
+    if (same) {
+        same = cxlkv_hls_sparse_rows(es, reinterpret_cast<const uint16_t*>(gk.data()),
+                                     reinterpret_cast<const uint16_t*>(gv.data()), uint32_t(nu),
+                                     s.dtype) == 0;
+        cxlkv_hls_sparse_finish(es, eo.data(), em.data(), esum.data(), ei.data());
+    }
+    cxlkv_hls_sparse_free(es);
+    if (!same) return "engine: union differs";
+    if (std::memcmp(eo.data(), r.out.data(), eo.size() * 4) != 0) return "engine: out differs";
+    for (uint32_t j = 0; j < g; ++j)
+        if (std::memcmp(&em[j], &r.ms[j].max, 4) != 0 || std::memcmp(&esum[j], &r.ms[j].sum, 4) != 0 ||
+            ei[j].count != r.info[j].count ||
+            std::memcmp(&ei[j].left_out_mass, &r.info[j].left_out_mass, 4) != 0)
+            return "engine: partial or info differs";
     return "";
 }
 
