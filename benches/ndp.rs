@@ -196,6 +196,7 @@ fn benches(c: &mut Criterion) {
         kv_head: 0,
         dtype: DType::F16,
         scale: Some(scale),
+        sparse: None,
     };
     // The bare kernel reads the very memory the device reads: every block's K and V rows in
     // place in the pool mapping (same pages), one `attend_block` per block merged in block order,

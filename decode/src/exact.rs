@@ -107,6 +107,7 @@ impl Attention for NdpExact<'_> {
                         kv_head: kv as u32,
                         dtype,
                         scale: Some(shape.scale),
+                        sparse: None,
                     };
                     tickets
                         .push(ndp.submit_attend(&req).map_err(|e| {

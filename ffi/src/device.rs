@@ -699,6 +699,7 @@ impl<'a> AttendArgs<'a> {
             kv_head: r.kv_head,
             dtype: self.dtype,
             scale: (r.scale != 0.0).then_some(r.scale),
+            sparse: None,
         }
     }
 

@@ -1,6 +1,7 @@
 /*
- * cxlkv NDP device ABI, version 1.1 (docs/ABI.md is its prose twin). 1.1 adds ATTEND and SCORE_TOPK
- * selection (CXLKV_NDP_FLAG_SELECT); a 1.0 client's commands mean what they meant.
+ * cxlkv NDP device ABI, version 1.2 (docs/ABI.md is its prose twin). 1.1 adds ATTEND and SCORE_TOPK
+ * selection (CXLKV_NDP_FLAG_SELECT); 1.2 adds the sparse ATTEND (ATTEND with CXLKV_NDP_FLAG_SELECT).
+ * An older client's commands mean what they meant.
  *
  * One header for every party: the device model (cxlkv-ndpd), the runtime's client (Rust bindings
  * generated from this file with bindgen and committed; a test fails when they drift) and the HLS
@@ -30,7 +31,7 @@
 /* "CXLKVNDP" read as a little-endian u64. */
 #define CXLKV_NDP_MAGIC 0x50444E564B4C5843ULL
 #define CXLKV_NDP_ABI_MAJOR 1
-#define CXLKV_NDP_ABI_MINOR 1
+#define CXLKV_NDP_ABI_MINOR 2
 
 /* Geometry. */
 #define CXLKV_NDP_REGS_SIZE 4096
@@ -58,6 +59,7 @@
 #define CXLKV_NDP_CAP_PACING (1ULL << 6)
 #define CXLKV_NDP_CAP_ATTEND (1ULL << 7) /* ABI 1.1: CXLKV_NDP_OP_ATTEND */
 #define CXLKV_NDP_CAP_SELECT (1ULL << 8) /* ABI 1.1: SCORE_TOPK with CXLKV_NDP_FLAG_SELECT */
+#define CXLKV_NDP_CAP_SPARSE_ATTEND (1ULL << 9) /* ABI 1.2: ATTEND with CXLKV_NDP_FLAG_SELECT */
 
 /* Opcodes (cmd.opcode). */
 #define CXLKV_NDP_OP_NOP 0
@@ -257,6 +259,18 @@ struct cxlkv_ndp_attend {
     uint32_t reserved0; /* 0 */
     uint64_t reserved1; /* 0 */
 };
+
+/* Sparse ATTEND (ABI 1.2, CXLKV_NDP_CAP_SPARSE_ATTEND): ATTEND with cmd.flags = CXLKV_NDP_FLAG_SELECT and
+ * cmd.k in 1..=max_k. args = f32 queries [G][dim], struct cxlkv_ndp_block [nblocks],
+ * struct cxlkv_ndp_attend, struct cxlkv_ndp_select (select.scale must equal attend.scale). The device
+ * scores every stored key for each query and selects per query exactly as a selected SCORE_TOPK
+ * does (sinks, window, exclude, top-k or top-p by exact mass, at most k); U = the union of the G
+ * lists, sorted by token. Each query's partial is then computed over U's rows only (gathered in
+ * token order, one fused pass in tiles of 64 rows, no block merge). Result: ATTEND's, plus
+ * bounds_off -> struct cxlkv_ndp_list_info [G]: count = |U|, left_out_mass = the softmax mass of
+ * the query (over every stored token outside exclude) that U does not hold:
+ * max(0, 1 - l_U exp(m_U - max_q) / sum_q), (max_q, sum_q) the query's log-sum-exp in f64.
+ * bytes_scanned = every key byte scored + |U| key and value rows. f16, bf16, f32 blocks only. */
 
 /* max and sum of one query's ATTEND partial (8 bytes). */
 struct cxlkv_ndp_partial {

@@ -500,6 +500,7 @@ impl HlsSelect {
         Ok(Selected {
             lists,
             left_out: res.iter().map(|r| r.left_out_mass).collect(),
+            log_sum_exp: Vec::new(),
         })
     }
 }

@@ -230,9 +230,35 @@ fn malformed_commands(engine: Engine) {
         result_len: 16384,
         ..Default::default()
     };
+    // The sparse ATTEND (ATTEND with FLAG_SELECT): the same queries and blocks, then its tail.
+    let mut sparse_args = args.clone();
+    sparse_args.extend_from_slice(format::as_bytes(&cxlkv_ndp_attend {
+        scale: 0.125,
+        ..Default::default()
+    }));
+    let sel = cxlkv_runtime::ndp::Select {
+        sinks: 2,
+        top_p: Some(0.9),
+        ..Default::default()
+    };
+    sparse_args.extend_from_slice(format::as_bytes(&sel.to_abi(0.125)));
+    let sparse_base = cxlkv_ndp_cmd {
+        opcode: CXLKV_NDP_OP_ATTEND as u16,
+        flags: CXLKV_NDP_FLAG_SELECT as u16,
+        args_len: sparse_args.len() as u32,
+        ..base
+    };
+    pool.memory().write(staging, &sparse_args).unwrap();
+    let tag = ndp.submit_raw(sparse_base).unwrap().expect("ring has room");
+    let cpl = ndp.wait_raw(tag).unwrap().expect("device answers");
+    assert_eq!(
+        cpl.status, CXLKV_NDP_OK,
+        "the unmutated sparse ATTEND succeeds"
+    );
     let n_cases = 3000;
     let mut errors = 0;
     for i in 0..n_cases {
+        let sparse = i % 2 == 1;
         if i % 100 == 0 {
             let got = ndp
                 .score_topk(&request(
@@ -248,8 +274,10 @@ fn malformed_commands(engine: Engine) {
             assert_eq!(got.stats.path, Some(NdpPath::Device));
             assert_eq!(hits_of(&got), want);
         }
-        pool.memory().write(staging, &args).unwrap();
-        let mut c = base;
+        pool.memory()
+            .write(staging, if sparse { &sparse_args } else { &args })
+            .unwrap();
+        let mut c = if sparse { sparse_base } else { base };
         let mut entry_override = None;
         match rng.below(20) {
             0 => {
@@ -296,7 +324,8 @@ fn malformed_commands(engine: Engine) {
             13 => c.result_len = rng.below(100) as u32,
             14 => c.args_off = foreign_args_off,
             15 => c.result_off = sb.device_area_off + rng.below(sb.device_area_size),
-            16 => c.opcode = 5 + rng.below(60000) as u16,
+            16 => c.opcode = 5 + u16::from(sparse) + rng.below(60000) as u16,
+            17 if sparse => c.flags = 8 | (16 << rng.below(11)),
             17 => c.flags = 8 << rng.below(12),
             18 => c.nblocks = c.nblocks + 1 + rng.below(100_000) as u32,
             _ => {

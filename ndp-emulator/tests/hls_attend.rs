@@ -45,6 +45,7 @@ fn attend_request<'a>(s: &'a Stored, h: u32, q: &'a [f32], scale: f32) -> Attend
         kv_head: h,
         dtype: s.dtype,
         scale: Some(scale),
+        sparse: None,
     }
 }
 

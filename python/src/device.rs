@@ -392,6 +392,7 @@ impl PyDevice {
             kv_head,
             dtype: dtype_of(dtype)?,
             scale,
+            sparse: None,
         };
         let got = py.detach(|| {
             self.with(|d| {

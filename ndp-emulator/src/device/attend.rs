@@ -27,6 +27,9 @@ pub(super) enum Selector {
 
 impl Device {
     pub(super) fn attend(&self, qp: u32, cmd: &cxlkv_ndp_cmd) -> Outcome {
+        if cmd.flags == CXLKV_NDP_FLAG_SELECT as u16 {
+            return self.sparse_attend(qp, cmd);
+        }
         let (dtype, want) = Self::common(cmd)?;
         let (g, dim, n) = (
             usize::from(cmd.group),

@@ -34,6 +34,7 @@ pub mod hotlist;
 pub mod metrics;
 pub mod model;
 pub mod scan;
+pub mod sparse;
 pub mod worker;
 
 pub use config::{DeviceConfig, DeviceError};

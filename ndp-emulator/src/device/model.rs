@@ -112,7 +112,8 @@ impl Device {
                     | CXLKV_NDP_CAP_FUTEX_WAKE
                     | CXLKV_NDP_CAP_PACING
                     | CXLKV_NDP_CAP_ATTEND
-                    | CXLKV_NDP_CAP_SELECT,
+                    | CXLKV_NDP_CAP_SELECT
+                    | CXLKV_NDP_CAP_SPARSE_ATTEND,
             ),
             generation,
             pid: u64::from(std::process::id()),

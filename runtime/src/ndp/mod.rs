@@ -18,6 +18,8 @@
 //! - [`result`]: [`encode_topk_result`] / [`decode_topk_result`], the result buffer format.
 //! - [`select`]: SCORE_TOPK selection ([`Select`]: sinks, window, exclusion, top-p) and the mass
 //!   each list leaves out, one streaming implementation for the device and the host.
+//! - [`sparse`]: the sparse ATTEND (ATTEND with selection): the union of a group's lists, the
+//!   mass it leaves out and the result format, for the device and the host.
 //! - [`client`]: [`NdpDevice`]: submit, poll, wait with a timeout, and the host fallback.
 //!
 //! The scan itself is not here: the device's engines and the host fallback all run the kernels'
@@ -44,6 +46,7 @@ pub mod layout;
 pub mod queue;
 pub mod result;
 pub mod select;
+pub mod sparse;
 
 pub use cxlkv_shm::futex::{wait as futex_wait, wake as futex_wake};
 

@@ -179,6 +179,9 @@ pub struct Selected {
     pub lists: Vec<Vec<Hit>>,
     /// Mass each list leaves out.
     pub left_out: Vec<f32>,
+    /// Per list, the log-sum-exp of the scaled scores of every token fed (outside exclude): the
+    /// maximum and the sum of `exp(x - max)`, in f64 (empty from engines that do not report it).
+    pub log_sum_exp: Vec<(f64, f64)>,
 }
 
 impl Selection {
@@ -286,6 +289,7 @@ impl Selection {
             };
             out.lists.push(hits);
             out.left_out.push(left as f32);
+            out.log_sum_exp.push((l.max, l.sum));
         }
         out
     }

@@ -21,6 +21,7 @@ use crate::ndp::result::{
     attend_result_size, decode_attend_result, decode_list_info, decode_topk_result,
     topk_result_size,
 };
+use crate::ndp::sparse::sparse_result_size;
 use cxlkv_kernels::{DType, GroupMode};
 use std::time::{Duration, Instant};
 
@@ -67,10 +68,12 @@ fn topk_bytes_out(t: &TopK) -> u64 {
 
 /// Bytes an ATTEND answer hands back: per query its `out` row, `max` and `sum` (f32).
 fn attend_bytes_out(a: &Attended) -> u64 {
-    a.partials
+    let parts: u64 = a
+        .partials
         .iter()
         .map(|p| 4 * (p.out.len() as u64 + 2))
-        .sum()
+        .sum();
+    parts + 8 * a.selection.len() as u64
 }
 
 /// Bytes of a request's query vectors (f32), what the caller hands in.
@@ -278,13 +281,32 @@ impl NdpDevice {
         req: &AttendRequest<'_>,
         tag: u64,
     ) -> Result<std::result::Result<(usize, u64, u64, u64), FallbackReason>> {
-        let mut args = Vec::with_capacity(req.queries.len() * 4 + req.blocks.len() * 24 + 16);
+        let mut args = Vec::with_capacity(req.queries.len() * 4 + req.blocks.len() * 24 + 80);
         push_queries_and_blocks(&mut args, req.queries, req.blocks);
         args.extend_from_slice(format::as_bytes(&cxlkv_ndp_attend {
             scale: req.scale(),
             ..Default::default()
         }));
         let g = req.queries.len() / req.dim;
+        if let Some(sp) = &req.sparse {
+            args.extend_from_slice(format::as_bytes(&sp.select.to_abi(req.scale())));
+            let cmd = cxlkv_ndp_cmd {
+                tag,
+                opcode: CXLKV_NDP_OP_ATTEND as u16,
+                flags: CXLKV_NDP_FLAG_SELECT as u16,
+                k: sp.k as u32,
+                sequence: req.sequence,
+                layer: req.layer,
+                kv_head: req.kv_head as u16,
+                dtype: req.dtype as u8,
+                group: g as u8,
+                dim: req.dim as u32,
+                nblocks: req.blocks.len() as u32,
+                ..Default::default()
+            };
+            let result_len = sparse_result_size(g, req.dim).unwrap_or(u64::MAX);
+            return self.try_stage(cmd, &args, result_len, CXLKV_NDP_CAP_SPARSE_ATTEND);
+        }
         let cmd = cxlkv_ndp_cmd {
             tag,
             opcode: CXLKV_NDP_OP_ATTEND as u16,
@@ -499,7 +521,17 @@ impl NdpDevice {
             let g = a.queries.len() / a.dim;
             let (partials, _) =
                 decode_attend_result(&buf, g, a.dim).ok_or(NdpError::BadResult(n))?;
-            return Ok(Answer::Attend(Attended { partials, stats }));
+            let selection = match a.sparse {
+                Some(_) => decode_list_info(&buf)
+                    .filter(|i| i.len() == g)
+                    .ok_or(NdpError::BadResult(n))?,
+                None => Vec::new(),
+            };
+            return Ok(Answer::Attend(Attended {
+                partials,
+                selection,
+                stats,
+            }));
         }
         let r = req.borrow();
         let mut d = decode_topk_result(&buf, r.dtype.size()).ok_or(NdpError::BadResult(n))?;

@@ -12,6 +12,7 @@ use crate::ndp::client::request::{
 use crate::ndp::layout::DeviceStatus;
 use crate::ndp::result::{block_mass, ScanStats};
 use crate::ndp::select::Selection;
+use crate::ndp::sparse::{left_out, union, Sparse};
 use crate::pool::Pool;
 use cxlkv_kernels::attention::default_scale;
 use cxlkv_kernels::{
@@ -245,6 +246,9 @@ pub fn host_attend_with(
     kernel: ScoreKernel,
 ) -> Result<Attended> {
     req.check()?;
+    if let Some(sp) = &req.sparse {
+        return host_sparse_attend(pool, req, kernel, sp);
+    }
     let start = Instant::now();
     let want = req.as_score().expect();
     let mem = pool.memory();
@@ -283,6 +287,88 @@ pub fn host_attend_with(
         }
         return Ok(Attended {
             partials: parts,
+            selection: Vec::new(),
+            stats: NdpStats {
+                path: Some(NdpPath::Host(FallbackReason::Forced)),
+                host_scan_bytes: pulled,
+                bytes_scanned: scanned,
+                blocks_scanned: blocks.len() as u32,
+                elapsed: start.elapsed(),
+                ..Default::default()
+            },
+        });
+    }
+    Err(NdpError::Stale(0))
+}
+
+/// The sparse ATTEND on the host ([`crate::ndp::sparse`]): every block's keys pulled and scored in
+/// block-list order into the per-query [`Selection`], then the union's key and value rows pulled
+/// in token order and attended in one fused pass, as the device does, so the answer is identical.
+fn host_sparse_attend(
+    pool: &Pool,
+    req: &AttendRequest<'_>,
+    kernel: ScoreKernel,
+    sp: &Sparse,
+) -> Result<Attended> {
+    let start = Instant::now();
+    let want = req.as_score().expect();
+    let mem = pool.memory();
+    let shape = |e: cxlkv_kernels::ShapeError| NdpError::BadRequest(e.to_string());
+    let queries = QueryGroup::new(req.queries, req.dim).map_err(shape)?;
+    let (g, dim, scale) = (queries.count(), req.dim, req.scale());
+    let row = req.dtype.size() * dim;
+    for _attempt in 0..crate::pool::READ_RETRIES {
+        let (blocks, order) = resolve_all(pool, req.blocks, &want)?;
+        let ranges: Vec<(u64, u64)> = blocks
+            .iter()
+            .map(|b| (u64::from(b.base), u64::from(b.base) + u64::from(b.tokens)))
+            .collect();
+        let mut sel = Selection::new(sp.select, sp.k, scale, g, &ranges)?;
+        let (mut kbuf, mut scores) = (Vec::new(), Vec::new());
+        let (mut pulled, mut scanned) = (0u64, 0u64);
+        for b in &blocks {
+            kbuf.resize(b.head_bytes as usize, 0);
+            coherence::acquire(&**mem, Site::PayloadRead, b.k_off, b.head_bytes);
+            mem.read(b.k_off, &mut kbuf)?;
+            pulled += b.head_bytes + HOST_META_BYTES_PER_BLOCK;
+            scanned += b.head_bytes;
+            let keys = KeyRows::new(&kbuf, req.dtype, dim).map_err(shape)?;
+            scores.resize(keys.len() * g, 0.0);
+            kernel.score(&queries, &keys, &mut scores);
+            sel.feed(b.base, &scores, g, false);
+        }
+        let picked = sel.finish();
+        let u = union(&picked.lists);
+        let (mut ku, mut vu) = (vec![0u8; u.len() * row], vec![0u8; u.len() * row]);
+        for (i, &t) in u.iter().enumerate() {
+            let (bi, r) = locate_token(&blocks, &order, t)
+                .ok_or(DeviceStatus::at(CXLKV_NDP_ERR_TOKEN, t as usize))?;
+            let at = (r * row) as u64;
+            let b = &blocks[bi];
+            for (buf, off) in [(&mut ku, b.k_off + at), (&mut vu, b.v_off + at)] {
+                coherence::acquire(&**mem, Site::PayloadRead, off, row as u64);
+                mem.read(off, &mut buf[i * row..(i + 1) * row])?;
+            }
+        }
+        pulled += 2 * (u.len() * row) as u64;
+        scanned += 2 * (u.len() * row) as u64;
+        let parts = if u.is_empty() {
+            (0..g).map(|_| Partial::empty(dim)).collect()
+        } else {
+            let keys = KeyRows::new(&ku, req.dtype, dim).map_err(shape)?;
+            let vals = KeyRows::new(&vu, req.dtype, dim).map_err(shape)?;
+            attend_block(kernel, &queries, &keys, &vals, scale)
+        };
+        if !blocks
+            .iter()
+            .all(|b| pool.still_valid(&b.block).unwrap_or(false))
+        {
+            continue;
+        }
+        let left = left_out(&parts, &picked.log_sum_exp);
+        return Ok(Attended {
+            partials: parts,
+            selection: left.iter().map(|&m| (u.len() as u32, m)).collect(),
             stats: NdpStats {
                 path: Some(NdpPath::Host(FallbackReason::Forced)),
                 host_scan_bytes: pulled,

@@ -22,6 +22,7 @@ pub use fallback::{
     host_attend, host_attend_with, host_gather, host_score_topk, HOST_META_BYTES_PER_BLOCK,
 };
 pub use request::{
-    AttendRequest, Attended, BlockSpec, NdpOptions, NdpPath, NdpStats, ScoreRequest, Select, TopK,
+    AttendRequest, Attended, BlockSpec, NdpOptions, NdpPath, NdpStats, ScoreRequest, Select,
+    Sparse, TopK,
 };
 pub use ring::{NdpDevice, Ticket};

@@ -7,6 +7,7 @@ use crate::ndp::abi::*;
 use crate::ndp::block::BlockExpect;
 use crate::ndp::client::error::{FallbackReason, NdpError, Result};
 pub use crate::ndp::select::Select;
+pub use crate::ndp::sparse::Sparse;
 use cxlkv_kernels::attention::default_scale;
 use cxlkv_kernels::{DType, GroupMode, Hit, Partial, ScoreKernel};
 use std::time::Duration;
@@ -207,6 +208,7 @@ impl ScoreRequest<'_> {
             scale: self.scale,
             select: self.select,
             attend: false,
+            sparse: None,
         }
     }
 }
@@ -230,6 +232,9 @@ pub struct AttendRequest<'a> {
     pub dtype: DType,
     /// Applied to `q·k` before `exp`; `None`: [`default_scale`] of `dim` ([`AttendRequest::scale`]).
     pub scale: Option<f32>,
+    /// `Some`: a sparse ATTEND (ABI 1.2): each query's partial over the union of the group's
+    /// selections only ([`crate::ndp::sparse`]); `None`: over every token.
+    pub sparse: Option<Sparse>,
 }
 
 impl AttendRequest<'_> {
@@ -258,12 +263,25 @@ impl AttendRequest<'_> {
     }
 
     pub(super) fn check(&self) -> Result<()> {
-        self.as_score().check()
+        self.as_score().check()?;
+        if let Some(sp) = &self.sparse {
+            if sp.k == 0 || sp.k > CXLKV_NDP_MAX_K as usize {
+                return Err(NdpError::BadRequest(format!(
+                    "sparse ATTEND with k = {} (1..={CXLKV_NDP_MAX_K})",
+                    sp.k
+                )));
+            }
+            sp.select
+                .check()
+                .map_err(|e| NdpError::BadRequest(e.message))?;
+        }
+        Ok(())
     }
 
     pub(super) fn owned(&self) -> OwnedRequest {
         OwnedRequest {
             attend: true,
+            sparse: self.sparse,
             ..self.as_score().owned()
         }
     }
@@ -274,6 +292,9 @@ impl AttendRequest<'_> {
 pub struct Attended {
     /// One per query: unnormalized output (`dim`), maximum scaled score, sum of exponentials.
     pub partials: Vec<Partial>,
+    /// A sparse ATTEND's per-query `(|U|, left-out mass)`: the union's size and the softmax mass
+    /// of the query it leaves out; empty for a plain ATTEND.
+    pub selection: Vec<(u32, f32)>,
     /// Costs and path; `bytes_scanned` counts key and value bytes.
     pub stats: NdpStats,
 }
@@ -297,6 +318,8 @@ pub(super) struct OwnedRequest {
     select: Select,
     /// An ATTEND (the other fields are its [`AttendRequest::as_score`] shape).
     pub(super) attend: bool,
+    /// The ATTEND's selection, when sparse.
+    pub(super) sparse: Option<Sparse>,
 }
 
 impl OwnedRequest {
@@ -317,6 +340,7 @@ impl OwnedRequest {
             scale: None,
             select: Select::default(),
             attend: false,
+            sparse: None,
         }
     }
 
@@ -331,6 +355,7 @@ impl OwnedRequest {
             kv_head: self.kv_head,
             dtype: self.dtype,
             scale: self.scale,
+            sparse: self.sparse,
         }
     }
 
