@@ -136,7 +136,7 @@ mod tests {
         let lse = (std::f64::consts::LN_2, 2.0);
         let m = left_out(std::slice::from_ref(&p), &[lse]);
         assert!((m[0] - 0.5).abs() < 1e-6, "{m:?}");
-        assert_eq!(left_out(&[p.clone()], &[(0.0, 0.0)]), vec![0.0]);
+        assert_eq!(left_out(std::slice::from_ref(&p), &[(0.0, 0.0)]), vec![0.0]);
         let empty = Partial::empty(16);
         assert_eq!(left_out(&[empty], &[lse]), vec![1.0]);
     }
