@@ -10,6 +10,8 @@
 //! | `dense-f16`     | private, f16        | exact over f16 rows, on the host                              |
 //! | `pool`          | pool, typed blocks  | every row read back, exact, on the host                       |
 //! | `ndp-exact`     | pool                | the device's exact partials over stored blocks + the host's   |
+//! | `ndp-topk:K`    | pool                | the device selects per query, attends the GQA union: partials |
+//! | `ndp-topp:P[:KMAX]` | pool            | the same by softmax mass `P`: only partials cross the link    |
 //! | `topk:K`        | pool                | sinks, window and the `K` best stored tokens (device-chosen)  |
 //! | `topp:P[:KMAX]` | pool                | the fewest stored tokens holding softmax mass `P`             |
 //!
@@ -100,6 +102,7 @@ mod phases;
 mod pool_attn;
 mod registry;
 mod select;
+mod sparse;
 mod store;
 
 pub use cxlkv_ndp::daemon::find_ndpd;

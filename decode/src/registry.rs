@@ -9,11 +9,14 @@ use crate::layered::Layered;
 use crate::mode::{parse_arg, parse_layers, ModeArg, ModeDef, ModeSpec, Needs, Site, Takes};
 use crate::pool_attn::PoolAttention;
 use crate::select::Selected;
+use crate::sparse::NdpSparse;
 use cxlkv_kernels::DType;
 use cxlkv_model::{Attention, AttentionShape, Dense};
 
 /// The built-in modes, in the order help texts list them.
-pub static MODES: [&ModeDef; 6] = [&DENSE, &DENSE_F16, &POOL, &NDP_EXACT, &TOPK, &TOPP];
+pub static MODES: [&ModeDef; 8] = [
+    &DENSE, &DENSE_F16, &POOL, &NDP_EXACT, &NDP_TOPK, &NDP_TOPP, &TOPK, &TOPP,
+];
 
 /// A set of modes: the one parser of mode strings.
 #[derive(Clone, Debug)]
@@ -261,6 +264,40 @@ pub(crate) static TOPP: ModeDef = ModeDef {
     build: build_selected,
 };
 
+/// `ndp-topk:K`: the device selects (sinks, window, the `K` best per query), takes the GQA union
+/// and returns only partials over it.
+pub(crate) static NDP_TOPK: ModeDef = ModeDef {
+    name: "ndp-topk",
+    syntax: "ndp-topk:K",
+    help: "sinks + local window + the K best stored tokens per query head, attended by the device \
+           over the GQA group's union: only partials cross",
+    takes: Takes::Budget,
+    needs: Needs::Device,
+    build: build_sparse,
+};
+
+/// `ndp-topp:P[:KMAX]`: the device selects the fewest tokens holding mass `P` and attends them.
+pub(crate) static NDP_TOPP: ModeDef = ModeDef {
+    name: "ndp-topp",
+    syntax: "ndp-topp:P[:KMAX]",
+    help: "the fewest stored tokens holding softmax mass P per query head (at most KMAX, default \
+           2048), attended by the device over the GQA group's union: only partials cross",
+    takes: Takes::Mass,
+    needs: Needs::Device,
+    build: build_sparse,
+};
+
+fn build_sparse<'e>(spec: &ModeSpec, site: &Site<'e>) -> Result<Box<dyn Attention + 'e>> {
+    let env = site.env(spec)?;
+    if spec.arg == ModeArg::None {
+        return Err(Error::Mode {
+            found: spec.to_string(),
+            why: "a selection mode needs a budget or a mass".into(),
+        });
+    }
+    Ok(Box::new(NdpSparse::new(env, spec, site.sequence())))
+}
+
 fn build_selected<'e>(spec: &ModeSpec, site: &Site<'e>) -> Result<Box<dyn Attention + 'e>> {
     let env = site.env(spec)?;
     if spec.arg == ModeArg::None {
@@ -306,6 +343,8 @@ mod tests {
             "topp:0.99:512",
             "topk:64+dense0",
             "topp:0.9+dense0-2+dense5",
+            "ndp-topk:64",
+            "ndp-topp:0.95:512+dense0",
         ] {
             assert_eq!(ModeSpec::parse(s).unwrap().to_string(), s);
         }

@@ -39,32 +39,33 @@ impl<'e> Selected<'e> {
             stats: AttentionStats::default(),
         }
     }
+}
 
-    /// The selection of a decode step at `held` positions, `stored` of them in the pool: the
-    /// request's `select` and `k`.
-    fn selection(&self, held: usize, stored: usize) -> (Select, usize) {
-        let o = self.env.options();
-        let sinks = (o.sinks as usize).min(stored);
-        let window_start = held.saturating_sub(o.window as usize).min(stored);
-        let window = (window_start < stored).then_some((window_start as u64, stored as u64));
-        // Positions forced in: the sinks and the stored part of the window, counted once.
-        let forced = sinks + (stored - window_start.max(sinks));
-        let (budget, top_p) = match self.arg {
-            ModeArg::Budget(k) => (k, None),
-            ModeArg::Mass { p, k_max } => (k_max, Some(p)),
-            ModeArg::None => unreachable!("the registry builds a selection with its argument"),
-        };
-        let k = (budget + forced).min(stored).min(CXLKV_NDP_MAX_K as usize);
-        (
-            Select {
-                sinks: sinks as u64,
-                window,
-                exclude: None,
-                top_p,
-            },
-            k,
-        )
-    }
+/// The selection of a decode step at `held` positions, `stored` of them in the pool, for a mode
+/// with argument `arg` (a budget or a mass): the request's `select` and per-query cap `k`. The
+/// sinks and the stored part of the local window are forced in and come on top of the budget.
+pub(crate) fn selection(env: &Env, arg: ModeArg, held: usize, stored: usize) -> (Select, usize) {
+    let o = env.options();
+    let sinks = (o.sinks as usize).min(stored);
+    let window_start = held.saturating_sub(o.window as usize).min(stored);
+    let window = (window_start < stored).then_some((window_start as u64, stored as u64));
+    // Positions forced in: the sinks and the stored part of the window, counted once.
+    let forced = sinks + (stored - window_start.max(sinks));
+    let (budget, top_p) = match arg {
+        ModeArg::Budget(k) => (k, None),
+        ModeArg::Mass { p, k_max } => (k_max, Some(p)),
+        ModeArg::None => unreachable!("the registry builds a selection with its argument"),
+    };
+    let k = (budget + forced).min(stored).min(CXLKV_NDP_MAX_K as usize);
+    (
+        Select {
+            sinks: sinks as u64,
+            window,
+            exclude: None,
+            top_p,
+        },
+        k,
+    )
 }
 
 /// The gathered value rows of list `l` of `r`, `row` bytes each: the device pads every list to
@@ -107,7 +108,7 @@ impl Attention for Selected<'_> {
         let (d, g) = (shape.head_dim, shape.group());
         let dtype = self.store.dtype();
         let row = d * dtype.size();
-        let (select, k) = self.selection(held, stored);
+        let (select, k) = selection(self.env, self.arg, held, stored);
         let mut ndp = self.env.ndp();
         let mut tickets = Vec::with_capacity(shape.kv_heads);
         for kv in 0..shape.kv_heads {

@@ -6,7 +6,7 @@ use cxlkv_decode::{DeviceChoice, Env, EnvOptions, ModeSpec};
 use cxlkv_kernels::attention::relative_error;
 use cxlkv_kernels::rng::SplitMix64;
 use cxlkv_kernels::DType;
-use cxlkv_model::{Attention, AttentionShape, Dense};
+use cxlkv_model::{Attention, AttentionShape, AttentionStats, Dense};
 
 fn shape() -> AttentionShape {
     AttentionShape {
@@ -192,7 +192,14 @@ fn near_data_modes_match_dense() {
     let dense = run(&mut Dense::new(s, DType::F32).unwrap(), &s, &seq);
     for device in [DeviceChoice::Thread, DeviceChoice::Host] {
         let env = Env::open(&opts(device.clone()), s, 64).unwrap();
-        for (i, mode) in ["ndp-exact", "topk:64", "topp:1.0"].iter().enumerate() {
+        let modes = [
+            "ndp-exact",
+            "topk:64",
+            "topp:1.0",
+            "ndp-topk:64",
+            "ndp-topp:1.0",
+        ];
+        for (i, mode) in modes.iter().enumerate() {
             let mut b = env
                 .backend(&ModeSpec::parse(mode).unwrap(), i as u64 + 1)
                 .unwrap();
@@ -244,4 +251,56 @@ fn topk_attends_to_what_it_selected() {
     // rows first), + the open rows; at most 5 + 2 + 6 rows, far fewer than the 41..43 held.
     let per_head = d.value_rows as f64 / d.query_heads as f64;
     assert!((7.0..=13.0).contains(&per_head), "{per_head} rows per head");
+}
+
+/// `ndp-topk`: the device attends the union of the group's selections. Below the stored
+/// positions it attends to fewer rows than are held and reports the mass it left out; only
+/// partials cross, so its link bytes per decode step are those of `ndp-exact`, not of a gather.
+#[test]
+fn ndp_topk_attends_the_union_and_reports_what_it_left_out() {
+    let s = shape();
+    let seq = steps(&s, 40, 3, 4);
+    let o = EnvOptions {
+        sinks: 2,
+        window: 6,
+        ..opts(DeviceChoice::Thread)
+    };
+    let env = Env::open(&o, s, 64).unwrap();
+    let decode = |mode: &str, id: u64| {
+        let mut b = env.backend(&ModeSpec::parse(mode).unwrap(), id).unwrap();
+        let mut before = None;
+        for (i, st) in seq.iter().enumerate() {
+            if i == 1 {
+                before = Some(b.stats());
+            }
+            for layer in 0..s.layers {
+                b.append(layer, &st.k, &st.v).unwrap();
+                let mut out = vec![0.0; st.q.len()];
+                b.attend(layer, &st.q, &mut out).unwrap();
+            }
+        }
+        b.stats().since(&before.unwrap())
+    };
+    let sparse = decode("ndp-topk:5", 1);
+    let exact = decode("ndp-exact", 2);
+    let gather = decode("topk:5", 3);
+    let per_head = sparse.value_rows as f64 / sparse.query_heads as f64;
+    // The union of the group's lists: at least one list (5 + 2 sinks + stored window), at most
+    // all of them, plus the open rows; fewer than the 41..43 held.
+    assert!(
+        per_head >= 7.0 && per_head < 41.0,
+        "{per_head} rows per head"
+    );
+    let left = sparse.left_out_mass().expect("selections recorded");
+    assert!(left > 0.0 && left < 1.0, "left-out mass {left}");
+    assert_eq!(sparse.selected_heads, sparse.query_heads);
+    assert!(exact.left_out_mass().is_none());
+    assert!(sparse.device_scan_bytes < exact.device_scan_bytes);
+    let link = |st: &AttentionStats| st.link_read_bytes + st.link_write_bytes;
+    assert!(
+        link(&sparse) < link(&gather),
+        "{} vs {}",
+        link(&sparse),
+        link(&gather)
+    );
 }

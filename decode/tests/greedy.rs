@@ -104,7 +104,14 @@ fn greedy_tokens_are_identical_across_modes_and_devices() {
         eprintln!("{}", env.describe());
         // The device's own modes on both devices; `pool` and the selections once.
         let modes: &[&str] = match device {
-            DeviceChoice::Thread => &["pool", "ndp-exact", "topk:4096", "topp:1.0"],
+            DeviceChoice::Thread => &[
+                "pool",
+                "ndp-exact",
+                "topk:4096",
+                "topp:1.0",
+                "ndp-topk:4096",
+                "ndp-topp:1.0",
+            ],
             _ => &["pool", "ndp-exact"],
         };
         let mut link = std::collections::HashMap::new();
