@@ -287,10 +287,7 @@ fn ndp_topk_attends_the_union_and_reports_what_it_left_out() {
     let per_head = sparse.value_rows as f64 / sparse.query_heads as f64;
     // The union of the group's lists: at least one list (5 + 2 sinks + stored window), at most
     // all of them, plus the open rows; fewer than the 41..43 held.
-    assert!(
-        per_head >= 7.0 && per_head < 41.0,
-        "{per_head} rows per head"
-    );
+    assert!((7.0..41.0).contains(&per_head), "{per_head} rows per head");
     let left = sparse.left_out_mass().expect("selections recorded");
     assert!(left > 0.0 && left < 1.0, "left-out mass {left}");
     assert_eq!(sparse.selected_heads, sparse.query_heads);
