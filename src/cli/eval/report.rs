@@ -111,7 +111,7 @@ pub fn table(setting: &Setting, results: &[ModeResult], dense_ms: f64, dense_ppl
     let passkey = results.iter().any(|r| !r.passkey.is_empty());
     let _ = write!(
         s,
-        "{:<22} {:>10} {:>8} {:>7} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>8} {:>9} {:>9}",
+        "{:<22} {:>10} {:>8} {:>7} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>8} {:>9} {:>9} {:>9}",
         "mode",
         "ppl",
         "ppl/dn",
@@ -124,7 +124,8 @@ pub fn table(setting: &Setting, results: &[ModeResult], dense_ms: f64, dense_ppl
         "scan B/tok",
         "cmd/tok",
         "ms/tok",
-        "model ms"
+        "model ms",
+        "left out"
     );
     if passkey {
         let _ = write!(s, " {:>8}", "passkey");
@@ -135,7 +136,7 @@ pub fn table(setting: &Setting, results: &[ModeResult], dense_ms: f64, dense_ppl
         let _ = write!(
             s,
             "{:<22} {:>10.4} {:>8.4} {:>7.4} {:>9.2e} {:>9.1} {:>11.0} {:>11.0} {:>11.0} {:>11.0} \
-             {:>8.1} {:>9.2} {:>9.2}",
+             {:>8.1} {:>9.2} {:>9.2} {:>9}",
             r.mode,
             r.scored.perplexity,
             r.scored.perplexity / dense_ppl,
@@ -148,7 +149,9 @@ pub fn table(setting: &Setting, results: &[ModeResult], dense_ms: f64, dense_ppl
             r.per_token(st.device_scan_bytes),
             r.per_token(st.device_commands),
             r.ms_per_token(),
-            r.modeled_ms_per_token(dense_ms)
+            r.modeled_ms_per_token(dense_ms),
+            st.left_out_mass()
+                .map_or_else(|| "-".to_string(), |m| format!("{m:.2e}"))
         );
         if !r.passkey.is_empty() {
             let right = r.passkey.iter().filter(|p| p.2).count();
@@ -177,6 +180,7 @@ pub fn json(setting: &Setting, results: &[ModeResult], dense_ms: f64, dense_ppl:
                 "link_read_bytes_per_token": r.per_token(st.link_read_bytes),
                 "link_write_bytes_per_token": r.per_token(st.link_write_bytes),
                 "device_scan_bytes_per_token": r.per_token(st.device_scan_bytes),
+                "left_out_mass": st.left_out_mass(),
                 "device_commands_per_token": r.per_token(st.device_commands),
                 "device_ms_per_token": r.per_token(st.device_ns) / 1e6,
                 "ms_per_token": r.ms_per_token(),
@@ -218,20 +222,57 @@ pub fn json(setting: &Setting, results: &[ModeResult], dense_ms: f64, dense_ppl:
     })
 }
 
-/// SVG scatter of quality (perplexity / dense's) against link bytes per token (log axis), one
-/// labeled point per mode; modes that move nothing over the link sit in a "0" column at left.
+/// SVG of quality (perplexity / dense's) against cost, one labeled point per mode, two panels side
+/// by side: against device scan bytes per token (what the memory next to the device reads) and
+/// against link bytes per token (log axes); modes that scan or move nothing sit in a "0" column.
 pub fn plot(setting: &Setting, results: &[ModeResult], dense_ppl: f64) -> String {
-    let (w, h, ml, mr, mt, mb) = (760.0, 460.0, 70.0, 40.0, 40.0, 55.0);
-    let pts: Vec<(f64, f64, &str)> = results
+    let (w, h) = (760.0, 460.0);
+    let quality = |r: &ModeResult| r.scored.perplexity / dense_ppl;
+    let device: Vec<(f64, f64, &str)> = results
         .iter()
         .map(|r| {
             (
-                r.link_bytes_per_token(),
-                r.scored.perplexity / dense_ppl,
+                r.per_token(r.scored.stats.device_scan_bytes),
+                quality(r),
                 r.mode.as_str(),
             )
         })
         .collect();
+    let link: Vec<(f64, f64, &str)> = results
+        .iter()
+        .map(|r| (r.link_bytes_per_token(), quality(r), r.mode.as_str()))
+        .collect();
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
+        2.0 * w
+    );
+    let title = |what: &str| {
+        format!(
+            "Perplexity / dense vs {what} per token: {}, window {}, {} scored",
+            xml_escape(&setting.model_name),
+            setting.context,
+            setting.scored
+        )
+    };
+    s += "<g class=\"device\">\n";
+    s += &panel(
+        &device,
+        &title("device scan bytes"),
+        "device scan bytes per token (log; 0 = no device)",
+    );
+    s += &format!("</g>\n<g class=\"link\" transform=\"translate({w},0)\">\n");
+    s += &panel(
+        &link,
+        &title("link bytes"),
+        "link bytes per token (log; 0 = host memory only)",
+    );
+    s += "</g>\n</svg>\n";
+    s
+}
+
+/// One panel of [`plot`]: the points `(bytes, quality, mode)`.
+fn panel(pts: &[(f64, f64, &str)], title: &str, x_label: &str) -> String {
+    let (w, h, ml, mr, mt, mb) = (760.0, 460.0, 70.0, 40.0, 40.0, 55.0);
     let linked: Vec<f64> = pts.iter().map(|p| p.0).filter(|&b| b > 0.0).collect();
     let lo = linked.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = linked.iter().copied().fold(0.0f64, f64::max);
@@ -258,12 +299,7 @@ pub fn plot(setting: &Setting, results: &[ModeResult], dense_ppl: f64) -> String
     let pad = ((ymax - ymin) * 0.1).max(0.002);
     let (ylo, yhi) = (ymin - pad, ymax + pad);
     let y = |v: f64| h - mb - (h - mt - mb) * (v.clamp(ylo, yhi) - ylo) / (yhi - ylo);
-    let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{ml}\" y=\"20\">Perplexity / dense vs link bytes per token: {}, window {}, {} scored</text>\n",
-        xml_escape(&setting.model_name),
-        setting.context,
-        setting.scored
-    );
+    let mut s = format!("<text x=\"{ml}\" y=\"20\">{title}</text>\n");
     s += &format!(
         "<line x1=\"{ml}\" y1=\"{b}\" x2=\"{x1}\" y2=\"{b}\" stroke=\"black\"/>\n<line x1=\"{ml}\" y1=\"{mt}\" x2=\"{ml}\" y2=\"{b}\" stroke=\"black\"/>\n",
         b = h - mb
@@ -283,7 +319,7 @@ pub fn plot(setting: &Setting, results: &[ModeResult], dense_ppl: f64) -> String
         d += 1.0;
     }
     s += &format!(
-        "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">link bytes per token (log; 0 = host memory only)</text>\n",
+        "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{x_label}</text>\n",
         (ml + w - mr) / 2.0,
         h - 12.0
     );
@@ -315,7 +351,6 @@ pub fn plot(setting: &Setting, results: &[ModeResult], dense_ppl: f64) -> String
             xml_escape(name)
         );
     }
-    s += "</svg>\n";
     s
 }
 
@@ -387,19 +422,31 @@ mod tests {
             prefill: 5,
             environment: "e".into(),
         };
-        let link = AttentionStats {
+        let mut link = AttentionStats {
             link_read_bytes: 5000,
+            device_scan_bytes: 80_000,
             ..AttentionStats::default()
         };
+        link.record_left_out(0.25);
+        link.record_left_out(0.75);
         let rs = [
             result("dense", false, AttentionStats::default(), 9.0),
             result("topk:4+dense0", true, link, 9.9),
         ];
         let svg = plot(&setting, &rs, 9.0);
-        assert!(svg.contains(">dense</text>") && svg.contains(">topk:4+dense0</text>"));
-        assert!(svg.contains("m&lt;1&gt;") && svg.ends_with("</svg>\n"));
+        // Two panels (device scan bytes, link bytes), each with every mode.
+        let (device, linked) = svg.split_once("<g class=\"link\"").unwrap();
+        for panel in [device, linked] {
+            assert!(panel.contains(">dense</text>") && panel.contains(">topk:4+dense0</text>"));
+            assert!(panel.contains("m&lt;1&gt;"));
+        }
+        assert!(device.contains("device scan bytes per token") && linked.contains("link bytes"));
+        assert!(svg.ends_with("</svg>\n"));
         let j = json(&setting, &rs, 5.0, 9.0);
         assert_eq!(j["modes"][1]["link_bytes_per_token"], 2500.0);
+        assert_eq!(j["modes"][1]["device_scan_bytes_per_token"], 40_000.0);
+        assert_eq!(j["modes"][1]["left_out_mass"], 0.5);
+        assert!(j["modes"][0]["left_out_mass"].is_null());
         assert!((j["modes"][1]["perplexity_ratio"].as_f64().unwrap() - 1.1).abs() < 1e-12);
         let t = table(&setting, &rs, 5.0, 9.0);
         assert!(
