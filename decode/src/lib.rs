@@ -13,6 +13,7 @@
 //! | `ndp-topk:K`    | pool                | the device selects per query, attends the GQA union: partials |
 //! | `ndp-topp:P[:KMAX]` | pool            | the same by softmax mass `P`: only partials cross the link    |
 //! | `topk:K`        | pool                | sinks, window and the `K` best stored tokens (device-chosen)  |
+//! | `pull-topk:K`   | pool                | baseline: the host selects on its key copy, pulls the rows    |
 //! | `topp:P[:KMAX]` | pool                | the fewest stored tokens holding softmax mass `P`             |
 //!
 //! Any of them `+denseL` / `+denseA-B` keeps layers exact in private memory.
@@ -100,6 +101,7 @@ mod layered;
 mod mode;
 mod phases;
 mod pool_attn;
+mod pull;
 mod registry;
 mod select;
 mod sparse;

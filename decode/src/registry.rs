@@ -8,14 +8,15 @@ use crate::exact::NdpExact;
 use crate::layered::Layered;
 use crate::mode::{parse_arg, parse_layers, ModeArg, ModeDef, ModeSpec, Needs, Site, Takes};
 use crate::pool_attn::PoolAttention;
+use crate::pull::PullTopK;
 use crate::select::Selected;
 use crate::sparse::NdpSparse;
 use cxlkv_kernels::DType;
 use cxlkv_model::{Attention, AttentionShape, Dense};
 
 /// The built-in modes, in the order help texts list them.
-pub static MODES: [&ModeDef; 8] = [
-    &DENSE, &DENSE_F16, &POOL, &NDP_EXACT, &NDP_TOPK, &NDP_TOPP, &TOPK, &TOPP,
+pub static MODES: [&ModeDef; 9] = [
+    &DENSE, &DENSE_F16, &POOL, &NDP_EXACT, &NDP_TOPK, &NDP_TOPP, &TOPK, &TOPP, &PULL_TOPK,
 ];
 
 /// A set of modes: the one parser of mode strings.
@@ -287,6 +288,26 @@ pub(crate) static NDP_TOPP: ModeDef = ModeDef {
     build: build_sparse,
 };
 
+/// `pull-topk:K`: the host selects on its own key copy and pulls only the union's value rows.
+pub(crate) static PULL_TOPK: ModeDef = ModeDef {
+    name: "pull-topk",
+    syntax: "pull-topk:K",
+    help: "baseline (SAC-style): the host scores its own key copy, selects sinks + window + the K \
+           best per query head and pulls only the GQA group's union of value rows",
+    takes: Takes::Budget,
+    needs: Needs::Pool,
+    build: |spec, site| {
+        let env = site.env(spec)?;
+        if spec.arg == ModeArg::None {
+            return Err(Error::Mode {
+                found: spec.to_string(),
+                why: "a selection mode needs a budget".into(),
+            });
+        }
+        Ok(Box::new(PullTopK::new(env, spec, site.sequence())))
+    },
+};
+
 fn build_sparse<'e>(spec: &ModeSpec, site: &Site<'e>) -> Result<Box<dyn Attention + 'e>> {
     let env = site.env(spec)?;
     if spec.arg == ModeArg::None {
@@ -345,6 +366,7 @@ mod tests {
             "topp:0.9+dense0-2+dense5",
             "ndp-topk:64",
             "ndp-topp:0.95:512+dense0",
+            "pull-topk:256",
         ] {
             assert_eq!(ModeSpec::parse(s).unwrap().to_string(), s);
         }

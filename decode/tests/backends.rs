@@ -209,7 +209,9 @@ fn near_data_modes_match_dense() {
                 assert!(e < 1e-5, "{mode} on {device:?}: relative error {e}");
             }
             let st = b.stats();
-            if device == DeviceChoice::Thread {
+            if mode.starts_with("pull") {
+                assert_eq!(st.device_commands, 0, "{mode}: the host selects and pulls");
+            } else if device == DeviceChoice::Thread {
                 // 12 decode steps x 2 layers x 2 KV heads, each one command; ndp-exact also
                 // sends the chunk of 5 (one command per layer and KV head: 10 queries <= 16).
                 let chunk = if *mode == "ndp-exact" { 4 } else { 0 };
@@ -284,6 +286,7 @@ fn ndp_topk_attends_the_union_and_reports_what_it_left_out() {
     let sparse = decode("ndp-topk:5", 1);
     let exact = decode("ndp-exact", 2);
     let gather = decode("topk:5", 3);
+    let pull = decode("pull-topk:5", 4);
     let per_head = sparse.value_rows as f64 / sparse.query_heads as f64;
     // The union of the group's lists: at least one list (5 + 2 sinks + stored window), at most
     // all of them, plus the open rows; fewer than the 41..43 held.
@@ -300,4 +303,12 @@ fn ndp_topk_attends_the_union_and_reports_what_it_left_out() {
         link(&sparse),
         link(&gather)
     );
+    assert!(
+        link(&sparse) < link(&pull),
+        "{} vs {}",
+        link(&sparse),
+        link(&pull)
+    );
+    assert!(pull.left_out_mass().is_some_and(|m| m > 0.0));
+    assert_eq!(pull.device_commands, 0);
 }
