@@ -152,6 +152,46 @@ mod ffi {
     pub(super) struct Attend {
         _private: [u8; 0],
     }
+
+    /// Opaque sparse ATTEND state of the C library.
+    #[repr(C)]
+    pub(super) struct Sparse {
+        _private: [u8; 0],
+    }
+
+    unsafe extern "C" {
+        pub(super) fn cxlkv_hls_sparse_new(
+            g: u32,
+            k: u32,
+            queries: *const f32,
+            dim: u32,
+            scale: f32,
+            sel: *const cxlkv_ndp_select,
+        ) -> *mut Sparse;
+        pub(super) fn cxlkv_hls_sparse_free(s: *mut Sparse);
+        pub(super) fn cxlkv_hls_sparse_block(
+            s: *mut Sparse,
+            keys: *const u16,
+            rows: u32,
+            base: u32,
+            dtype: u8,
+        ) -> i32;
+        pub(super) fn cxlkv_hls_sparse_union(s: *mut Sparse, tokens: *mut u32) -> i32;
+        pub(super) fn cxlkv_hls_sparse_rows(
+            s: *mut Sparse,
+            keys: *const u16,
+            values: *const u16,
+            rows: u32,
+            dtype: u8,
+        ) -> i32;
+        pub(super) fn cxlkv_hls_sparse_finish(
+            s: *const Sparse,
+            out: *mut f32,
+            max: *mut f32,
+            sum: *mut f32,
+            info: *mut cxlkv_ndp_list_info,
+        );
+    }
 }
 
 /// The HLS kernel's library as a [`BlockScorer`]: its dot-product unit scores the blocks, its
@@ -512,6 +552,151 @@ impl Drop for HlsSelect {
     }
 }
 
+/// The HLS kernel's sparse ATTEND unit (ABI 1.2): the per-query selection scan over the blocks,
+/// the union of the group's lists, the partial over the union's gathered rows and the mass it
+/// leaves out; the same answer as the reference path (`cxlkv_runtime::ndp::sparse`).
+pub struct HlsSparse {
+    raw: NonNull<ffi::Sparse>,
+    g: usize,
+    dim: usize,
+    k: usize,
+    union_len: Option<usize>,
+}
+
+// SAFETY: the C state is plain memory owned by this value alone (as for `HlsScorer`).
+unsafe impl Send for HlsSparse {}
+
+impl HlsSparse {
+    /// A sparse ATTEND of `queries` with at most `k` tokens per query's list over blocks covering
+    /// `ranges`; a selection the reference refuses is refused with the same status,
+    /// `CXLKV_NDP_ERR_INTERNAL` if the library refuses the shape.
+    pub fn new(
+        queries: &QueryGroup<'_>,
+        k: usize,
+        sel: &Select,
+        scale: f32,
+        ranges: &[(u64, u64)],
+    ) -> Result<HlsSparse, DeviceStatus> {
+        let (g, dim) = (queries.count(), queries.dim());
+        Selection::new(*sel, k, scale, g, ranges)?;
+        let internal = DeviceStatus::at(CXLKV_NDP_ERR_INTERNAL, 0);
+        let data = queries.data();
+        if data.len() != g * dim {
+            return Err(internal);
+        }
+        let c = sel.to_abi(scale);
+        let small = |x: usize| u32::try_from(x).map_err(|_| internal);
+        // SAFETY: `data` holds g * dim f32 (checked) and `c` is a live struct of the C layout;
+        // both outlive the call, which copies them. The library checks g, k and dim first.
+        let raw = unsafe {
+            ffi::cxlkv_hls_sparse_new(small(g)?, small(k)?, data.as_ptr(), small(dim)?, scale, &c)
+        };
+        Ok(HlsSparse {
+            raw: NonNull::new(raw).ok_or(internal)?,
+            g,
+            dim,
+            k,
+            union_len: None,
+        })
+    }
+
+    /// Scores one block's keys as tokens `base..` and offers them to the lists.
+    pub fn block(&mut self, keys: &KeyRows<'_>, base: u32) {
+        assert_eq!(keys.dim(), self.dim, "key and query dimensions differ");
+        let rows = u32::try_from(keys.len()).expect("rows fit in u32");
+        let words = Words::of(keys);
+        // SAFETY: `words` holds the rows as aligned u16 words, readable during the call; `raw` is
+        // live with dimension `self.dim` (asserted).
+        let rc = unsafe {
+            ffi::cxlkv_hls_sparse_block(
+                self.raw.as_ptr(),
+                words.ptr(),
+                rows,
+                base,
+                keys.dtype() as u8,
+            )
+        };
+        assert_eq!(rc, 0, "the HLS engine refused a key dtype");
+    }
+
+    /// The union of the lists, ascending.
+    pub fn union(&mut self) -> Result<Vec<u32>, DeviceStatus> {
+        let mut tokens = vec![0u32; self.g * self.k];
+        // SAFETY: `tokens` has room for g * k tokens, what the library may write; `raw` is live.
+        let n = unsafe { ffi::cxlkv_hls_sparse_union(self.raw.as_ptr(), tokens.as_mut_ptr()) };
+        if n < 0 {
+            return Err(DeviceStatus::at(CXLKV_NDP_ERR_ARGS, SEL_TOO_MANY_FORCED));
+        }
+        tokens.truncate(n as usize);
+        self.union_len = Some(tokens.len());
+        Ok(tokens)
+    }
+
+    /// The partials over the union's rows, gathered in the union's order.
+    pub fn rows(&mut self, keys: &KeyRows<'_>, values: &KeyRows<'_>) {
+        assert_eq!(Some(keys.len()), self.union_len, "one row per union token");
+        assert_eq!(
+            values.len(),
+            keys.len(),
+            "keys and values have different rows"
+        );
+        assert_eq!(keys.dim(), self.dim, "key and query dimensions differ");
+        let (k, v) = (Words::of(keys), Words::of(values));
+        let rows = u32::try_from(keys.len()).expect("rows fit in u32");
+        // SAFETY: `k` and `v` point at rows * dim elements as aligned u16 words, readable during
+        // the call; `raw` is live and its union has `rows` tokens (asserted).
+        let rc = unsafe {
+            ffi::cxlkv_hls_sparse_rows(
+                self.raw.as_ptr(),
+                k.ptr(),
+                v.ptr(),
+                rows,
+                keys.dtype() as u8,
+            )
+        };
+        assert_eq!(rc, 0, "the HLS engine refused the union's rows");
+    }
+
+    /// The partials and, per query, `(|U|, left-out mass)`.
+    pub fn finish(self) -> (Vec<Partial>, Vec<(u32, f32)>) {
+        let (g, dim) = (self.g, self.dim);
+        let mut out = vec![0f32; g * dim];
+        let (mut max, mut sum) = (vec![0f32; g], vec![0f32; g]);
+        let mut info = vec![cxlkv_ndp_list_info::default(); g];
+        // SAFETY: the buffers hold g * dim, g, g f32 and g infos, what the library writes for this
+        // state's g and dim; `raw` is live.
+        unsafe {
+            ffi::cxlkv_hls_sparse_finish(
+                self.raw.as_ptr(),
+                out.as_mut_ptr(),
+                max.as_mut_ptr(),
+                sum.as_mut_ptr(),
+                info.as_mut_ptr(),
+            )
+        };
+        let parts = out
+            .chunks_exact(dim)
+            .zip(max.iter().zip(&sum))
+            .map(|(o, (&max, &sum))| Partial {
+                out: o.to_vec(),
+                max,
+                sum,
+            })
+            .collect();
+        (
+            parts,
+            info.iter().map(|i| (i.count, i.left_out_mass)).collect(),
+        )
+    }
+}
+
+impl Drop for HlsSparse {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from cxlkv_hls_sparse_new and is freed exactly once, here.
+        unsafe { ffi::cxlkv_hls_sparse_free(self.raw.as_ptr()) }
+    }
+}
+
 /// Copies the rows of `src` (an even number of bytes; shared memory included) into `dst` with the
 /// engine's GATHER row mover.
 pub fn copy_rows(engine: Engine, src: &KeyRows<'_>, dst: &mut [u8]) {
@@ -639,7 +824,11 @@ mod tests {
                             ScoreKernel::scalar().score(&q, &blk, &mut sc);
                             r.feed(a as u32, &sc, g, group_max);
                         }
-                        r.finish()
+                        // The HLS selection unit does not report the log-sum-exp.
+                        Selected {
+                            log_sum_exp: Vec::new(),
+                            ..r.finish()
+                        }
                     });
                     let got =
                         HlsSelect::new(&q, k, group_max, &sel, scale, &ranges).and_then(|mut h| {

@@ -158,10 +158,19 @@ fn selections(tokens: u64) -> Vec<(Select, usize)> {
 }
 
 #[test]
-fn device_sparse_attend_equals_the_host_and_the_reference() {
-    let (_c, pool) = setup("sparse-dev");
+fn device_sparse_attend_equals_the_host_and_the_reference_rust_engine() {
+    sparse_attend_equals_the_host_and_the_reference(Engine::Rust);
+}
+
+#[test]
+fn device_sparse_attend_equals_the_host_and_the_reference_hls_engine() {
+    sparse_attend_equals_the_host_and_the_reference(Engine::Hls);
+}
+
+fn sparse_attend_equals_the_host_and_the_reference(engine: Engine) {
+    let (_c, pool) = setup(&format!("sparse-dev-{engine}"));
     let p = Arc::new(pool.attach().unwrap());
-    let _dev = cxlkv_ndp::Device::start(pool.clone(), Default::default()).unwrap();
+    let _dev = start(&pool, engine);
     let mut ndp = NdpDevice::open(p.clone(), NdpOptions::default()).unwrap();
     let mut rng = SplitMix64::new(23);
     let mut cases = 0;

@@ -7,13 +7,15 @@
 use crate::device::attend::Selector;
 use crate::device::commands::{err, Done, Outcome};
 use crate::device::model::Device;
-use cxlkv_kernels::{attend_block, Partial, QueryGroup};
+use crate::engine_hls::{Engine, HlsSparse};
+use cxlkv_kernels::{attend_block, KeyRows, Partial, QueryGroup};
 use cxlkv_runtime::ndp::abi::*;
 use cxlkv_runtime::ndp::select::Selection;
 use cxlkv_runtime::ndp::sparse::{
     encode_sparse_result, left_out, parse_tail, sparse_result_size, union, TAIL_BYTES,
 };
 use cxlkv_runtime::ndp::{locate_token, DeviceStatus, ScanStats};
+use std::time::Instant;
 
 impl Device {
     pub(super) fn sparse_attend(&self, qp: u32, cmd: &cxlkv_ndp_cmd) -> Outcome {
@@ -46,55 +48,92 @@ impl Device {
             .iter()
             .map(|b| (u64::from(b.base), u64::from(b.base) + u64::from(b.tokens)))
             .collect();
-        let selection = Selection::new(sel, k, scale, g, &ranges)?;
-        // 1. Every key scored, each query's list selected (the selection scan of SCORE_TOPK).
-        let (picked, mut stats) =
-            self.select_scan(Selector::Rust(selection), &queries, &blocks, dtype, false)?;
-        // 2. The union, 3. its rows gathered in token order out of the pinned blocks.
-        let u = union(&picked.lists);
         let row = dtype.size() * dim;
-        let (mut ku, mut vu) = (vec![0u8; u.len() * row], vec![0u8; u.len() * row]);
-        let mut i = 0;
-        while i < u.len() {
-            let (bi, _) = locate_token(&blocks, &order, u[i])
-                .ok_or(DeviceStatus::at(CXLKV_NDP_ERR_TOKEN, u[i] as usize))?;
-            let b = &blocks[bi];
-            let end = u64::from(b.base) + u64::from(b.tokens);
-            let j = i + u[i..].partition_point(|&t| u64::from(t) < end);
-            for (buf, off) in [(&mut ku, b.k_off), (&mut vu, b.v_off)] {
-                self.with_rows(b, off, b.head_bytes, dtype, dim, |rows| {
-                    for (x, &t) in u[i..j].iter().enumerate() {
-                        let at = (i + x) * row;
-                        rows.copy_row((t - b.base) as usize, &mut buf[at..at + row]);
-                    }
-                })?;
+        let gather = |u: &[u32]| -> Result<(Vec<u8>, Vec<u8>), DeviceStatus> {
+            let (mut ku, mut vu) = (vec![0u8; u.len() * row], vec![0u8; u.len() * row]);
+            let mut i = 0;
+            while i < u.len() {
+                let (bi, _) = locate_token(&blocks, &order, u[i])
+                    .ok_or(DeviceStatus::at(CXLKV_NDP_ERR_TOKEN, u[i] as usize))?;
+                let b = &blocks[bi];
+                let end = u64::from(b.base) + u64::from(b.tokens);
+                let j = i + u[i..].partition_point(|&t| u64::from(t) < end);
+                for (buf, off) in [(&mut ku, b.k_off), (&mut vu, b.v_off)] {
+                    self.with_rows(b, off, b.head_bytes, dtype, dim, |rows| {
+                        for (x, &t) in u[i..j].iter().enumerate() {
+                            let at = (i + x) * row;
+                            rows.copy_row((t - b.base) as usize, &mut buf[at..at + row]);
+                        }
+                    })?;
+                }
+                self.touch(b);
+                i = j;
             }
-            self.touch(b);
-            i = j;
-        }
-        let gathered = 2 * (u.len() * row) as u64;
-        stats.bytes_scanned += gathered;
-        // 4. One fused pass over the union's rows.
-        let parts: Vec<Partial> = if u.is_empty() {
-            (0..g).map(|_| Partial::empty(dim)).collect()
-        } else {
-            let keys = cxlkv_kernels::KeyRows::new(&ku, dtype, dim)
-                .map_err(|_| err(CXLKV_NDP_ERR_LAYOUT))?;
-            let vals = cxlkv_kernels::KeyRows::new(&vu, dtype, dim)
-                .map_err(|_| err(CXLKV_NDP_ERR_LAYOUT))?;
-            attend_block(self.cfg.kernel, &queries, &keys, &vals, scale)
+            Ok((ku, vu))
         };
+        let view = |bytes| view(bytes, dtype, dim);
+        let (parts, selection, mut stats) = match self.cfg.engine {
+            Engine::Rust => {
+                // 1. Every key scored, each query's list selected (SCORE_TOPK's selection scan).
+                let selection = Selection::new(sel, k, scale, g, &ranges)?;
+                let (picked, stats) =
+                    self.select_scan(Selector::Rust(selection), &queries, &blocks, dtype, false)?;
+                // 2. The union, 3. its rows gathered in token order, 4. one fused pass.
+                let u = union(&picked.lists);
+                let (ku, vu) = gather(&u)?;
+                let parts: Vec<Partial> = if u.is_empty() {
+                    (0..g).map(|_| Partial::empty(dim)).collect()
+                } else {
+                    attend_block(self.cfg.kernel, &queries, &view(&ku)?, &view(&vu)?, scale)
+                };
+                let left = left_out(&parts, &picked.log_sum_exp);
+                let sel: Vec<(u32, f32)> = left.iter().map(|&m| (u.len() as u32, m)).collect();
+                (parts, sel, stats)
+            }
+            Engine::Hls => {
+                // The HLS sparse unit: the same steps on its own datapath.
+                let mut h = HlsSparse::new(&queries, k, &sel, scale, &ranges)?;
+                let t0 = Instant::now();
+                let mut scanned = 0u64;
+                for b in &blocks {
+                    self.with_rows(b, b.k_off, b.head_bytes, dtype, dim, |keys| {
+                        h.block(keys, b.base)
+                    })?;
+                    self.touch(b);
+                    scanned += b.head_bytes;
+                    self.pace(t0, scanned);
+                }
+                let u = h.union()?;
+                if !u.is_empty() {
+                    let (ku, vu) = gather(&u)?;
+                    h.rows(&view(&ku)?, &view(&vu)?);
+                }
+                let (parts, sel) = h.finish();
+                let stats = ScanStats {
+                    bytes_scanned: scanned,
+                    blocks_scanned: blocks.len() as u32,
+                    blocks_pruned: 0,
+                };
+                (parts, sel, stats)
+            }
+        };
+        let union_len = selection.first().map_or(0, |s| s.0 as usize);
+        stats.bytes_scanned += 2 * (union_len * row) as u64;
         self.still_valid(&blocks)?;
-        let left = left_out(&parts, &picked.log_sum_exp);
-        let stats = ScanStats {
-            bytes_scanned: stats.bytes_scanned,
-            blocks_scanned: stats.blocks_scanned,
-            blocks_pruned: 0,
-        };
-        let out = encode_sparse_result(&parts, u.len(), &left, &stats);
+        let left: Vec<f32> = selection.iter().map(|s| s.1).collect();
+        let out = encode_sparse_result(&parts, union_len, &left, &stats);
         Ok(Done {
             result_bytes: self.write_result(cmd, &out)?,
             stats,
         })
     }
+}
+
+/// Gathered rows as a view (`ERR_LAYOUT` if they are not whole rows).
+fn view(
+    bytes: &[u8],
+    dtype: cxlkv_kernels::DType,
+    dim: usize,
+) -> Result<KeyRows<'_>, DeviceStatus> {
+    KeyRows::new(bytes, dtype, dim).map_err(|_| err(CXLKV_NDP_ERR_LAYOUT))
 }
