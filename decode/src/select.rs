@@ -1,8 +1,9 @@
 //! `topk:K` and `topp:P[:KMAX]`: the device scores every stored key of a decode step's queries
 //! and returns, per query head, the attention sinks (positions `0 .. sinks`), the stored part of
 //! the local window (the last `window` positions) and the best-scoring others — the `K` best, or
-//! the fewest whose exact softmax mass reaches `P` (at most `KMAX`) — with their value rows
-//! gathered. The host adds the open block's rows (always attended) and computes the softmax over
+//! the fewest whose exact softmax mass reaches `P` (at most `KMAX`). The value rows of the GQA
+//! group's union are then gathered once per KV head (GATHER), so a token several queries chose
+//! crosses the link once; each query attends its own list's rows. The host adds the open block's rows (always attended) and computes the softmax over
 //! the selected and open positions only: an approximation whose error is the mass left out.
 //!
 //! A prefill (several queries at once) is exact, computed on the host as `pool` does; the
@@ -15,7 +16,7 @@ use crate::store::Store;
 use cxlkv_kernels::{GroupMode, KeyRows, Partial};
 use cxlkv_model::{Attention, AttentionStats, HostAttention, Result};
 use cxlkv_runtime::ndp::abi::CXLKV_NDP_MAX_K;
-use cxlkv_runtime::ndp::client::{ScoreRequest, Select, TopK};
+use cxlkv_runtime::ndp::client::{ScoreRequest, Select};
 
 /// The selection backends.
 pub(crate) struct Selected<'e> {
@@ -68,20 +69,6 @@ pub(crate) fn selection(env: &Env, arg: ModeArg, held: usize, stored: usize) -> 
     )
 }
 
-/// The gathered value rows of list `l` of `r`, `row` bytes each: the device pads every list to
-/// the request's `k`, the host fallback packs them; both are accepted.
-fn list_values(r: &TopK, l: usize, row: usize) -> Option<&[u8]> {
-    let hits: usize = r.indices.iter().map(Vec::len).sum();
-    let n = r.indices[l].len();
-    let start = if r.values.len() == hits * row {
-        r.indices[..l].iter().map(Vec::len).sum::<usize>() * row
-    } else {
-        let stride = r.values.len() / (r.indices.len() * row).max(1);
-        l * stride * row
-    };
-    r.values.get(start..start + n * row)
-}
-
 impl Attention for Selected<'_> {
     fn name(&self) -> &str {
         &self.name
@@ -124,7 +111,8 @@ impl Attention for Selected<'_> {
                 mode: GroupMode::PerQuery,
                 // Top-p needs every score for the exact mass; top-k may skip blocks on bounds.
                 prune: select.top_p.is_none(),
-                gather_values: true,
+                // Values are gathered once per KV head for the group's union (below).
+                gather_values: false,
                 select,
                 scale: Some(shape.scale),
             };
@@ -145,18 +133,46 @@ impl Attention for Selected<'_> {
                     r.indices.len()
                 )));
             }
+            // The GQA union: a token chosen by several queries of the group crosses once.
+            let mut union: Vec<u32> = r.indices.iter().flatten().copied().collect();
+            union.sort_unstable();
+            union.dedup();
+            let mut rows = Vec::with_capacity(union.len() * row);
+            for part in union.chunks(CXLKV_NDP_MAX_K as usize) {
+                let (got, st) = ndp
+                    .gather(
+                        self.store.stored(layer),
+                        self.store.sequence(),
+                        layer as u32,
+                        kv as u32,
+                        dtype,
+                        d,
+                        part,
+                    )
+                    .map_err(|e| self.store.err(format!("GATHER of layer {layer}: {e}")))?;
+                count(&mut self.stats, &st);
+                rows.extend_from_slice(&got);
+            }
+            if rows.len() != union.len() * row {
+                return Err(self.store.err(format!(
+                    "GATHER returned {} bytes for {} rows",
+                    rows.len(),
+                    union.len()
+                )));
+            }
             let open = self.host.group(
                 &shape,
                 self.store.host_head(layer, kv, stored),
                 &q[kv * g * d..(kv + 1) * g * d],
             );
             for (j, o) in open.into_iter().enumerate() {
-                let bytes = list_values(&r, j, row).ok_or_else(|| {
-                    self.store.err(format!(
-                        "SCORE_TOPK returned too few value rows for list {j}"
-                    ))
-                })?;
-                let values = KeyRows::new(bytes, dtype, d)
+                // This query's rows, looked up in the union.
+                let mut bytes = Vec::with_capacity(r.indices[j].len() * row);
+                for t in &r.indices[j] {
+                    let at = union.binary_search(t).expect("every hit is in the union");
+                    bytes.extend_from_slice(&rows[at * row..(at + 1) * row]);
+                }
+                let values = KeyRows::new(&bytes, dtype, d)
                     .map_err(|e| self.store.err(format!("gathered values: {e}")))?;
                 let scores = &r.scores[j];
                 let mut p = Partial::over(&values, |i| shape.scale * scores[i]);

@@ -212,10 +212,15 @@ fn near_data_modes_match_dense() {
             if mode.starts_with("pull") {
                 assert_eq!(st.device_commands, 0, "{mode}: the host selects and pulls");
             } else if device == DeviceChoice::Thread {
-                // 12 decode steps x 2 layers x 2 KV heads, each one command; ndp-exact also
-                // sends the chunk of 5 (one command per layer and KV head: 10 queries <= 16).
-                let chunk = if *mode == "ndp-exact" { 4 } else { 0 };
-                assert_eq!(st.device_commands, 48 + chunk, "{mode}: {st:?}");
+                // 12 decode steps x 2 layers x 2 KV heads, each one command (the gather modes
+                // two: SCORE_TOPK, then GATHER of the group's union); ndp-exact also sends the
+                // chunk of 5 (one command per layer and KV head: 10 queries <= 16).
+                let want = match *mode {
+                    "ndp-exact" => 48 + 4,
+                    "topk:64" | "topp:1.0" => 96,
+                    _ => 48,
+                };
+                assert_eq!(st.device_commands, want, "{mode}: {st:?}");
                 assert!(st.device_scan_bytes > 0);
             } else {
                 assert_eq!(st.device_commands, 0, "{mode}: {st:?}");
