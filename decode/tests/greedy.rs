@@ -111,6 +111,7 @@ fn greedy_tokens_are_identical_across_modes_and_devices() {
                 "topp:1.0",
                 "ndp-topk:4096",
                 "ndp-topp:1.0",
+                "pull-topk:4096",
             ],
             _ => &["pool", "ndp-exact"],
         };
