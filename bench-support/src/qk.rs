@@ -83,11 +83,15 @@ pub struct QkBenchReport {
 }
 
 /// Synthetic keys: `tokens` rows of `dim` elements with random signs and magnitudes in
-/// `[1/8, 2)`, generated straight as bit patterns (fast enough for gigabytes).
+/// `[1/8, 2)`, generated straight as bit patterns (fast enough for gigabytes); for a quantized
+/// `dtype`, uniform codes in `-qmax..=qmax`.
 pub fn synthetic_keys(tokens: usize, dim: usize, dtype: DType, seed: u64) -> Vec<u8> {
     let mut rng = SplitMix64::new(seed);
     let elems = tokens * dim;
-    let mut out = Vec::with_capacity(elems * dtype.size());
+    if let Some(qmax) = dtype.qmax() {
+        return synthetic_codes(&mut rng, elems, dtype, qmax);
+    }
+    let mut out = Vec::with_capacity(dtype.bytes(elems));
     let mut word = 0u64;
     for e in 0..elems {
         if e % 4 == 0 {
@@ -105,9 +109,22 @@ pub fn synthetic_keys(tokens: usize, dim: usize, dtype: DType, seed: u64) -> Vec
             ),
             DType::Bf16 => out.extend_from_slice(&((f32_bits >> 16) as u16).to_le_bytes()),
             DType::F32 => out.extend_from_slice(&f32_bits.to_le_bytes()),
+            DType::I8 | DType::I4 => unreachable!("codes are drawn by synthetic_codes"),
         }
     }
     out
+}
+
+/// `elems` uniform codes in `-qmax..=qmax` in `dtype`'s layout (two per byte for I4).
+fn synthetic_codes(rng: &mut SplitMix64, elems: usize, dtype: DType, qmax: i32) -> Vec<u8> {
+    let span = (2 * qmax + 1) as u64;
+    let mut code = || (rng.next_u64() % span) as i32 - qmax;
+    match dtype {
+        DType::I4 => (0..elems.div_ceil(2))
+            .map(|_| ((code() as u8) & 0x0f) | ((code() as u8) << 4))
+            .collect(),
+        _ => (0..elems).map(|_| code() as u8).collect(),
+    }
 }
 
 /// Runs the benchmark on synthetic data (see the module documentation).

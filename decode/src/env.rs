@@ -122,6 +122,12 @@ impl Env {
                 shape.heads, shape.kv_heads
             )));
         }
+        if opts.dtype.is_quantized() {
+            return Err(setup(format!(
+                "--dtype {}: the decoder's store writes float K/V only (f32, f16, bf16)",
+                opts.dtype.name()
+            )));
+        }
         if opts.block_tokens == 0 || opts.block_tokens > u32::MAX as usize {
             return Err(setup(format!(
                 "{} positions per block: give at least 1",
@@ -163,7 +169,7 @@ impl Env {
             // staging block, so blocks are sized for those too.
             let selection = shape.group() as u64
                 * SIZED_SELECTION.min(max_tokens.max(1)) as u64
-                * (8 + (d * opts.dtype.size()) as u64)
+                * (8 + opts.dtype.bytes(d) as u64)
                 + 4096;
             let cfg = PoolConfig {
                 block_size: kv_block.max(selection).next_multiple_of(4096),

@@ -106,7 +106,7 @@ impl Attention for Selected<'_> {
         }
         let (d, g) = (shape.head_dim, shape.group());
         let dtype = self.store.dtype();
-        let row = d * dtype.size();
+        let row = dtype.bytes(d);
         let (select, k) = self.selection(held, stored);
         let mut ndp = self.env.ndp();
         let mut tickets = Vec::with_capacity(shape.kv_heads);

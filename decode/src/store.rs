@@ -141,7 +141,7 @@ impl<'e> Store<'e> {
     }
 
     fn row_bytes(&self) -> usize {
-        self.shape.head_dim * self.dtype.size()
+        self.dtype.bytes(self.shape.head_dim)
     }
 
     /// Positions held for `layer`.
@@ -334,13 +334,20 @@ impl Drop for Store<'_> {
     }
 }
 
-/// Appends f32 elements as little-endian `dtype` elements.
+/// Appends f32 elements as little-endian `dtype` elements (a float dtype: quantized blocks need
+/// scales, which this store does not write yet).
 pub(crate) fn push_rows(dst: &mut Vec<u8>, src: &[f32], dtype: DType) {
     for &x in src {
         match dtype {
             DType::F32 => dst.extend_from_slice(&x.to_le_bytes()),
             DType::F16 => dst.extend_from_slice(&cxlkv_kernels::f32_to_f16(x).to_le_bytes()),
             DType::Bf16 => dst.extend_from_slice(&cxlkv_kernels::f32_to_bf16(x).to_le_bytes()),
+            DType::I8 | DType::I4 => {
+                panic!(
+                    "the decode store writes float K/V only, not {}",
+                    dtype.name()
+                )
+            }
         }
     }
 }

@@ -108,6 +108,7 @@ pub(crate) unsafe fn weighted_sum(out: &mut [f32], vals: &KeyRows<'_>, w: &[f32]
         DType::F16 => tiles!(F16),
         DType::Bf16 => tiles!(BF16),
         DType::F32 => tiles!(F32),
+        DType::I8 | DType::I4 => unreachable!("quantized values are summed by the portable code"),
     }
 }
 

@@ -36,8 +36,8 @@ impl KvShape {
     pub fn tensor_bytes(&self) -> Option<usize> {
         (self.kv_heads as usize)
             .checked_mul(self.tokens as usize)?
-            .checked_mul(self.head_dim as usize)?
-            .checked_mul(self.dtype.size())
+            .checked_mul(self.head_dim as usize)
+            .map(|elems| self.dtype.bytes(elems))
     }
 
     /// Bytes of the whole typed payload.

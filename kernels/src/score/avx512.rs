@@ -63,6 +63,7 @@ pub(super) unsafe fn score_tile(
             DType::F16 => dispatch!(F16),
             DType::Bf16 => dispatch!(BF16),
             DType::F32 => dispatch!(F32),
+            DType::I8 | DType::I4 => unreachable!("quantized keys are scored by the scalar code"),
         }
     }
 }

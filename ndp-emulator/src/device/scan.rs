@@ -56,8 +56,8 @@ impl Device {
         let need = (g * dim * 4 + n * 24 + sel_bytes) as u64;
         // The smallest result possible (one hit per list); the exact size is checked once the
         // token count is known.
-        let min_result = topk_result_size(lists, 1, dim, dtype.size(), gather, n)
-            .ok_or(err(CXLKV_NDP_ERR_ARGS))?;
+        let min_result =
+            topk_result_size(lists, 1, dim, dtype, gather, n).ok_or(err(CXLKV_NDP_ERR_ARGS))?;
         let raw = self.args(qp, cmd, need, min_result)?;
         let qv: Vec<f32> = raw[..g * dim * 4]
             .chunks_exact(4)
@@ -73,7 +73,7 @@ impl Device {
         let (blocks, order) = self.resolve(&raw[g * dim * 4..g * dim * 4 + n * 24], n, &want)?;
         let total_tokens: u64 = blocks.iter().map(|b| u64::from(b.tokens)).sum();
         let per_list = (k as u64).min(total_tokens) as usize;
-        let size = topk_result_size(lists, per_list, dim, dtype.size(), gather, n)
+        let size = topk_result_size(lists, per_list, dim, dtype, gather, n)
             .ok_or(err(CXLKV_NDP_ERR_ARGS))?
             + if select { 8 + 8 * lists as u64 } else { 0 };
         if size > u64::from(cmd.result_len) {
@@ -97,7 +97,7 @@ impl Device {
             let per_list = got.lists.iter().map(Vec::len).max().unwrap_or(0).max(1);
             let values = if gather {
                 // Each list's rows padded to `per_list` (zero rows), as the result lays them out.
-                let row = dim * dtype.size();
+                let row = dtype.bytes(dim);
                 let mut v = Vec::with_capacity(lists * per_list * row);
                 for l in &got.lists {
                     v.extend(self.gather_rows(
@@ -286,7 +286,7 @@ impl Device {
         dtype: DType,
         dim: usize,
     ) -> Result<Vec<u8>, DeviceStatus> {
-        let row = dim * dtype.size();
+        let row = dtype.bytes(dim);
         let mut out = Vec::new();
         let mut r = vec![0u8; row];
         for (j, t) in tokens.enumerate() {

@@ -69,8 +69,8 @@ pub fn resolve_block(
     let mem = pool.memory();
     coherence::acquire(&**mem, Site::PayloadRead, r.payload_off, LAYOUT_SIZE as u64);
     let l: KvLayout = cxlkv_shm::mem::read_obj(&**mem, r.payload_off).map_err(|_| block_err)?;
-    let esize = want.dtype.size() as u64;
-    let t = u64::from(l.kv_heads) * u64::from(l.tokens) * u64::from(l.head_dim) * esize;
+    let elem_bytes = |elems: u64| want.dtype.bytes(elems as usize) as u64;
+    let t = elem_bytes(u64::from(l.kv_heads) * u64::from(l.tokens) * u64::from(l.head_dim));
     let total = LAYOUT_SIZE as u64 + 2 * t + u64::from(l.kv_heads) * u64::from(l.head_dim) * 8;
     let ok = l.dtype == want.dtype as u32
         && l.sequence == want.sequence
@@ -90,7 +90,7 @@ pub fn resolve_block(
     if !ok {
         return Err(layout_err);
     }
-    let head_bytes = u64::from(l.tokens) * u64::from(l.head_dim) * esize;
+    let head_bytes = elem_bytes(u64::from(l.tokens) * u64::from(l.head_dim));
     let h = u64::from(want.kv_head);
     Ok(ResolvedBlock {
         block: r,

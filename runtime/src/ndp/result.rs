@@ -57,16 +57,13 @@ pub fn topk_result_size(
     lists: usize,
     per_list: usize,
     dim: usize,
-    esize: usize,
+    dtype: DType,
     gather: bool,
     nblocks: usize,
 ) -> Option<u64> {
     let hits = lists.checked_mul(per_list)?.checked_mul(8)?;
     let values = if gather {
-        lists
-            .checked_mul(per_list)?
-            .checked_mul(dim)?
-            .checked_mul(esize)?
+        dtype.bytes(lists.checked_mul(per_list)?.checked_mul(dim)?)
     } else {
         0
     };
@@ -155,7 +152,7 @@ pub struct DecodedTopK {
 }
 
 /// Decodes a result buffer, checking every offset against its length (it came from a peer).
-pub fn decode_topk_result(bytes: &[u8], esize: usize) -> Option<DecodedTopK> {
+pub fn decode_topk_result(bytes: &[u8], dtype: DType) -> Option<DecodedTopK> {
     if bytes.len() < 64 {
         return None;
     }
@@ -184,10 +181,7 @@ pub fn decode_topk_result(bytes: &[u8], esize: usize) -> Option<DecodedTopK> {
         out.lists.push(list);
     }
     if h.values_off != 0 {
-        let n = lists
-            .checked_mul(per)?
-            .checked_mul(h.dim as usize)?
-            .checked_mul(esize)?;
+        let n = dtype.bytes(lists.checked_mul(per)?.checked_mul(h.dim as usize)?);
         out.values = bytes
             .get(h.values_off as usize..(h.values_off as usize).checked_add(n)?)?
             .to_vec();

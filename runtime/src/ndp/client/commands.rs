@@ -236,7 +236,7 @@ impl NdpDevice {
             lists,
             req.k,
             req.dim,
-            req.dtype.size(),
+            req.dtype,
             req.gather_values,
             req.blocks.len(),
         )
@@ -502,7 +502,7 @@ impl NdpDevice {
             return Ok(Answer::Attend(Attended { partials, stats }));
         }
         let r = req.borrow();
-        let mut d = decode_topk_result(&buf, r.dtype.size()).ok_or(NdpError::BadResult(n))?;
+        let mut d = decode_topk_result(&buf, r.dtype).ok_or(NdpError::BadResult(n))?;
         let mut left_out_mass = Vec::new();
         if r.select.is_active() {
             let info = decode_list_info(&buf).ok_or(NdpError::BadResult(n))?;
@@ -517,7 +517,7 @@ impl NdpDevice {
             left_out_mass = info.iter().map(|i| i.1).collect();
             if r.gather_values {
                 // The device pads each list's rows to `per_list`; keep the hits' rows only.
-                let row = r.dim * r.dtype.size();
+                let row = r.dtype.bytes(r.dim);
                 let per = d.values.len() / row / d.lists.len().max(1);
                 let mut v = Vec::new();
                 for (l, list) in d.lists.iter().enumerate() {
@@ -719,12 +719,11 @@ impl NdpDevice {
             nblocks: blocks.len() as u32,
             ..Default::default()
         };
-        let rlen =
-            topk_result_size(1, tokens.len(), dim, dtype.size(), true, 0).unwrap_or(u64::MAX);
+        let rlen = topk_result_size(1, tokens.len(), dim, dtype, true, 0).unwrap_or(u64::MAX);
         match self.run_simple(cmd, &args, rlen) {
             Ok((_, buf, stats)) => {
-                let d = decode_topk_result(&buf, dtype.size())
-                    .ok_or(NdpError::BadResult(buf.len() as u64))?;
+                let d =
+                    decode_topk_result(&buf, dtype).ok_or(NdpError::BadResult(buf.len() as u64))?;
                 Ok((d.values, stats))
             }
             Err(NdpError::Unavailable(why)) => {

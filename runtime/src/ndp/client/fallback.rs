@@ -114,7 +114,7 @@ fn host_select(pool: &Pool, req: &ScoreRequest<'_>, kernel: ScoreKernel) -> Resu
         let got = sel.finish();
         let mut values = Vec::new();
         if req.gather_values {
-            let row = req.dim * req.dtype.size();
+            let row = req.dtype.bytes(req.dim);
             pulled += pull_values(
                 pool,
                 &blocks,
@@ -192,7 +192,7 @@ pub fn host_score_topk(pool: &Pool, req: &ScoreRequest<'_>, kernel: ScoreKernel)
         let st = ScanStats::from(&counts);
         let mut values = Vec::new();
         if req.gather_values {
-            let row = req.dim * req.dtype.size();
+            let row = req.dtype.bytes(req.dim);
             pulled += pull_values(
                 pool,
                 &blocks,
@@ -307,7 +307,7 @@ pub fn host_gather(
     let mem = pool.memory();
     for _ in 0..crate::pool::READ_RETRIES {
         let (rb, order) = resolve_all(pool, blocks, want)?;
-        let row = want.dim as usize * want.dtype.size();
+        let row = want.dtype.bytes(want.dim as usize);
         let mut out = vec![0u8; row * tokens.len()];
         for (j, &t) in tokens.iter().enumerate() {
             let (bi, i) =
