@@ -46,13 +46,21 @@ impl SplitMix64 {
         (0..n).map(|_| self.normal()).collect()
     }
 
-    /// `n` rows of `dim` approximately normal elements of `dtype`, little-endian bytes. For a
-    /// quantized `dtype`, the codes of such rows quantized per channel
-    /// ([`crate::quant::quantize_keys`]; the scales are dropped).
+    /// `n` rows of `dim` approximately normal elements of `dtype`, little-endian bytes; for a
+    /// quantized `dtype`, uniform codes in `-qmax..=qmax` (two a byte for `I4`, low nibble first).
     pub fn key_bytes(&mut self, n: usize, dim: usize, dtype: DType) -> Vec<u8> {
-        if dtype.is_quantized() {
-            let x = self.normal_vec(n * dim);
-            return crate::quant::quantize_keys(&x, dim, dtype).0;
+        if let Some(qmax) = dtype.qmax() {
+            let span = (2 * qmax + 1) as u64;
+            let codes: Vec<u8> = (0..n * dim)
+                .map(|_| (self.below(span) as i32 - qmax) as u8)
+                .collect();
+            return match dtype {
+                DType::I4 => codes
+                    .chunks(2)
+                    .map(|p| (p[0] & 0x0f) | (p.get(1).map_or(0, |c| c & 0x0f) << 4))
+                    .collect(),
+                _ => codes,
+            };
         }
         let mut out = Vec::with_capacity(dtype.bytes(n * dim));
         for _ in 0..n * dim {
