@@ -205,12 +205,6 @@ impl State {
         dim: usize,
         scale: f32,
     ) {
-        // Quantized value rows take the portable sum (the same fused multiply-adds).
-        let isa = if vrows.dtype().is_quantized() {
-            Isa::Scalar
-        } else {
-            isa
-        };
         match isa {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: a ScoreKernel holds Isa::Avx512 only if the CPU reported AVX-512F, AVX2,
@@ -327,11 +321,6 @@ impl State {
     #[inline(always)]
     fn sum_copied(&mut self, vrows: &KeyRows<'_>, scaled: bool, g: usize, dim: usize) {
         let c = vrows.len();
-        if self.vals.len() < c * dim {
-            // The SIMD forms copy only quantized values (widened by this portable code).
-            self.vals.resize(CHUNK * dim, 0.0);
-            self.raw.resize(CHUNK * vrows.row_bytes(), 0);
-        }
         let vals = &mut self.vals[..c * dim];
         widen_copy(vrows, &mut self.raw, vals);
         let w = if scaled {

@@ -84,6 +84,8 @@ pub mod rows;
 pub mod scan;
 pub mod score;
 pub mod topk;
+#[cfg(target_arch = "x86_64")]
+mod widen;
 
 pub use attend::{attend_block, attend_block_scaled};
 pub use bounds::{block_bounds, upper_bound, BlockBounds};

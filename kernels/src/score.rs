@@ -2,7 +2,8 @@
 //! the keys (each key row is read from memory once for all `G` queries).
 //!
 //! Three implementations compute bit-identical scores in the crate's canonical summation order
-//! (see the crate documentation): [`Isa::Avx512`] (`vcvtph2ps` for f16, a shift for bf16),
+//! (see the crate documentation): [`Isa::Avx512`] (`vcvtph2ps` for f16, a shift for bf16,
+//! sign extension for int8 and nibble shifts for int4 codes, all in registers: `widen`),
 //! [`Isa::Avx2`] (AVX2 + F16C + FMA) and [`Isa::Scalar`], the portable oracle. A [`ScoreKernel`]
 //! holds an `Isa` that the running CPU supports; it is the only way into the SIMD code.
 //!
@@ -191,12 +192,7 @@ impl ScoreKernel {
     ) {
         debug_assert!(first + queries.count() <= stride);
         debug_assert!(out.len() >= keys.len() * stride);
-        let isa = if keys.dtype().is_quantized() {
-            Isa::Scalar
-        } else {
-            self.isa
-        };
-        match isa {
+        match self.isa {
             Isa::Scalar => scalar::score_tile(queries, keys, out, stride, first),
             #[cfg(target_arch = "x86_64")]
             // SAFETY: a ScoreKernel holds Isa::Avx2 only if `is_available` saw AVX2, F16C and FMA.
