@@ -3,10 +3,13 @@
 //! The score and attention kernels are generic over the dtype's code (`const DT: u8`); these
 //! functions are their only element loads, so a new dtype is added here once.
 //!
-//! Integer codes never go through a private copy: `I8` sign-extends bytes (`vpmovsxbd`), `I4`
-//! duplicates each byte into two lanes (`punpcklbw` then `vpmovzxbd`), moves the wanted nibble
-//! to the top of its lane with a per-lane shift (even lanes the low nibble, odd lanes the high
-//! one) and shifts it back arithmetically, which extends the sign; then `vcvtdq2ps`.
+//! Integer codes never go through a private copy: `I8` sign-extends bytes (`vpmovsxbd`); `I4`
+//! puts the 32-bit word that holds lane `k`'s nibble in lane `k` (a broadcast of the 4 bytes for
+//! 8 lanes; a broadcast of the 8 bytes and one `vpermd` for 16), moves nibble `k % 8` of it to
+//! the top of the lane with a per-lane shift (`vpsllvd` by `28 − 4·(k % 8)`) and shifts it back
+//! arithmetically (`vpsrad` by 28), which extends the sign; then `vcvtdq2ps`. Element `k` is at
+//! bits `4k..4k + 4` of the little-endian word because element `2j` is the low nibble of byte
+//! `j`.
 
 use crate::dtype::DType;
 use std::arch::x86_64::*;
@@ -46,9 +49,8 @@ pub(crate) unsafe fn load8<const DT: u8>(p: *const u8) -> __m256 {
         } else if DT == I8 {
             _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i)))
         } else if DT == I4 {
-            let b = _mm_cvtsi32_si128((p as *const i32).read_unaligned());
-            let lanes = _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(b, b));
-            let up = _mm256_sllv_epi32(lanes, _mm256_setr_epi32(28, 24, 28, 24, 28, 24, 28, 24));
+            let word = _mm256_set1_epi32((p as *const i32).read_unaligned());
+            let up = _mm256_sllv_epi32(word, _mm256_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0));
             _mm256_cvtepi32_ps(_mm256_srai_epi32::<28>(up))
         } else {
             _mm256_loadu_ps(p as *const f32)
@@ -74,11 +76,11 @@ pub(crate) unsafe fn load16<const DT: u8>(p: *const u8) -> __m512 {
         } else if DT == I8 {
             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i)))
         } else if DT == I4 {
-            let b = _mm_loadl_epi64(p as *const __m128i);
-            let lanes = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b, b));
-            let shifts = _mm512_setr_epi32(
-                28, 24, 28, 24, 28, 24, 28, 24, 28, 24, 28, 24, 28, 24, 28, 24,
-            );
+            let words = _mm512_castsi128_si512(_mm_loadl_epi64(p as *const __m128i));
+            let which = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+            let lanes = _mm512_permutexvar_epi32(which, words);
+            let shifts =
+                _mm512_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0, 28, 24, 20, 16, 12, 8, 4, 0);
             let up = _mm512_sllv_epi32(lanes, shifts);
             _mm512_cvtepi32_ps(_mm512_srai_epi32::<28>(up))
         } else {
