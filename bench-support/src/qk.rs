@@ -105,6 +105,7 @@ pub fn synthetic_keys(tokens: usize, dim: usize, dtype: DType, seed: u64) -> Vec
             ),
             DType::Bf16 => out.extend_from_slice(&((f32_bits >> 16) as u16).to_le_bytes()),
             DType::F32 => out.extend_from_slice(&f32_bits.to_le_bytes()),
+            DType::I8 | DType::I4 => out.push(r as u8),
         }
     }
     out

@@ -70,7 +70,9 @@ pub fn attend_block(
     assert_eq!(values.dim(), dim, "key and value dimensions differ");
     assert_eq!(values.len(), n, "one value row per key");
     // The AVX-512 and AVX2 forms read the value rows in place: no private copies.
-    let in_place = matches!(kernel.isa(), Isa::Avx512 | Isa::Avx2);
+    let quantized = keys.dtype().is_quantized() || values.dtype().is_quantized();
+    let in_place = matches!(kernel.isa(), Isa::Avx512 | Isa::Avx2) && !quantized;
+    let fold_isa = if quantized { Isa::Scalar } else { kernel.isa() };
     let copies = if in_place { 0 } else { CHUNK };
     let mut st = State {
         max: vec![f32::NEG_INFINITY; g],
@@ -104,7 +106,7 @@ pub fn attend_block(
         }
         #[cfg(not(target_arch = "x86_64"))]
         kernel.score(queries, &keys.slice(r0, r1), &mut st.scores[..c * g]);
-        st.fold(kernel.isa(), &vtile, g, dim, scale);
+        st.fold(fold_isa, &vtile, g, dim, scale);
         r0 = r1;
     }
     (0..g)
@@ -112,6 +114,42 @@ pub fn attend_block(
             out: st.out[j * dim..(j + 1) * dim].to_vec(),
             max: st.max[j],
             sum: st.sum[j],
+        })
+        .collect()
+}
+
+/// [`attend_block`] with value rows weighted by per-row scales: row `i`'s weight `w` enters the sum
+/// unscaled and its value row with weight `w · value_scales[i]`. Stand-in (scalar, whole block)
+/// until the kernels' own implementation lands.
+pub fn attend_block_scaled(
+    kernel: ScoreKernel,
+    queries: &QueryGroup<'_>,
+    keys: &KeyRows<'_>,
+    values: &KeyRows<'_>,
+    value_scales: Option<&[f32]>,
+    scale: f32,
+) -> Vec<Partial> {
+    let Some(vs) = value_scales else {
+        return attend_block(kernel, queries, keys, values, scale);
+    };
+    let (g, dim, n) = (queries.count(), keys.dim(), keys.len());
+    assert_eq!(vs.len(), n, "one value scale per row");
+    let mut scores = vec![0f32; n * g];
+    kernel.score(queries, keys, &mut scores);
+    (0..g)
+        .map(|j| {
+            let max = (0..n).map(|i| scale * scores[i * g + j]).fold(f32::NEG_INFINITY, f32::max);
+            let (mut sum, mut out) = (0f32, vec![0f32; dim]);
+            for i in 0..n {
+                let w = exp_neg(scale * scores[i * g + j] - max);
+                sum += w;
+                let wv = w * vs[i];
+                let row = values.row_f32(i);
+                for (o, &x) in out.iter_mut().zip(&row) {
+                    *o = wv.mul_add(x, *o);
+                }
+            }
+            Partial { out, max, sum }
         })
         .collect()
 }
@@ -294,7 +332,7 @@ fn widen_scalar(raw: &[u8], dtype: DType, out: &mut [f32]) {
                 *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
             }
         }
-        DType::F16 => {
+        DType::F16 | DType::I8 | DType::I4 => {
             for (i, o) in out.iter_mut().enumerate() {
                 *o = dtype.load(raw, i);
             }

@@ -53,6 +53,7 @@ pub(crate) unsafe fn weighted_sum(out: &mut [f32], vals: &KeyRows<'_>, w: &[f32]
     match vals.dtype() {
         DType::F16 => tiles!(F16),
         DType::Bf16 => tiles!(BF16),
+        DType::I8 | DType::I4 => unreachable!("quantized rows take the scalar path"),
         DType::F32 => tiles!(F32),
     }
 }

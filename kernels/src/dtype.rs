@@ -11,15 +11,36 @@ pub enum DType {
     Bf16 = 2,
     /// IEEE 754 binary32.
     F32 = 3,
+    /// Signed 8-bit integer codes (a quantized block's; scales kept beside them).
+    I8 = 4,
+    /// Signed 4-bit integer codes, two per byte (element 2j in the low nibble of byte j).
+    I4 = 5,
 }
 
 impl DType {
-    /// Bytes per element.
+    /// Bytes per element (int4: use [`DType::bytes`]).
     pub const fn size(self) -> usize {
         match self {
             DType::F16 | DType::Bf16 => 2,
             DType::F32 => 4,
+            DType::I8 => 1,
+            DType::I4 => panic!("int4 elements are half a byte: use DType::bytes"),
         }
+    }
+
+    /// Bytes of `elems` elements.
+    pub const fn bytes(self, elems: usize) -> usize {
+        match self {
+            DType::F16 | DType::Bf16 => 2 * elems,
+            DType::F32 => 4 * elems,
+            DType::I8 => elems,
+            DType::I4 => elems.div_ceil(2),
+        }
+    }
+
+    /// True for integer codes with scales (int8, int4).
+    pub const fn is_quantized(self) -> bool {
+        matches!(self, DType::I8 | DType::I4)
     }
 
     /// The dtype with on-memory code `code`, if there is one.
@@ -28,6 +49,8 @@ impl DType {
             1 => Some(DType::F16),
             2 => Some(DType::Bf16),
             3 => Some(DType::F32),
+            4 => Some(DType::I8),
+            5 => Some(DType::I4),
             _ => None,
         }
     }
@@ -38,6 +61,8 @@ impl DType {
             DType::F16 => "f16",
             DType::Bf16 => "bf16",
             DType::F32 => "f32",
+            DType::I8 => "int8",
+            DType::I4 => "int4",
         }
     }
 
@@ -53,6 +78,12 @@ impl DType {
                 bytes[4 * i + 2],
                 bytes[4 * i + 3],
             ]),
+            DType::I8 => bytes[i] as i8 as f32,
+            DType::I4 => {
+                let b = bytes[i / 2];
+                let nib = if i % 2 == 0 { b << 4 } else { b & 0xf0 };
+                ((nib as i8) >> 4) as f32
+            }
         }
     }
 }
@@ -64,6 +95,8 @@ impl std::str::FromStr for DType {
             "f16" | "float16" => Ok(DType::F16),
             "bf16" | "bfloat16" => Ok(DType::Bf16),
             "f32" | "float32" => Ok(DType::F32),
+            "int8" | "i8" => Ok(DType::I8),
+            "int4" | "i4" | "q4" => Ok(DType::I4),
             other => Err(format!(
                 "unknown dtype {other:?} (expected f16, bf16 or f32)"
             )),

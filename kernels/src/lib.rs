@@ -66,6 +66,7 @@ pub mod dtype;
 pub mod parallel;
 pub mod partial;
 pub mod pruned;
+pub mod quant;
 pub mod rng;
 pub mod rows;
 pub mod scan;

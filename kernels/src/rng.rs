@@ -48,7 +48,7 @@ impl SplitMix64 {
 
     /// `n` rows of `dim` approximately normal elements of `dtype`, little-endian bytes.
     pub fn key_bytes(&mut self, n: usize, dim: usize, dtype: DType) -> Vec<u8> {
-        let mut out = Vec::with_capacity(n * dim * dtype.size());
+        let mut out = Vec::with_capacity(dtype.bytes(n * dim));
         for _ in 0..n * dim {
             push_elem(&mut out, dtype, self.normal());
         }
@@ -62,6 +62,7 @@ pub fn push_elem(out: &mut Vec<u8>, dtype: DType, x: f32) {
         DType::F16 => out.extend_from_slice(&f32_to_f16(x).to_le_bytes()),
         DType::Bf16 => out.extend_from_slice(&f32_to_bf16(x).to_le_bytes()),
         DType::F32 => out.extend_from_slice(&x.to_le_bytes()),
+        DType::I8 | DType::I4 => panic!("quantized elements need scales"),
     }
 }
 

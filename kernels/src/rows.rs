@@ -131,7 +131,7 @@ impl<'a> KeyRows<'a> {
     ) -> Result<Self, ShapeError> {
         debug_assert!(!ptr.is_null(), "a key view of a null pointer");
         check_dim(dim)?;
-        let row_bytes = dim * dtype.size();
+        let row_bytes = dtype.bytes(dim);
         if !len.is_multiple_of(row_bytes) {
             return Err(ShapeError::RaggedRows { len, row_bytes });
         }
@@ -160,7 +160,7 @@ impl<'a> KeyRows<'a> {
 
     /// Bytes per row.
     pub fn row_bytes(&self) -> usize {
-        self.dim * self.dtype.size()
+        self.dtype.bytes(self.dim)
     }
 
     /// Number of rows.
@@ -235,6 +235,11 @@ impl<'a> KeyRows<'a> {
     /// Element `d` of row `i` as f32 (exact). Panics if out of range.
     pub fn get(&self, i: usize, d: usize) -> f32 {
         assert!(d < self.dim, "element {d} out of row of {}", self.dim);
+        if self.dtype == DType::I4 {
+            let mut b = [0u8; 1];
+            self.copy_bytes(i * self.row_bytes() + d / 2, 1, &mut b);
+            return DType::I4.load(&b, d % 2);
+        }
         let size = self.dtype.size();
         let mut elem = [0u8; 4];
         self.copy_bytes(i * self.row_bytes() + d * size, size, &mut elem);

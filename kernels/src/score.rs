@@ -191,6 +191,9 @@ impl ScoreKernel {
     ) {
         debug_assert!(first + queries.count() <= stride);
         debug_assert!(out.len() >= keys.len() * stride);
+        if keys.dtype().is_quantized() {
+            return scalar::score_tile(queries, keys, out, stride, first);
+        }
         match self.isa {
             Isa::Scalar => scalar::score_tile(queries, keys, out, stride, first),
             #[cfg(target_arch = "x86_64")]

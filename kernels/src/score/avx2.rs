@@ -59,6 +59,7 @@ pub(super) unsafe fn score_tile(
         match keys.dtype() {
             DType::F16 => dispatch!(F16),
             DType::Bf16 => dispatch!(BF16),
+            DType::I8 | DType::I4 => unreachable!("quantized rows are scored by the scalar path"),
             DType::F32 => dispatch!(F32),
         }
     }

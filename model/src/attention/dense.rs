@@ -72,6 +72,7 @@ impl Dense {
             DType::F16 => "dense-f16",
             DType::Bf16 => "dense-bf16",
             DType::F32 => "dense",
+            DType::I8 | DType::I4 => "dense-quantized",
         }
     }
 
@@ -96,6 +97,7 @@ fn push_row(dst: &mut Vec<u8>, row: &[f32], dtype: DType) {
             DType::F32 => dst.extend_from_slice(&x.to_le_bytes()),
             DType::F16 => dst.extend_from_slice(&cxlkv_kernels::f32_to_f16(x).to_le_bytes()),
             DType::Bf16 => dst.extend_from_slice(&cxlkv_kernels::f32_to_bf16(x).to_le_bytes()),
+            DType::I8 | DType::I4 => unreachable!("stand-in: dense keeps float rows"),
         }
     }
 }
