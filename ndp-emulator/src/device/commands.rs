@@ -141,7 +141,7 @@ impl Device {
         if k == 0 || k > CXLKV_NDP_MAX_K as usize || cmd.flags != 0 {
             return Err(err(CXLKV_NDP_ERR_ARGS));
         }
-        let size = topk_result_size(1, k, dim, gathered_dtype(dtype).size(), true, 0)
+        let size = topk_result_size(1, k, dim, gathered_dtype(dtype).bytes(1), true, 0)
             .ok_or(err(CXLKV_NDP_ERR_ARGS))?;
         let raw = self.args(qp, cmd, (n * 24 + k * 4) as u64, size)?;
         let (blocks, order) = self.resolve(&raw[..n * 24], n, &want)?;

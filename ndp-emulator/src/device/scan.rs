@@ -66,7 +66,7 @@ impl Device {
         let need = (g * dim * 4 + n * 24 + sel_bytes) as u64;
         // The smallest result possible (one hit per list); the exact size is checked once the
         // token count is known.
-        let min_result = topk_result_size(lists, 1, dim, rows.size(), gather, n)
+        let min_result = topk_result_size(lists, 1, dim, rows.bytes(1), gather, n)
             .ok_or(err(CXLKV_NDP_ERR_ARGS))?;
         let raw = self.args(qp, cmd, need, min_result)?;
         let qv: Vec<f32> = raw[..g * dim * 4]
@@ -83,7 +83,7 @@ impl Device {
         let (blocks, order) = self.resolve(&raw[g * dim * 4..g * dim * 4 + n * 24], n, &want)?;
         let total_tokens: u64 = blocks.iter().map(|b| u64::from(b.tokens)).sum();
         let per_list = (k as u64).min(total_tokens) as usize;
-        let size = topk_result_size(lists, per_list, dim, rows.size(), gather, n)
+        let size = topk_result_size(lists, per_list, dim, rows.bytes(1), gather, n)
             .ok_or(err(CXLKV_NDP_ERR_ARGS))?
             + if select { 8 + 8 * lists as u64 } else { 0 };
         if size > u64::from(cmd.result_len) {
@@ -107,7 +107,7 @@ impl Device {
             let per_list = got.lists.iter().map(Vec::len).max().unwrap_or(0).max(1);
             let values = if gather {
                 // Each list's rows padded to `per_list` (zero rows), as the result lays them out.
-                let row = dim * rows.size();
+                let row = rows.bytes(dim);
                 let mut v = Vec::with_capacity(lists * per_list * row);
                 for l in &got.lists {
                     v.extend(self.gather_rows(

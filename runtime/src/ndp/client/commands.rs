@@ -247,7 +247,7 @@ impl NdpDevice {
             lists,
             req.k,
             req.dim,
-            gathered_dtype(req.dtype).size(),
+            gathered_dtype(req.dtype).bytes(1),
             req.gather_values,
             req.blocks.len(),
         )
@@ -520,7 +520,7 @@ impl NdpDevice {
             return Ok(Answer::Attend(Attended { partials, stats }));
         }
         let r = req.borrow();
-        let mut d = decode_topk_result(&buf, gathered_dtype(r.dtype).size())
+        let mut d = decode_topk_result(&buf, gathered_dtype(r.dtype).bytes(1))
             .ok_or(NdpError::BadResult(n))?;
         let mut left_out_mass = Vec::new();
         if r.select.is_active() {
@@ -536,7 +536,7 @@ impl NdpDevice {
             left_out_mass = info.iter().map(|i| i.1).collect();
             if r.gather_values {
                 // The device pads each list's rows to `per_list`; keep the hits' rows only.
-                let row = r.dim * gathered_dtype(r.dtype).size();
+                let row = gathered_dtype(r.dtype).bytes(r.dim);
                 let per = d.values.len() / row / d.lists.len().max(1);
                 let mut v = Vec::new();
                 for (l, list) in d.lists.iter().enumerate() {
@@ -738,7 +738,7 @@ impl NdpDevice {
             nblocks: blocks.len() as u32,
             ..Default::default()
         };
-        let esize = gathered_dtype(dtype).size();
+        let esize = gathered_dtype(dtype).bytes(1);
         let rlen = topk_result_size(1, tokens.len(), dim, esize, true, 0).unwrap_or(u64::MAX);
         if dtype.is_quantized()
             && self.device_state()?.is_ok()
