@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 fn setup(tag: &str) -> (TempBackend, Pool) {
     let b = shm_backend(tag);
-    let pool = create_pool(b.backend(), 96 << 20, 64 << 10);
+    let pool = create_pool(b.backend(), 192 << 20, 512 << 10);
     (b, pool)
 }
 
@@ -69,7 +69,7 @@ impl Quantized {
             };
             let key = Key::from_bytes(format!("q{sequence}/{}", range.start).as_bytes());
             p.put_kv(key, &shape, &bk, &bv).unwrap();
-            let payload = p.get(key).unwrap().unwrap();
+            let (payload, _) = p.get(key).unwrap().unwrap();
             let b = KvBlock::parse(&payload).unwrap();
             for h in 0..heads {
                 let (hk, hv) = b.head_f32(h);
@@ -148,7 +148,7 @@ fn device_equals_the_host_on_random_quantized_blocks() {
         let dtype = if case % 2 == 0 { DType::I8 } else { DType::I4 };
         let dim = 16 * (1 + rng.below(16) as usize);
         let tokens = 1 + rng.below(500) as usize;
-        let per_block = 1 + rng.below(200) as usize;
+        let per_block = 16 + rng.below(200) as usize;
         let g = 1 + rng.below(16) as usize;
         let s = Quantized::store(&p, case, 2, tokens, dim, dtype, per_block);
         let what = format!("case {case}: {dtype:?} dim {dim} tokens {tokens} per block {per_block} G {g}");
@@ -184,7 +184,7 @@ fn device_equals_the_host_on_random_quantized_blocks() {
 
         // SCORE_TOPK, per query and group max, values gathered (f32 rows).
         for mode in [GroupMode::PerQuery, GroupMode::GroupMax] {
-            let k = 1 + rng.below(64) as usize;
+            let k = 1 + rng.below(16) as usize;
             let mut req = s.score(h, &q, k, mode);
             req.prune = case % 3 == 0; // a hint the client drops for quantized blocks
             let got = ndp.score_topk(&req).unwrap();
@@ -221,7 +221,7 @@ fn device_equals_the_host_on_random_quantized_blocks() {
             exclude: None,
             top_p: Some(0.9),
         };
-        let mut req = s.score(h, &q, tokens.min(64).max(12), GroupMode::PerQuery);
+        let mut req = s.score(h, &q, tokens.clamp(12, 16), GroupMode::PerQuery);
         req.select = sel;
         let got = ndp.score_topk(&req).unwrap();
         assert_eq!(got.stats.path, Some(NdpPath::Device), "{what}");

@@ -70,7 +70,7 @@ fn quantized_blocks_round_trip_through_the_pool() {
         let (k, v) = (rng.normal_vec(2 * 40 * 32), rng.normal_vec(2 * 40 * 32));
         let key = Key::from_bytes(dtype.name().as_bytes());
         p.put_kv(key, &s, &f32_bytes(&k), &f32_bytes(&v)).unwrap();
-        let payload = p.get(key).unwrap().unwrap();
+        let (payload, _) = p.get(key).unwrap().unwrap();
         assert_eq!(payload.len(), s.payload_bytes().unwrap());
         let b = KvBlock::parse(&payload).unwrap();
         assert_eq!(b.shape, s);
