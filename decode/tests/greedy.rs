@@ -235,7 +235,10 @@ fn ndp_exact_on_quantized_blocks_equals_its_host_reference() {
             if i == 0 {
                 let ratio = st.device_scan_bytes as f64 / f32_stats.device_scan_bytes as f64;
                 eprintln!("{dtype:?}: device bytes {ratio:.3} of f32's");
-                assert!(ratio < if dtype == DType::I8 { 0.35 } else { 0.25 }, "{ratio}");
+                assert!(
+                    ratio < if dtype == DType::I8 { 0.35 } else { 0.25 },
+                    "{ratio}"
+                );
                 for mode in ["pool", "topk:4096"] {
                     let (got, st) = run(dtype, DeviceChoice::Thread, mode, 0);
                     assert_eq!(got.len(), new, "{mode} {dtype:?}");

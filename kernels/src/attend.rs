@@ -138,7 +138,9 @@ pub fn attend_block_scaled(
     kernel.score(queries, keys, &mut scores);
     (0..g)
         .map(|j| {
-            let max = (0..n).map(|i| scale * scores[i * g + j]).fold(f32::NEG_INFINITY, f32::max);
+            let max = (0..n)
+                .map(|i| scale * scores[i * g + j])
+                .fold(f32::NEG_INFINITY, f32::max);
             let (mut sum, mut out) = (0f32, vec![0f32; dim]);
             for i in 0..n {
                 let w = exp_neg(scale * scores[i * g + j] - max);

@@ -81,7 +81,11 @@ impl DType {
             DType::I8 => bytes[i] as i8 as f32,
             DType::I4 => {
                 let b = bytes[i / 2];
-                let nib = if i % 2 == 0 { b << 4 } else { b & 0xf0 };
+                let nib = if i.is_multiple_of(2) {
+                    b << 4
+                } else {
+                    b & 0xf0
+                };
                 ((nib as i8) >> 4) as f32
             }
         }

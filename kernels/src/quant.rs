@@ -16,7 +16,7 @@ fn put(codes: &mut [u8], dtype: DType, i: usize, c: i32) {
         DType::I8 => codes[i] = c as i8 as u8,
         _ => {
             let nib = (c as u8) & 0x0f;
-            if i % 2 == 0 {
+            if i.is_multiple_of(2) {
                 codes[i / 2] = (codes[i / 2] & 0xf0) | nib;
             } else {
                 codes[i / 2] = (codes[i / 2] & 0x0f) | (nib << 4);
@@ -25,7 +25,13 @@ fn put(codes: &mut [u8], dtype: DType, i: usize, c: i32) {
     }
 }
 
-fn quantize(x: &[f32], dim: usize, dtype: DType, scale_of: impl Fn(usize, usize) -> usize, scales: &[f32]) -> Vec<u8> {
+fn quantize(
+    x: &[f32],
+    dim: usize,
+    dtype: DType,
+    scale_of: impl Fn(usize, usize) -> usize,
+    scales: &[f32],
+) -> Vec<u8> {
     let rows = x.len() / dim;
     let q = qmax(dtype);
     let mut codes = vec![0u8; rows * dtype.bytes(dim)];
@@ -33,7 +39,11 @@ fn quantize(x: &[f32], dim: usize, dtype: DType, scale_of: impl Fn(usize, usize)
     for r in 0..rows {
         for d in 0..dim {
             let s = scales[scale_of(r, d)];
-            let c = if s == 0.0 { 0.0 } else { (x[r * dim + d] / s).round_ties_even().clamp(-q, q) };
+            let c = if s == 0.0 {
+                0.0
+            } else {
+                (x[r * dim + d] / s).round_ties_even().clamp(-q, q)
+            };
             let row = &mut codes[r * rb..(r + 1) * rb];
             put(row, dtype, d, c as i32);
         }

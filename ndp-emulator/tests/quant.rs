@@ -53,10 +53,19 @@ struct Quantized {
 }
 
 impl Quantized {
-    fn store(p: &Participant, seed: u64, heads: usize, tokens: usize, dim: usize, dtype: DType, per_block: usize) -> Quantized {
+    fn store(
+        p: &Participant,
+        seed: u64,
+        heads: usize,
+        tokens: usize,
+        dim: usize,
+        dtype: DType,
+        per_block: usize,
+    ) -> Quantized {
         let (k, v) = random_kv(seed, heads, tokens, dim, DType::F32);
         let sequence = 1000 + seed;
-        let (mut blocks, mut dk, mut dv) = (Vec::new(), vec![Vec::new(); heads], vec![Vec::new(); heads]);
+        let (mut blocks, mut dk, mut dv) =
+            (Vec::new(), vec![Vec::new(); heads], vec![Vec::new(); heads]);
         for (range, bk, bv) in chunk_kv(&k, &v, heads, 4 * dim, 0..tokens, per_block) {
             let shape = KvShape {
                 dtype,
@@ -151,7 +160,8 @@ fn device_equals_the_host_on_random_quantized_blocks() {
         let per_block = 16 + rng.below(200) as usize;
         let g = 1 + rng.below(16) as usize;
         let s = Quantized::store(&p, case, 2, tokens, dim, dtype, per_block);
-        let what = format!("case {case}: {dtype:?} dim {dim} tokens {tokens} per block {per_block} G {g}");
+        let what =
+            format!("case {case}: {dtype:?} dim {dim} tokens {tokens} per block {per_block} G {g}");
         let h = rng.below(2) as u32;
         let q: Vec<f32> = rng.normal_vec(g * dim);
 
@@ -161,16 +171,25 @@ fn device_equals_the_host_on_random_quantized_blocks() {
         let got = ndp.attend(&req).unwrap();
         assert_eq!(got.stats.path, Some(NdpPath::Device), "{what}");
         let host = host_attend(&pool, &req).unwrap();
-        assert_eq!(got.partials, host.partials, "{what}: device and host bit for bit");
-        let scanned = 2 * (tokens * dtype.bytes(dim)) as u64
-            + 4 * (dim * s.blocks.len() + tokens) as u64;
+        assert_eq!(
+            got.partials, host.partials,
+            "{what}: device and host bit for bit"
+        );
+        let scanned =
+            2 * (tokens * dtype.bytes(dim)) as u64 + 4 * (dim * s.blocks.len() + tokens) as u64;
         assert_eq!(got.stats.bytes_scanned, scanned, "{what}");
         assert_eq!(host.stats.bytes_scanned, scanned, "{what}");
         // Attention over the dequantized block (scores of q·(code·s) versus (q·s)·code differ by
         // rounding only).
         let qg = QueryGroup::new(&q, dim).unwrap();
-        let kb: Vec<u8> = s.k[h as usize].iter().flat_map(|x| x.to_le_bytes()).collect();
-        let vb: Vec<u8> = s.v[h as usize].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let kb: Vec<u8> = s.k[h as usize]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let vb: Vec<u8> = s.v[h as usize]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
         let (keys, vals) = (
             KeyRows::new(&kb, DType::F32, dim).unwrap(),
             KeyRows::new(&vb, DType::F32, dim).unwrap(),
@@ -202,15 +221,23 @@ fn device_equals_the_host_on_random_quantized_blocks() {
                 .flatten()
                 .flat_map(|&t| s.f32_row(h as usize, t as usize))
                 .collect();
-            assert_eq!(got.values, want, "{what}: gathered rows are dequantized f32");
+            assert_eq!(
+                got.values, want,
+                "{what}: gathered rows are dequantized f32"
+            );
             // The best hit is the best folded score: within rounding of q·dequantized key.
             let best = got.indices[0][0] as usize;
             let mut all = vec![0f32; tokens * g];
             ScoreKernel::scalar().score(&qg, &keys, &mut all);
             let top = all[best * g];
-            let max = (0..tokens).map(|i| all[i * g]).fold(f32::NEG_INFINITY, f32::max);
+            let max = (0..tokens)
+                .map(|i| all[i * g])
+                .fold(f32::NEG_INFINITY, f32::max);
             if mode == GroupMode::PerQuery {
-                assert!((top - max).abs() <= 1e-3 * max.abs().max(1.0), "{what}: {top} vs {max}");
+                assert!(
+                    (top - max).abs() <= 1e-3 * max.abs().max(1.0),
+                    "{what}: {top} vs {max}"
+                );
             }
         }
 
@@ -331,10 +358,18 @@ fn hls_engine_refuses_quantized_blocks() {
     let q = SplitMix64::new(2).normal_vec(3 * dim);
     let req = s.attend(1, &q, 0.125);
     let got = ndp.attend(&req).unwrap();
-    assert_eq!(got.stats.path, Some(NdpPath::Host(FallbackReason::Unsupported)));
+    assert_eq!(
+        got.stats.path,
+        Some(NdpPath::Host(FallbackReason::Unsupported))
+    );
     assert_eq!(got.partials, host_attend(&pool, &req).unwrap().partials);
-    let got = ndp.score_topk(&s.score(1, &q, 10, GroupMode::PerQuery)).unwrap();
-    assert_eq!(got.stats.path, Some(NdpPath::Host(FallbackReason::Unsupported)));
+    let got = ndp
+        .score_topk(&s.score(1, &q, 10, GroupMode::PerQuery))
+        .unwrap();
+    assert_eq!(
+        got.stats.path,
+        Some(NdpPath::Host(FallbackReason::Unsupported))
+    );
 
     // A raw ATTEND on the HLS engine: ERR_LAYOUT.
     let staging = ndp.staging_offsets()[0];

@@ -186,7 +186,8 @@ pub fn encode(shape: &KvShape, k: &[u8], v: &[u8]) -> Result<Vec<u8>> {
         let per_head = shape.tokens as usize * d;
         let (mut kc, mut vc, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for h in 0..heads {
-            let (c, s) = quant::quantize_keys(&kf[h * per_head..(h + 1) * per_head], d, shape.dtype);
+            let (c, s) =
+                quant::quantize_keys(&kf[h * per_head..(h + 1) * per_head], d, shape.dtype);
             kc.extend_from_slice(&c);
             ks.extend_from_slice(&s);
             let (c, s) =
@@ -259,7 +260,10 @@ impl<'a> KvBlock<'a> {
             token_offset: l.token_offset,
         };
         if dtype == DType::I4 && !shape.head_dim.is_multiple_of(2) {
-            return Err(bad(format!("int4 block of odd head dimension {}", shape.head_dim)));
+            return Err(bad(format!(
+                "int4 block of odd head dimension {}",
+                shape.head_dim
+            )));
         }
         let at = shape
             .offsets()

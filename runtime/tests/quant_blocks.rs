@@ -31,6 +31,9 @@ fn shape(dtype: DType, tokens: u32) -> KvShape {
     }
 }
 
+/// A change to a block's layout descriptor.
+type Edit = Box<dyn Fn(&mut KvLayout)>;
+
 fn f32_bytes(x: &[f32]) -> Vec<u8> {
     x.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
@@ -77,12 +80,16 @@ fn quantized_blocks_round_trip_through_the_pool() {
         for h in 0..2 {
             let (ks, vs) = b.head_scales(h);
             let (dk, dv) = b.head_f32(h);
-            for t in 0..40 {
-                for d in 0..32 {
+            assert_eq!(
+                (ks.len(), vs.len(), dk.len(), dv.len()),
+                (32, 40, 40 * 32, 40 * 32)
+            );
+            for (t, &st) in vs.iter().enumerate() {
+                for (d, &sd) in ks.iter().enumerate() {
                     let i = (h * 40 + t) * 32 + d;
                     let j = t * 32 + d;
-                    assert!((dk[j] - k[i]).abs() <= ks[d] / 2.0 * 1.0001, "{dtype:?} K");
-                    assert!((dv[j] - v[i]).abs() <= vs[t] / 2.0 * 1.0001, "{dtype:?} V");
+                    assert!((dk[j] - k[i]).abs() <= sd / 2.0 * 1.0001, "{dtype:?} K");
+                    assert!((dv[j] - v[i]).abs() <= st / 2.0 * 1.0001, "{dtype:?} V");
                 }
             }
         }
@@ -105,12 +112,16 @@ fn corrupt_quantized_layouts_are_refused_with_err_layout() {
         put_raw(&p, key, &good);
         attend(&pool, key, dtype, &q).unwrap();
         let layout: KvLayout = format::from_bytes(&good);
-        let edits: [(&str, Box<dyn Fn(&mut KvLayout)>, usize); 6] = [
+        let edits: [(&str, Edit, usize); 6] = [
             ("scales_off + 4", Box::new(|l| l.scales_off += 4), 0),
             ("scales_off 0", Box::new(|l| l.scales_off = 0), 0),
             ("bounds_off + 4", Box::new(|l| l.bounds_off += 4), 0),
             ("one token more", Box::new(|l| l.tokens += 1), 0),
-            ("a float dtype", Box::new(|l| l.dtype = DType::F16 as u32), 0),
+            (
+                "a float dtype",
+                Box::new(|l| l.dtype = DType::F16 as u32),
+                0,
+            ),
             ("last V scale cut", Box::new(|_| {}), 4),
         ];
         for (i, (what, edit, cut)) in edits.iter().enumerate() {

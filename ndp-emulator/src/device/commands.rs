@@ -9,8 +9,8 @@ use cxlkv_runtime::coherence::{self, Site};
 use cxlkv_runtime::format;
 use cxlkv_runtime::ndp::abi::*;
 use cxlkv_runtime::ndp::{
-    check_owned_range, encode_topk_result, gathered_dtype, read_bounds, resolve_block, sorted_ranges,
-    topk_result_size, BlockExpect, DeviceStatus, ResolvedBlock, ScanStats,
+    check_owned_range, encode_topk_result, gathered_dtype, read_bounds, resolve_block,
+    sorted_ranges, topk_result_size, BlockExpect, DeviceStatus, ResolvedBlock, ScanStats,
 };
 
 /// What a handler reports besides the status.

@@ -13,8 +13,8 @@ use cxlkv_kernels::{
 use cxlkv_runtime::coherence::{self, Site};
 use cxlkv_runtime::format;
 use cxlkv_runtime::ndp::abi::*;
-use cxlkv_runtime::ndp::select::{Select, Selection};
 use cxlkv_runtime::ndp::block::read_value_row;
+use cxlkv_runtime::ndp::select::{Select, Selection};
 use cxlkv_runtime::ndp::{
     block_mass, encode_list_info, encode_topk_result, gathered_dtype, locate_token, quant,
     read_bounds, read_scales, topk_result_size, DeviceStatus, ResolvedBlock, ScanStats,
@@ -143,7 +143,9 @@ impl Device {
         let topk = TopK { k, mode };
         let prune = flags & CXLKV_NDP_FLAG_PRUNE != 0;
         let (hits, counts) = match self.cfg.engine {
-            Engine::Rust if dtype.is_quantized() => self.folded_scan(&queries, topk, &blocks, dtype)?,
+            Engine::Rust if dtype.is_quantized() => {
+                self.folded_scan(&queries, topk, &blocks, dtype)?
+            }
             Engine::Rust => {
                 let scorer = KernelScorer::new(self.cfg.kernel, &queries, topk);
                 self.scan_blocks(scorer, &queries, &blocks, prune, dtype)?
@@ -172,15 +174,7 @@ impl Device {
             &order,
             cxlkv_kernels::attention::default_scale(dim),
         );
-        let out = encode_topk_result(
-            &hits,
-            per_list,
-            dim,
-            rows,
-            values.as_deref(),
-            &mass,
-            &stats,
-        );
+        let out = encode_topk_result(&hits, per_list, dim, rows, values.as_deref(), &mass, &stats);
         Ok(Done {
             result_bytes: self.write_result(cmd, &out)?,
             stats,

@@ -751,8 +751,8 @@ impl NdpDevice {
         }
         match self.run_simple(cmd, &args, rlen) {
             Ok((_, buf, stats)) => {
-                let d = decode_topk_result(&buf, esize)
-                    .ok_or(NdpError::BadResult(buf.len() as u64))?;
+                let d =
+                    decode_topk_result(&buf, esize).ok_or(NdpError::BadResult(buf.len() as u64))?;
                 Ok((d.values, stats))
             }
             Err(NdpError::Unavailable(why)) => {
