@@ -1,8 +1,9 @@
 //! The checks both the device and the host fallback apply to the blocks and buffers a command
 //! names: [`resolve_block`] (header CRC and index sequence via [`Pool::block_ref`], then the typed
-//! layout against the command, scales of a quantized block included), overlap and lookup of token ranges ([`sorted_ranges`],
-//! [`locate_token`]), the stored key bounds ([`read_bounds`]), and [`check_owned_range`] for
-//! argument and result buffers.
+//! layout against the command, scales of a quantized block included), overlap and lookup of token
+//! ranges ([`sorted_ranges`], [`locate_token`]), the stored key bounds ([`read_bounds`]), a
+//! quantized block's scales ([`read_scales`]) and value rows as GATHER returns them
+//! ([`read_value_row`]), and [`check_owned_range`] for argument and result buffers.
 
 use crate::coherence::{self, Site};
 use crate::format::{self, Codec, KvLayout};
