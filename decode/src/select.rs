@@ -106,7 +106,9 @@ impl Attention for Selected<'_> {
         }
         let (d, g) = (shape.head_dim, shape.group());
         let dtype = self.store.dtype();
-        let row = dtype.bytes(d);
+        // Gathered rows come back in the store's row type (f32 for quantized blocks).
+        let row_dtype = self.store.row_dtype();
+        let row = row_dtype.bytes(d);
         let (select, k) = self.selection(held, stored);
         let mut ndp = self.env.ndp();
         let mut tickets = Vec::with_capacity(shape.kv_heads);
@@ -155,7 +157,7 @@ impl Attention for Selected<'_> {
                         "SCORE_TOPK returned too few value rows for list {j}"
                     ))
                 })?;
-                let values = KeyRows::new(bytes, dtype, d)
+                let values = KeyRows::new(bytes, row_dtype, d)
                     .map_err(|e| self.store.err(format!("gathered values: {e}")))?;
                 let scores = &r.scores[j];
                 let mut p = Partial::over(&values, |i| shape.scale * scores[i]);

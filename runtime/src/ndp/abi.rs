@@ -7,7 +7,7 @@
 
 pub const CXLKV_NDP_MAGIC: u64 = 5783833953988008003;
 pub const CXLKV_NDP_ABI_MAJOR: u32 = 1;
-pub const CXLKV_NDP_ABI_MINOR: u32 = 1;
+pub const CXLKV_NDP_ABI_MINOR: u32 = 2;
 pub const CXLKV_NDP_REGS_SIZE: u32 = 4096;
 pub const CXLKV_NDP_QUEUE_DEPTH: u32 = 16;
 pub const CXLKV_NDP_CMD_SIZE: u32 = 64;
@@ -29,6 +29,7 @@ pub const CXLKV_NDP_CAP_FUTEX_WAKE: u32 = 32;
 pub const CXLKV_NDP_CAP_PACING: u32 = 64;
 pub const CXLKV_NDP_CAP_ATTEND: u32 = 128;
 pub const CXLKV_NDP_CAP_SELECT: u32 = 256;
+pub const CXLKV_NDP_CAP_QUANT: u32 = 1024;
 pub const CXLKV_NDP_OP_NOP: u32 = 0;
 pub const CXLKV_NDP_OP_SCORE_TOPK: u32 = 1;
 pub const CXLKV_NDP_OP_GATHER: u32 = 2;

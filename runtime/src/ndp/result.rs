@@ -57,13 +57,16 @@ pub fn topk_result_size(
     lists: usize,
     per_list: usize,
     dim: usize,
-    dtype: DType,
+    esize: usize,
     gather: bool,
     nblocks: usize,
 ) -> Option<u64> {
     let hits = lists.checked_mul(per_list)?.checked_mul(8)?;
     let values = if gather {
-        dtype.bytes(lists.checked_mul(per_list)?.checked_mul(dim)?)
+        lists
+            .checked_mul(per_list)?
+            .checked_mul(dim)?
+            .checked_mul(esize)?
     } else {
         0
     };
@@ -152,7 +155,7 @@ pub struct DecodedTopK {
 }
 
 /// Decodes a result buffer, checking every offset against its length (it came from a peer).
-pub fn decode_topk_result(bytes: &[u8], dtype: DType) -> Option<DecodedTopK> {
+pub fn decode_topk_result(bytes: &[u8], esize: usize) -> Option<DecodedTopK> {
     if bytes.len() < 64 {
         return None;
     }
@@ -181,7 +184,10 @@ pub fn decode_topk_result(bytes: &[u8], dtype: DType) -> Option<DecodedTopK> {
         out.lists.push(list);
     }
     if h.values_off != 0 {
-        let n = dtype.bytes(lists.checked_mul(per)?.checked_mul(h.dim as usize)?);
+        let n = lists
+            .checked_mul(per)?
+            .checked_mul(h.dim as usize)?
+            .checked_mul(esize)?;
         out.values = bytes
             .get(h.values_off as usize..(h.values_off as usize).checked_add(n)?)?
             .to_vec();
