@@ -74,7 +74,8 @@ struct QkArgs {
     /// Head dimension (a multiple of 16, at most 256).
     #[arg(long, default_value_t = 128)]
     dim: usize,
-    /// Key element type: f16, bf16 or f32.
+    /// Key (and value) element type: f16, bf16, f32, int8 or int4. Ratios are in bytes read, so
+    /// int8 and int4 rows count their own size.
     #[arg(long, default_value = "f16")]
     dtype: String,
     /// Queries per GQA group.
@@ -89,6 +90,10 @@ struct QkArgs {
     /// Timed repetitions (the best is reported).
     #[arg(long, default_value_t = 5)]
     repeats: usize,
+    /// Time the fused attention (ATTEND's kernel) over N keys and N values instead of scoring
+    /// and top-k (one thread); the read is of the same K + V bytes.
+    #[arg(long)]
+    attend: bool,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -128,6 +133,11 @@ fn bench_qk(a: &QkArgs) -> cli::Result<ExitCode> {
             a.dim
         )));
     }
+    if a.attend && a.threads != 1 {
+        return Err(cli::Error::Usage(
+            "--attend runs on one thread: leave --threads at 1".into(),
+        ));
+    }
     if a.tokens == 0 || a.group == 0 || a.k == 0 || a.k > 4096 || a.threads == 0 || a.repeats == 0 {
         return Err(cli::Error::Usage(
             "--tokens, --group, --threads, --repeats must be positive and --k in 1..=4096".into(),
@@ -141,6 +151,7 @@ fn bench_qk(a: &QkArgs) -> cli::Result<ExitCode> {
         k: a.k,
         threads: a.threads,
         repeats: a.repeats,
+        attend: a.attend,
         ..QkBenchConfig::default()
     };
     let report = run_qk_bench(&cfg);

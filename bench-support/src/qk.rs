@@ -5,8 +5,14 @@
 //! Keys are made cold before every timed run with [`crate::cold::evict`] (`clflush`), which
 //! matters because last-level caches can exceed the key buffer. Each repeat times the kernel and
 //! the read back to back; the report gives medians (the headline figures) and bests.
+//!
+//! With [`QkBenchConfig::attend`] the kernel is the fused attention instead
+//! ([`attend_block_scaled`], the NDP `ATTEND` computation): over `N` key rows and `N` value rows
+//! (value scales for a quantized dtype), one thread, and the read is of the same K + V bytes.
+//! Every ratio is in bytes read: int8 and int4 rows count their own (smaller) size.
 
 use crate::cold::evict;
+use cxlkv_kernels::attend::attend_block_scaled;
 use cxlkv_kernels::dtype::DType;
 use cxlkv_kernels::parallel::{scan_topk_parallel, stream_sum_parallel};
 use cxlkv_kernels::rng::SplitMix64;
@@ -39,6 +45,8 @@ pub struct QkBenchConfig {
     /// Flush the keys from the caches before every timed run (true: cold keys, the point of the
     /// benchmark; false: warm, to see the kernel's compute limit).
     pub flush: bool,
+    /// Time the fused attention over K and V (one thread) instead of scoring and top-k.
+    pub attend: bool,
 }
 
 impl Default for QkBenchConfig {
@@ -53,6 +61,7 @@ impl Default for QkBenchConfig {
             repeats: 5,
             seed: 1,
             flush: true,
+            attend: false,
         }
     }
 }
@@ -83,11 +92,15 @@ pub struct QkBenchReport {
 }
 
 /// Synthetic keys: `tokens` rows of `dim` elements with random signs and magnitudes in
-/// `[1/8, 2)`, generated straight as bit patterns (fast enough for gigabytes).
+/// `[1/8, 2)`, generated straight as bit patterns (fast enough for gigabytes); for a quantized
+/// `dtype`, uniform codes in `-qmax..=qmax`.
 pub fn synthetic_keys(tokens: usize, dim: usize, dtype: DType, seed: u64) -> Vec<u8> {
     let mut rng = SplitMix64::new(seed);
     let elems = tokens * dim;
-    let mut out = Vec::with_capacity(elems * dtype.size());
+    if let Some(qmax) = dtype.qmax() {
+        return synthetic_codes(&mut rng, elems, dtype, qmax);
+    }
+    let mut out = Vec::with_capacity(dtype.bytes(elems));
     let mut word = 0u64;
     for e in 0..elems {
         if e % 4 == 0 {
@@ -105,54 +118,88 @@ pub fn synthetic_keys(tokens: usize, dim: usize, dtype: DType, seed: u64) -> Vec
             ),
             DType::Bf16 => out.extend_from_slice(&((f32_bits >> 16) as u16).to_le_bytes()),
             DType::F32 => out.extend_from_slice(&f32_bits.to_le_bytes()),
+            DType::I8 | DType::I4 => unreachable!("codes are drawn by synthetic_codes"),
         }
     }
     out
 }
 
+/// `elems` uniform codes in `-qmax..=qmax` in `dtype`'s layout (two per byte for I4).
+fn synthetic_codes(rng: &mut SplitMix64, elems: usize, dtype: DType, qmax: i32) -> Vec<u8> {
+    let span = (2 * qmax + 1) as u64;
+    let mut code = || (rng.next_u64() % span) as i32 - qmax;
+    match dtype {
+        DType::I4 => (0..elems.div_ceil(2))
+            .map(|_| ((code() as u8) & 0x0f) | ((code() as u8) << 4))
+            .collect(),
+        _ => (0..elems).map(|_| code() as u8).collect(),
+    }
+}
+
 /// Runs the benchmark on synthetic data (see the module documentation).
 pub fn run_qk_bench(cfg: &QkBenchConfig) -> QkBenchReport {
-    let keys = synthetic_keys(cfg.tokens, cfg.dim, cfg.dtype, cfg.seed);
+    let mut keys = synthetic_keys(cfg.tokens, cfg.dim, cfg.dtype, cfg.seed);
+    if cfg.attend {
+        keys.extend(synthetic_keys(cfg.tokens, cfg.dim, cfg.dtype, cfg.seed + 1));
+    }
     let queries = SplitMix64::new(cfg.seed ^ 0x5eed).normal_vec(cfg.group * cfg.dim);
     measure_qk(cfg, &keys, &queries).expect("synthetic data has a valid shape")
 }
 
-/// Runs the benchmark on given keys (rows of `cfg.dim` elements of `cfg.dtype`) and `cfg.group`
-/// queries; `cfg.tokens` and `cfg.group` are taken from the data.
+/// Runs the benchmark on given keys (rows of `cfg.dim` elements of `cfg.dtype`; with
+/// `cfg.attend`, the key rows followed by as many value rows) and `cfg.group` queries;
+/// `cfg.tokens` and `cfg.group` are taken from the data.
 pub fn measure_qk(
     cfg: &QkBenchConfig,
     keys: &[u8],
     queries: &[f32],
 ) -> Result<QkBenchReport, ShapeError> {
-    let rows = KeyRows::new(keys, cfg.dtype, cfg.dim)?;
+    let all = KeyRows::new(keys, cfg.dtype, cfg.dim)?;
+    if cfg.attend && all.len() % 2 == 1 {
+        return Err(ShapeError::RaggedRows {
+            len: keys.len(),
+            row_bytes: 2 * all.row_bytes(),
+        });
+    }
+    let half = if cfg.attend { all.len() / 2 } else { all.len() };
+    let rows = all.slice(0, half);
+    let vrows = all.slice(half, all.len());
+    // Per-token value scales for quantized values (their values do not change the timing).
+    let vscales: Vec<f32> = (0..half).map(|i| 1e-2 * (1 + i % 7) as f32).collect();
+    let vscales = cfg.dtype.is_quantized().then_some(&vscales[..]);
     let group = QueryGroup::new(queries, cfg.dim)?;
     let mut config = cfg.clone();
-    config.tokens = rows.len();
+    config.tokens = half;
     config.group = group.count();
     config.threads = cfg.threads.max(1);
     config.repeats = cfg.repeats.max(1);
     let kernel = ScoreKernel::detect();
     let topk = TopK::per_query(config.k);
+    let scale = 1.0 / (cfg.dim as f32).sqrt();
+    let run = || -> Option<Hit> {
+        if config.attend {
+            let p = attend_block_scaled(kernel, &group, &rows, &vrows, vscales, scale);
+            // The attention's largest score stands in for a hit (a result check).
+            return p.first().map(|p| Hit {
+                index: 0,
+                score: p.max,
+            });
+        }
+        let hits = scan_topk_parallel(kernel, &group, &rows, topk, config.threads);
+        hits.first().and_then(|h| h.first().copied())
+    };
     let mut kernel_times = Vec::with_capacity(config.repeats);
     let mut read_times = Vec::with_capacity(config.repeats);
     let mut flushed = false;
     let mut best_hit = None;
     // One untimed warm-up of each: page tables, thread start-up, code.
-    black_box(scan_topk_parallel(
-        kernel,
-        &group,
-        &rows,
-        topk,
-        config.threads,
-    ));
+    black_box(run());
     black_box(stream_sum_parallel(keys, config.threads));
     for _ in 0..config.repeats {
         flushed = config.flush && evict(keys);
         let t = Instant::now();
-        let hits = scan_topk_parallel(kernel, &group, &rows, topk, config.threads);
+        best_hit = black_box(run());
         kernel_times.push(t.elapsed());
-        best_hit = hits.first().and_then(|h| h.first().copied());
-        black_box(hits);
 
         if config.flush {
             evict(keys);
@@ -201,7 +248,8 @@ impl QkBenchReport {
         format!(
             concat!(
                 "{{\"tokens\":{},\"dim\":{},\"dtype\":\"{}\",\"group\":{},\"k\":{},",
-                "\"threads\":{},\"repeats\":{},\"seed\":{},\"flush\":{},\"isa\":\"{}\",\"flushed\":{},",
+                "\"threads\":{},\"repeats\":{},\"seed\":{},\"flush\":{},\"attend\":{},",
+                "\"isa\":\"{}\",\"flushed\":{},",
                 "\"key_bytes\":{},\"kernel_secs\":{},\"kernel_secs_best\":{},",
                 "\"read_secs\":{},\"read_secs_best\":{},\"key_gbps\":{},\"read_gbps\":{},",
                 "\"ratio\":{},\"best_hit\":{}}}"
@@ -215,6 +263,7 @@ impl QkBenchReport {
             c.repeats,
             c.seed,
             c.flush,
+            c.attend,
             self.isa,
             self.flushed,
             self.key_bytes,
@@ -267,7 +316,11 @@ impl fmt::Display for QkBenchReport {
         writeln!(
             f,
             "{:<22} {:>12.3} {:>12.3} {:>10.2}",
-            "score + top-k",
+            if c.attend {
+                "attend (K + V)"
+            } else {
+                "score + top-k"
+            },
             self.kernel_secs.0 * 1e3,
             self.kernel_secs.1 * 1e3,
             self.key_gbps
@@ -282,7 +335,7 @@ impl fmt::Display for QkBenchReport {
         )?;
         write!(
             f,
-            "key bytes/s = {:.1} % of read bandwidth ({} MiB of keys)",
+            "bytes read/s = {:.1} % of read bandwidth ({} MiB read per run)",
             self.ratio * 100.0,
             self.key_bytes >> 20
         )
@@ -305,6 +358,22 @@ mod tests {
             repeats: 2,
             ..QkBenchConfig::default()
         };
+        for (dtype, row) in [(DType::I8, 64), (DType::I4, 32)] {
+            let q = QkBenchConfig {
+                dtype,
+                ..cfg.clone()
+            };
+            let r = run_qk_bench(&q);
+            assert_eq!((r.key_bytes, r.config.tokens), (5000 * row, 5000));
+            let a = run_qk_bench(&QkBenchConfig {
+                attend: true,
+                threads: 1,
+                ..q
+            });
+            assert_eq!((a.key_bytes, a.config.tokens), (2 * 5000 * row, 5000));
+            assert!(a.best_hit.is_some() && a.ratio > 0.0);
+            assert!(a.to_json().contains("\"attend\":true"));
+        }
         let r = run_qk_bench(&cfg);
         assert_eq!(r.key_bytes, 5000 * 64 * 2);
         assert!(r.key_gbps > 0.0 && r.read_gbps > 0.0);

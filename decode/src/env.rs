@@ -8,7 +8,7 @@ use cxlkv_model::AttentionShape;
 use cxlkv_ndp::daemon::Daemon;
 use cxlkv_ndp::{Device, DeviceConfig, DeviceHandle};
 use cxlkv_runtime::ndp::abi::{CXLKV_NDP_MAX_DIM, CXLKV_NDP_MAX_GROUP};
-use cxlkv_runtime::ndp::{NdpDevice, NdpOptions};
+use cxlkv_runtime::ndp::{gathered_dtype, NdpDevice, NdpOptions};
 use cxlkv_runtime::pool::plan;
 use cxlkv_runtime::region::TempBackend;
 use cxlkv_runtime::{Backend, KvShape, Participant, Pool, PoolConfig, RegionOptions};
@@ -37,7 +37,9 @@ pub struct EnvOptions {
     pub device: DeviceChoice,
     /// Positions per stored block (default 256).
     pub block_tokens: usize,
-    /// Element type of the stored keys and values (default f32: exact).
+    /// Element type of the stored keys and values (default f32: exact). int8 and int4 quantize
+    /// each block when it is sealed (K per channel, V per token; the open block stays f32 on the
+    /// host); device commands attend and score the codes, gathered rows come back f32.
     pub dtype: DType,
     /// Attention sinks of the selection modes: positions `0 .. sinks` are always attended
     /// (default 4).
@@ -163,7 +165,7 @@ impl Env {
             // staging block, so blocks are sized for those too.
             let selection = shape.group() as u64
                 * SIZED_SELECTION.min(max_tokens.max(1)) as u64
-                * (8 + (d * opts.dtype.size()) as u64)
+                * (8 + gathered_dtype(opts.dtype).bytes(d) as u64)
                 + 4096;
             let cfg = PoolConfig {
                 block_size: kv_block.max(selection).next_multiple_of(4096),

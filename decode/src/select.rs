@@ -94,7 +94,9 @@ impl Attention for Selected<'_> {
         }
         let (d, g) = (shape.head_dim, shape.group());
         let dtype = self.store.dtype();
-        let row = d * dtype.size();
+        // Gathered rows come back in the store's row type (f32 for quantized blocks).
+        let row_dtype = self.store.row_dtype();
+        let row = row_dtype.bytes(d);
         let (select, k) = selection(self.env, self.arg, held, stored);
         let mut ndp = self.env.ndp();
         let mut tickets = Vec::with_capacity(shape.kv_heads);
@@ -172,7 +174,7 @@ impl Attention for Selected<'_> {
                     let at = union.binary_search(t).expect("every hit is in the union");
                     bytes.extend_from_slice(&rows[at * row..(at + 1) * row]);
                 }
-                let values = KeyRows::new(&bytes, dtype, d)
+                let values = KeyRows::new(&bytes, row_dtype, d)
                     .map_err(|e| self.store.err(format!("gathered values: {e}")))?;
                 let scores = &r.scores[j];
                 let mut p = Partial::over(&values, |i| shape.scale * scores[i]);

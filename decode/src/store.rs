@@ -7,13 +7,17 @@
 //! and a prefill attends to them at once, so it never pulls back what it has just written.
 //!
 //! Rows are kept as little-endian elements of the store's dtype, so the host's share and the
-//! pool's share of an attention read the very same numbers.
+//! pool's share of an attention read the very same numbers. With a quantized dtype (int8, int4)
+//! the host keeps f32 rows and a block is quantized when it is sealed (written to the pool): the
+//! open block stays exact, and the pool's share is read back dequantized by host paths
+//! ([`Store::all_rows`]) or attended on its codes by the device.
 
 use crate::env::Env;
 use cxlkv_kernels::DType;
 use cxlkv_model::{AttentionShape, AttentionStats, Error as ModelError, HeadRows};
 use cxlkv_runtime::format::{BLOCK_HEADER_SIZE, INDEX_SLOT_SIZE};
 use cxlkv_runtime::ndp::client::{BlockSpec, HOST_META_BYTES_PER_BLOCK};
+use cxlkv_runtime::ndp::gathered_dtype;
 use cxlkv_runtime::{Key, KvBlock, KvShape};
 
 /// Rows of one layer held on the host: positions `start ..` of every KV head.
@@ -38,7 +42,10 @@ pub(crate) struct Store<'e> {
     env: &'e Env,
     name: String,
     shape: AttentionShape,
+    /// Element type of the pool's blocks.
     dtype: DType,
+    /// Element type of the rows held on the host (f32 for a quantized `dtype`).
+    host_dtype: DType,
     block_tokens: usize,
     sequence: u64,
     layers: Vec<Layer>,
@@ -77,6 +84,7 @@ impl<'e> Store<'e> {
             name: name.to_string(),
             shape,
             dtype: env.options().dtype,
+            host_dtype: gathered_dtype(env.options().dtype),
             block_tokens: env.options().block_tokens,
             sequence,
             layers: (0..shape.layers)
@@ -132,16 +140,24 @@ impl<'e> Store<'e> {
         self.layers[layer].tail.start
     }
 
+    /// Element type of the pool's blocks (what device commands name).
     pub(crate) fn dtype(&self) -> DType {
         self.dtype
+    }
+
+    /// Element type of the rows on the host and of the value rows the device gathers: the
+    /// blocks' type, or f32 for quantized blocks.
+    pub(crate) fn row_dtype(&self) -> DType {
+        self.host_dtype
     }
 
     pub(crate) fn sequence(&self) -> u64 {
         self.sequence
     }
 
+    /// Bytes of a row held on the host.
     fn row_bytes(&self) -> usize {
-        self.shape.head_dim * self.dtype.size()
+        self.host_dtype.bytes(self.shape.head_dim)
     }
 
     /// Positions held for `layer`.
@@ -167,7 +183,7 @@ impl<'e> Store<'e> {
         HeadRows::new(
             &t.k[h][at..],
             &t.v[h][at..],
-            self.dtype,
+            self.host_dtype,
             self.shape.head_dim,
         )
         .expect("whole rows")
@@ -194,7 +210,7 @@ impl<'e> Store<'e> {
             self.shape.head_dim,
             self.row_bytes(),
             self.block_tokens,
-            self.dtype,
+            self.host_dtype,
         );
         let stored_len = self.stored_len(layer);
         let l = &mut self.layers[layer];
@@ -215,7 +231,8 @@ impl<'e> Store<'e> {
         Ok(())
     }
 
-    /// Writes the next full block of `layer` to the pool.
+    /// Writes the next full block of `layer` to the pool (a quantized block is quantized here,
+    /// from the host's f32 rows).
     fn flush(&mut self, layer: usize) -> Result<(), ModelError> {
         let (rb, bt) = (self.row_bytes(), self.block_tokens);
         let block = self.layers[layer].stored.len();
@@ -259,7 +276,8 @@ impl<'e> Store<'e> {
     }
 
     /// Every row of `layer` (`0 .. held`) as per-head arrays: blocks below the tail are read back
-    /// from the pool (counted as link reads), the rest comes from the host.
+    /// from the pool (counted as link reads; quantized blocks dequantized), the rest comes from
+    /// the host.
     pub(crate) fn all_rows(&mut self, layer: usize) -> Result<Rows, ModelError> {
         let rb = self.row_bytes();
         let held = self.layers[layer].held;
@@ -267,7 +285,7 @@ impl<'e> Store<'e> {
         let mut rows = Rows {
             k: (0..kvh).map(|_| Vec::with_capacity(held * rb)).collect(),
             v: (0..kvh).map(|_| Vec::with_capacity(held * rb)).collect(),
-            dtype: self.dtype,
+            dtype: self.host_dtype,
             dim: self.shape.head_dim,
         };
         let from_pool = self.layers[layer].tail.start / self.block_tokens;
@@ -300,8 +318,14 @@ impl<'e> Store<'e> {
                 )));
             }
             for h in 0..kvh {
-                rows.k[h].extend_from_slice(&blk.k[h * bt * rb..(h + 1) * bt * rb]);
-                rows.v[h].extend_from_slice(&blk.v[h * bt * rb..(h + 1) * bt * rb]);
+                if self.dtype.is_quantized() {
+                    let (k, v) = blk.head_f32(h);
+                    push_rows(&mut rows.k[h], &k, DType::F32);
+                    push_rows(&mut rows.v[h], &v, DType::F32);
+                } else {
+                    rows.k[h].extend_from_slice(&blk.k[h * bt * rb..(h + 1) * bt * rb]);
+                    rows.v[h].extend_from_slice(&blk.v[h * bt * rb..(h + 1) * bt * rb]);
+                }
             }
         }
         let t = &self.layers[layer].tail;
@@ -334,13 +358,15 @@ impl Drop for Store<'_> {
     }
 }
 
-/// Appends f32 elements as little-endian `dtype` elements.
+/// Appends f32 elements as little-endian `dtype` elements (a float type: quantized blocks are
+/// quantized whole, by `put_kv`, never row by row).
 pub(crate) fn push_rows(dst: &mut Vec<u8>, src: &[f32], dtype: DType) {
     for &x in src {
         match dtype {
             DType::F32 => dst.extend_from_slice(&x.to_le_bytes()),
             DType::F16 => dst.extend_from_slice(&cxlkv_kernels::f32_to_f16(x).to_le_bytes()),
             DType::Bf16 => dst.extend_from_slice(&cxlkv_kernels::f32_to_bf16(x).to_le_bytes()),
+            DType::I8 | DType::I4 => unreachable!("host rows of a quantized store are f32"),
         }
     }
 }

@@ -14,6 +14,7 @@
 //! length (and so what is compared) depend on the prompt and the model.
 
 use cxlkv_decode::{DeviceChoice, Env, EnvOptions, ModeSpec};
+use cxlkv_kernels::DType;
 use cxlkv_model::{argmax, Attention, AttentionStats, Model, WeightFormat};
 use std::path::PathBuf;
 
@@ -193,4 +194,65 @@ fn topk_value_rows_follow_the_budget() {
         new - 1,
         prompt.len()
     );
+}
+
+/// `ndp-exact` over quantized blocks (int8, and int4): the device attends the codes (queries
+/// folded with the key scales, values weighted by the token scales) and its partials equal its
+/// host reference, the client's host fallback over the very same blocks (`DeviceChoice::Host`),
+/// bit for bit, so greedy tokens are identical. `pool` (blocks pulled and dequantized) and
+/// `topk:4096` (rows gathered as f32) run on the same blocks; the device reads about a quarter of
+/// the f32 run's bytes with int8.
+#[test]
+fn ndp_exact_on_quantized_blocks_equals_its_host_reference() {
+    let Some(path) = model_path() else { return };
+    let (new, block) = (new_tokens(), block());
+    let model = Model::load(&path, WeightFormat::F32).unwrap();
+    let shape = model.attention_shape();
+    let prompts: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|p| model.tokenizer().encode(p))
+        .collect();
+    let longest = prompts.iter().map(Vec::len).max().unwrap();
+    let run = |dtype: DType, device: DeviceChoice, mode: &str, i: usize| {
+        let opts = EnvOptions {
+            device,
+            block_tokens: block,
+            dtype,
+            ..EnvOptions::default()
+        };
+        let env = Env::open(&opts, shape, longest + new).unwrap();
+        let mut b = env
+            .backend(&ModeSpec::parse(mode).unwrap(), i as u64)
+            .unwrap();
+        tokens(&model, b.as_mut(), &prompts[i])
+    };
+    let (_, f32_stats) = run(DType::F32, DeviceChoice::Thread, "ndp-exact", 0);
+    for dtype in [DType::I8, DType::I4] {
+        for i in 0..prompts.len() {
+            let (dev, st) = run(dtype, DeviceChoice::Thread, "ndp-exact", i);
+            let (host, host_st) = run(dtype, DeviceChoice::Host, "ndp-exact", i);
+            assert_eq!(dev.len(), new);
+            assert_eq!(
+                dev, host,
+                "{dtype:?} prompt {i}: ndp-exact on the device and on the host differ"
+            );
+            assert!(st.device_commands > 0 && host_st.device_commands == 0);
+            eprintln!(
+                "ndp-exact {dtype:?}, prompt {i}: {new} tokens identical on the device and the host"
+            );
+            if i == 0 {
+                let ratio = st.device_scan_bytes as f64 / f32_stats.device_scan_bytes as f64;
+                eprintln!("{dtype:?}: device bytes {ratio:.3} of f32's");
+                assert!(
+                    ratio < if dtype == DType::I8 { 0.35 } else { 0.25 },
+                    "{ratio}"
+                );
+                for mode in ["pool", "topk:4096"] {
+                    let (got, st) = run(dtype, DeviceChoice::Thread, mode, 0);
+                    assert_eq!(got.len(), new, "{mode} {dtype:?}");
+                    assert_eq!(st.device_commands > 0, mode != "pool", "{mode} {dtype:?}");
+                }
+            }
+        }
+    }
 }

@@ -432,7 +432,7 @@ pub extern "C" fn cxlkv_device_score_select(
         request.select = select;
         request.scale = scale;
         let (n, k) = (args.lists(), request.k);
-        let row = request.dim * request.dtype.size();
+        let row = request.dtype.bytes(request.dim);
         let room = n.checked_mul(k).ok_or(CXLKV_ERR_INVALID_ARG)?;
         let rows_room = room.checked_mul(row).ok_or(CXLKV_ERR_INVALID_ARG)?;
         if room > cap
@@ -801,7 +801,7 @@ pub extern "C" fn cxlkv_device_gather(
         let toks = slice_in(tokens, ntokens, "tokens")?;
         need(values, "values")?;
         let need_bytes = ntokens
-            .checked_mul(dim as usize * dtype.size())
+            .checked_mul(dtype.bytes(dim as usize))
             .ok_or(CXLKV_ERR_INVALID_ARG)?;
         if need_bytes > values_cap {
             return Err(fail(

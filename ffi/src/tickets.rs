@@ -75,7 +75,7 @@ pub extern "C" fn cxlkv_device_submit_score_topk(
         let gather = r.flags & CXLKV_SCORE_GATHER_V != 0;
         if gather {
             let bytes = entries
-                .checked_mul(request.dim * request.dtype.size())
+                .checked_mul(request.dtype.bytes(request.dim))
                 .ok_or(CXLKV_ERR_INVALID_ARG)?;
             if bytes > values_cap || values.is_null() {
                 return Err(fail(

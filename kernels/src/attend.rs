@@ -57,7 +57,8 @@ pub fn exp_neg(x: f32) -> f32 {
 }
 
 /// The partials of the `G` queries over `keys` / `values` (the same number of rows), each score
-/// scaled by `scale` before `exp`. Panics if the shapes differ.
+/// scaled by `scale` before `exp`. Panics if the shapes differ. This is
+/// [`attend_block_scaled`] without value scales.
 pub fn attend_block(
     kernel: ScoreKernel,
     queries: &QueryGroup<'_>,
@@ -65,10 +66,34 @@ pub fn attend_block(
     values: &KeyRows<'_>,
     scale: f32,
 ) -> Vec<Partial> {
+    attend_block_scaled(kernel, queries, keys, values, None, scale)
+}
+
+/// The partials of the `G` queries over `keys` / `values` of any dtypes, with per-row value
+/// scales for quantized values ([`crate::quant::quantize_values`]).
+///
+/// For row `i` the weight `w = exp_neg(scale · s − max)` is added to the query's sum unscaled,
+/// and the value row (its elements, or its integer codes) is accumulated with weight
+/// `w · value_scales[i]` (one f32 multiply, then the same fused multiply-adds as without
+/// scales). With `None` the value rows are accumulated with weight `w`, as [`attend_block`].
+/// Keys that are quantized are scored as they are: the caller passes queries already folded
+/// with the key scales ([`crate::quant::fold_key_scales`]). Panics if the shapes differ or
+/// `value_scales` does not hold one scale per row.
+pub fn attend_block_scaled(
+    kernel: ScoreKernel,
+    queries: &QueryGroup<'_>,
+    keys: &KeyRows<'_>,
+    values: &KeyRows<'_>,
+    value_scales: Option<&[f32]>,
+    scale: f32,
+) -> Vec<Partial> {
     let (g, dim, n) = (queries.count(), keys.dim(), keys.len());
     assert_eq!(queries.dim(), dim, "query and key dimensions differ");
     assert_eq!(values.dim(), dim, "key and value dimensions differ");
     assert_eq!(values.len(), n, "one value row per key");
+    if let Some(vs) = value_scales {
+        assert_eq!(vs.len(), n, "one value scale per row");
+    }
     // The AVX-512 and AVX2 forms read the value rows in place: no private copies.
     let in_place = matches!(kernel.isa(), Isa::Avx512 | Isa::Avx2);
     let copies = if in_place { 0 } else { CHUNK };
@@ -79,6 +104,7 @@ pub fn attend_block(
         scores: vec![0f32; CHUNK * g],
         maxes: vec![0f32; CHUNK * g],
         weights: vec![0f32; CHUNK * g],
+        value_weights: vec![0f32; if value_scales.is_some() { CHUNK * g } else { 0 }],
         raw: vec![0u8; copies * values.row_bytes()],
         vals: vec![0f32; copies * dim],
     };
@@ -104,7 +130,8 @@ pub fn attend_block(
         }
         #[cfg(not(target_arch = "x86_64"))]
         kernel.score(queries, &keys.slice(r0, r1), &mut st.scores[..c * g]);
-        st.fold(kernel.isa(), &vtile, g, dim, scale);
+        let vscales = value_scales.map(|vs| &vs[r0..r1]);
+        st.fold(kernel.isa(), &vtile, vscales, g, dim, scale);
         r0 = r1;
     }
     (0..g)
@@ -124,16 +151,27 @@ macro_rules! simd_fold {
         $(#[$doc])*
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
-        unsafe fn $name(&mut self, vrows: &KeyRows<'_>, g: usize, dim: usize, scale: f32) {
+        unsafe fn $name(
+            &mut self,
+            vrows: &KeyRows<'_>,
+            vscales: Option<&[f32]>,
+            g: usize,
+            dim: usize,
+            scale: f32,
+        ) {
             use $m::{add_sums, chunk_max, weighted_sum};
             let c = vrows.len();
             let mut cmax = [f32::NEG_INFINITY; crate::rows::MAX_DIM];
             // SAFETY: this function runs only with the features `chunk_max` needs.
             unsafe { chunk_max(&self.scores[..c * g], g, scale, &mut cmax) };
             self.rescale_and_weigh(&cmax[..g], c, g, dim, scale);
-            let w = &self.weights[..c * g];
             // SAFETY: as above, for `add_sums`.
-            unsafe { add_sums(&mut self.sum, w, g) };
+            unsafe { add_sums(&mut self.sum, &self.weights[..c * g], g) };
+            self.scale_weights(vscales, c, g);
+            let w = match vscales {
+                Some(_) => &self.value_weights[..c * g],
+                None => &self.weights[..c * g],
+            };
             // SAFETY: as above, for `weighted_sum`.
             unsafe { weighted_sum(&mut self.out, vrows, w, g) }
         }
@@ -149,24 +187,50 @@ struct State {
     scores: Vec<f32>,
     maxes: Vec<f32>,
     weights: Vec<f32>,
+    /// The weights times the rows' value scales (empty without value scales).
+    value_weights: Vec<f32>,
     raw: Vec<u8>,
     vals: Vec<f32>,
 }
 
 impl State {
-    /// Folds the chunk of rows whose scores are in `scores` and values are `vrows`.
-    fn fold(&mut self, isa: Isa, vrows: &KeyRows<'_>, g: usize, dim: usize, scale: f32) {
+    /// Folds the chunk of rows whose scores are in `scores`, values are `vrows` and value scales
+    /// (if any) `vscales`.
+    fn fold(
+        &mut self,
+        isa: Isa,
+        vrows: &KeyRows<'_>,
+        vscales: Option<&[f32]>,
+        g: usize,
+        dim: usize,
+        scale: f32,
+    ) {
         match isa {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: a ScoreKernel holds Isa::Avx512 only if the CPU reported AVX-512F, AVX2,
             // F16C and FMA (`Isa::is_available`).
-            Isa::Avx512 => unsafe { self.fold_avx512(vrows, g, dim, scale) },
+            Isa::Avx512 => unsafe { self.fold_avx512(vrows, vscales, g, dim, scale) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: a ScoreKernel holds Isa::Avx2 only if the CPU reported AVX2, F16C and FMA.
-            Isa::Avx2 => unsafe { self.fold_avx2(vrows, g, dim, scale) },
+            Isa::Avx2 => unsafe { self.fold_avx2(vrows, vscales, g, dim, scale) },
             _ => {
                 self.weigh(vrows.len(), g, dim, scale);
-                self.sum_copied(vrows, g, dim);
+                self.scale_weights(vscales, vrows.len(), g);
+                self.sum_copied(vrows, vscales.is_some(), g, dim);
+            }
+        }
+    }
+
+    /// With value scales, `value_weights[i * g + j] = weights[i * g + j] · vscales[i]` for the
+    /// chunk's `c` rows (one multiply each); without, nothing.
+    #[inline(always)]
+    fn scale_weights(&mut self, vscales: Option<&[f32]>, c: usize, g: usize) {
+        let Some(vs) = vscales else { return };
+        let w = &self.weights[..c * g];
+        let vw = &mut self.value_weights[..c * g];
+        for ((vrow, wrow), &s) in vw.chunks_exact_mut(g).zip(w.chunks_exact(g)).zip(vs) {
+            for (v, &x) in vrow.iter_mut().zip(wrow) {
+                *v = x * s;
             }
         }
     }
@@ -252,13 +316,18 @@ impl State {
         }
     }
 
-    /// The weighted value sum of the chunk through a widened private copy of its rows.
+    /// The weighted value sum of the chunk through a widened private copy of its rows, with the
+    /// scaled weights if `scaled`.
     #[inline(always)]
-    fn sum_copied(&mut self, vrows: &KeyRows<'_>, g: usize, dim: usize) {
+    fn sum_copied(&mut self, vrows: &KeyRows<'_>, scaled: bool, g: usize, dim: usize) {
         let c = vrows.len();
         let vals = &mut self.vals[..c * dim];
         widen_copy(vrows, &mut self.raw, vals);
-        let w = &self.weights[..c * g];
+        let w = if scaled {
+            &self.value_weights[..c * g]
+        } else {
+            &self.weights[..c * g]
+        };
         for (j, out) in self.out.chunks_exact_mut(dim).enumerate() {
             accumulate(out, vals, w, g, j);
         }
@@ -294,7 +363,12 @@ fn widen_scalar(raw: &[u8], dtype: DType, out: &mut [f32]) {
                 *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
             }
         }
-        DType::F16 => {
+        DType::I8 => {
+            for (o, &b) in out.iter_mut().zip(raw) {
+                *o = f32::from(b as i8);
+            }
+        }
+        DType::F16 | DType::I4 => {
             for (i, o) in out.iter_mut().enumerate() {
                 *o = dtype.load(raw, i);
             }
@@ -381,5 +455,112 @@ mod tests {
             1.0,
         );
         assert_eq!(e, vec![Partial::empty(16)]);
+    }
+
+    /// `sum_i softmax weight · code_i · vs_i` in f64, for the quantized attention test.
+    fn scaled_reference(
+        raw: &[f32],
+        vals: &KeyRows<'_>,
+        vs: &[f32],
+        g: usize,
+        j: usize,
+        scale: f32,
+    ) -> Vec<f64> {
+        let n = vals.len();
+        let m = (0..n)
+            .map(|i| scale as f64 * raw[i * g + j] as f64)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let mut out = vec![0f64; vals.dim()];
+        let mut sum = 0f64;
+        for i in 0..n {
+            let w = (scale as f64 * raw[i * g + j] as f64 - m).exp();
+            sum += w;
+            for (o, v) in out.iter_mut().zip(vals.row_f32(i)) {
+                *o += w * v as f64 * vs[i] as f64;
+            }
+        }
+        out.iter().map(|o| o / sum).collect()
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri (over 45 s)")]
+    fn quantized_partials_agree_on_every_isa() {
+        let mut rng = SplitMix64::new(17);
+        let shapes = [
+            (16, 1, 1),
+            (48, 77, 2),
+            (64, 200, 3),
+            (128, 131, 4),
+            (128, 65, 8),
+            (256, 64, 9),
+            (32, 70, 16),
+        ];
+        for (kdt, vdt) in [
+            (DType::I8, DType::I8),
+            (DType::I4, DType::I4),
+            (DType::F16, DType::I8),
+            (DType::I8, DType::F32),
+        ] {
+            for (dim, n, g) in shapes {
+                let kx = rng.normal_vec(n * dim);
+                let vx = rng.normal_vec(n * dim);
+                let q = rng.normal_vec(g * dim);
+                let (kb, q) = if kdt.is_quantized() {
+                    let (codes, ks) = crate::quant::quantize_keys(&kx, dim, kdt);
+                    (codes, crate::quant::fold_key_scales(&q, dim, &ks))
+                } else {
+                    (rng.key_bytes(n, dim, kdt), q)
+                };
+                let (vb, vs) = if vdt.is_quantized() {
+                    crate::quant::quantize_values(&vx, dim, vdt)
+                } else {
+                    (
+                        rng.key_bytes(n, dim, vdt),
+                        (0..n).map(|i| 0.5 + i as f32 / 64.0).collect(),
+                    )
+                };
+                let keys = KeyRows::new(&kb, kdt, dim).unwrap();
+                let vals = KeyRows::new(&vb, vdt, dim).unwrap();
+                let q = QueryGroup::new(&q, dim).unwrap();
+                let scale = crate::attention::default_scale(dim);
+                let oracle =
+                    attend_block_scaled(ScoreKernel::scalar(), &q, &keys, &vals, Some(&vs), scale);
+                let plain = attend_block(ScoreKernel::scalar(), &q, &keys, &vals, scale);
+                let ones = vec![1.0; n];
+                let unit = attend_block_scaled(
+                    ScoreKernel::scalar(),
+                    &q,
+                    &keys,
+                    &vals,
+                    Some(&ones),
+                    scale,
+                );
+                assert_eq!(unit, plain, "scales of one change nothing");
+                let mut raw = vec![0f32; n * g];
+                ScoreKernel::scalar().score(&q, &keys, &mut raw);
+                for (j, p) in oracle.iter().enumerate() {
+                    assert_eq!(p.max, plain[j].max);
+                    assert_eq!(p.sum, plain[j].sum, "the sum of weights is unscaled");
+                    let want = scaled_reference(&raw, &vals, &vs, g, j, scale);
+                    let got = p.finish();
+                    let err = got
+                        .iter()
+                        .zip(&want)
+                        .map(|(a, b)| (*a as f64 - b).abs())
+                        .fold(0f64, f64::max);
+                    let mag = want.iter().fold(0f64, |m, b| m.max(b.abs()));
+                    assert!(
+                        err <= 1e-5 * mag.max(1e-3),
+                        "{kdt:?}/{vdt:?} {dim} {n} {g}: {err} of {mag}"
+                    );
+                }
+                for kernel in ScoreKernel::all_available() {
+                    let got = attend_block_scaled(kernel, &q, &keys, &vals, Some(&vs), scale);
+                    assert_eq!(got, oracle, "{kernel:?} {kdt:?}/{vdt:?} {dim} {n} {g}");
+                    let got = attend_block(kernel, &q, &keys, &vals, scale);
+                    assert_eq!(got, plain, "{kernel:?} {kdt:?}/{vdt:?} unscaled");
+                }
+            }
+        }
     }
 }

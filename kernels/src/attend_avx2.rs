@@ -7,7 +7,7 @@
 //! The weighted sum keeps, for a tile of up to four queries and a block of `NK` 8-lane column
 //! chunks, the `G × NK` accumulators in registers over a group of [`ROW_GROUP`] rows, then stores
 //! them back to the running output; each value row is loaded (and widened, f16 by
-//! `_mm256_cvtph_ps`, bf16 by a 16-bit shift) once per column chunk and multiplied into every
+//! `_mm256_cvtph_ps`, bf16 by a 16-bit shift, int8/int4 codes as in `widen`) once per column chunk and multiplied into every
 //! query's accumulator. With 16 ymm registers the tiles are chosen so that the accumulators, the
 //! `G` broadcast weights and one value register fit (`G × NK + G + 1 <= 16`): 1 × 8, 2 × 4, 3 × 2
 //! and 4 × 2 chunks. The arithmetic is the reference's: for every output element
@@ -19,9 +19,7 @@ use crate::dtype::DType;
 use crate::rows::KeyRows;
 use std::arch::x86_64::*;
 
-const F16: u8 = DType::F16 as u8;
-const BF16: u8 = DType::Bf16 as u8;
-const F32: u8 = DType::F32 as u8;
+use crate::widen::{load8, span, BF16, F16, F32, I4, I8};
 
 /// f32 lanes of a ymm register.
 const W: usize = 8;
@@ -54,6 +52,8 @@ pub(crate) unsafe fn weighted_sum(out: &mut [f32], vals: &KeyRows<'_>, w: &[f32]
         DType::F16 => tiles!(F16),
         DType::Bf16 => tiles!(BF16),
         DType::F32 => tiles!(F32),
+        DType::I8 => tiles!(I8),
+        DType::I4 => tiles!(I4),
     }
 }
 
@@ -102,9 +102,8 @@ unsafe fn group<const G: usize, const NK: usize, const DT: u8>(
     r1: usize,
     c0: usize,
 ) {
-    let elem = if DT == F32 { 4 } else { 2 };
-    let row_bytes = a.dim * elem;
-    let chunk_bytes = W * elem;
+    let row_bytes = span::<DT>(a.dim);
+    let chunk_bytes = span::<DT>(W);
     // SAFETY: output rows `j < G` hold `dim` floats at `out + j * dim`, of which chunks
     // `c0..c0 + NK` are read and written; weights `w[i * stride + j]` exist for `i < rows`,
     // `j < G`; value row `i < rows` spans `row_bytes` readable bytes, chunk `c < dim / 8` inside
@@ -125,14 +124,7 @@ unsafe fn group<const G: usize, const NK: usize, const DT: u8>(
             #[allow(clippy::needless_range_loop)] // `k` indexes the rows of `acc` and the columns
             for k in 0..NK {
                 let p = row.add((c0 + k) * chunk_bytes);
-                let v = if DT == F16 {
-                    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
-                } else if DT == BF16 {
-                    let x = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
-                    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(x))
-                } else {
-                    _mm256_loadu_ps(p as *const f32)
-                };
+                let v = load8::<DT>(p);
                 for (accj, wj) in acc.iter_mut().zip(&wv) {
                     accj[k] = _mm256_fmadd_ps(*wj, v, accj[k]);
                 }

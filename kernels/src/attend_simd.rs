@@ -16,9 +16,7 @@ use crate::dtype::DType;
 use crate::rows::{KeyRows, LANES};
 use std::arch::x86_64::*;
 
-const F16: u8 = DType::F16 as u8;
-const BF16: u8 = DType::Bf16 as u8;
-const F32: u8 = DType::F32 as u8;
+use crate::widen::{load16, span, BF16, F16, F32, I4, I8};
 
 /// Rows whose value lines stay in L1 while every column block of the output passes over them.
 pub(crate) const ROW_GROUP: usize = 16;
@@ -108,6 +106,8 @@ pub(crate) unsafe fn weighted_sum(out: &mut [f32], vals: &KeyRows<'_>, w: &[f32]
         DType::F16 => tiles!(F16),
         DType::Bf16 => tiles!(BF16),
         DType::F32 => tiles!(F32),
+        DType::I8 => tiles!(I8),
+        DType::I4 => tiles!(I4),
     }
 }
 
@@ -153,9 +153,8 @@ unsafe fn group<const G: usize, const NK: usize, const DT: u8>(
     r1: usize,
     c0: usize,
 ) {
-    let elem = if DT == F32 { 4 } else { 2 };
-    let row_bytes = a.dim * elem;
-    let chunk_bytes = LANES * elem;
+    let row_bytes = span::<DT>(a.dim);
+    let chunk_bytes = span::<DT>(LANES);
     // SAFETY: output rows `j < G` hold `dim` floats at `out + j * dim`, of which chunks
     // `c0..c0 + NK` are read and written; weights `w[i * stride + j]` exist for `i < rows`,
     // `j < G`; value row `i < rows` spans `row_bytes` readable bytes, chunk `c < dim / 16` inside
@@ -176,14 +175,7 @@ unsafe fn group<const G: usize, const NK: usize, const DT: u8>(
             #[allow(clippy::needless_range_loop)] // `k` indexes the rows of `acc` and the columns
             for k in 0..NK {
                 let p = row.add((c0 + k) * chunk_bytes);
-                let v = if DT == F16 {
-                    _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
-                } else if DT == BF16 {
-                    let x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
-                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x))
-                } else {
-                    _mm512_loadu_ps(p as *const f32)
-                };
+                let v = load16::<DT>(p);
                 for (accj, wj) in acc.iter_mut().zip(&wv) {
                     accj[k] = _mm512_fmadd_ps(*wj, v, accj[k]);
                 }

@@ -151,6 +151,50 @@ mod tests {
 
     #[test]
     #[cfg_attr(miri, ignore = "too slow under Miri (over 45 s)")]
+    fn code_bounds_bound_every_folded_score() {
+        let mut rng = SplitMix64::new(12);
+        for dtype in [DType::I8, DType::I4] {
+            let (n, dim, t) = (203, 128, 16);
+            let x = rng.normal_vec(n * dim);
+            let (codes, scales) = crate::quant::quantize_keys(&x, dim, dtype);
+            let keys = KeyRows::new(&codes, dtype, dim).unwrap();
+            let bounds = block_bounds(&keys, t);
+            let qmax = dtype.qmax().unwrap() as f32;
+            for b in 0..bounds.blocks() {
+                // The bounds are codes: integers inside the code range.
+                for &v in bounds.min(b).iter().chain(bounds.max(b)) {
+                    assert!(v == v.round() && v.abs() <= qmax, "{dtype:?} {v}");
+                }
+            }
+            for (single, t) in [(false, t), (true, 1)] {
+                let bounds = block_bounds(&keys, t);
+                for _ in 0..20 {
+                    let qv = rng.normal_vec(dim);
+                    let folded = crate::quant::fold_key_scales(&qv, dim, &scales);
+                    let q = QueryGroup::new(&folded, dim).unwrap();
+                    let mut s = vec![0.0; n];
+                    ScoreKernel::scalar().score(&q, &keys, &mut s);
+                    for (i, &si) in s.iter().enumerate() {
+                        let b = bounds.upper_bound(&folded, i / t);
+                        assert!(si <= b, "{dtype:?} key {i}: {si} > {b}");
+                        if single {
+                            // One key per block: the bound is the score plus only the slack,
+                            // a small multiple of 2^-23 of the sum of |q'_d c_d|.
+                            let abs: f32 = folded
+                                .iter()
+                                .zip(keys.row_f32(i))
+                                .map(|(q, c)| (q * c).abs())
+                                .sum();
+                            assert!(b - si <= 1e-5 * abs, "{si} {b} {abs}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri (over 45 s)")]
     fn a_single_key_block_bound_is_tight_but_not_below() {
         // One key per block: the bound is the score itself plus slack, never below it.
         let mut rng = SplitMix64::new(9);

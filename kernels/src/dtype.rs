@@ -11,14 +11,38 @@ pub enum DType {
     Bf16 = 2,
     /// IEEE 754 binary32.
     F32 = 3,
+    /// Signed 8-bit integer codes (two's complement, one byte per element) of a quantized tensor;
+    /// the scales live beside the codes ([`crate::quant`]).
+    I8 = 4,
+    /// Signed 4-bit integer codes, two per byte: element `2j` in the low nibble of byte `j`,
+    /// element `2j + 1` in the high nibble, each two's complement. The quantizers produce only
+    /// `-7..=7`; `-8` decodes as `-8`.
+    I4 = 5,
 }
 
 impl DType {
-    /// Bytes per element.
-    pub const fn size(self) -> usize {
+    /// Bytes of `elems` elements (for [`DType::I4`], half a byte each, rounded up).
+    pub const fn bytes(self, elems: usize) -> usize {
         match self {
-            DType::F16 | DType::Bf16 => 2,
-            DType::F32 => 4,
+            DType::F16 | DType::Bf16 => 2 * elems,
+            DType::F32 => 4 * elems,
+            DType::I8 => elems,
+            DType::I4 => elems.div_ceil(2),
+        }
+    }
+
+    /// Whether elements are integer codes that need scales ([`DType::I8`], [`DType::I4`]).
+    pub const fn is_quantized(self) -> bool {
+        matches!(self, DType::I8 | DType::I4)
+    }
+
+    /// Largest code magnitude the quantizers produce: 127 for `I8`, 7 for `I4`; `None` for the
+    /// float types.
+    pub const fn qmax(self) -> Option<i32> {
+        match self {
+            DType::I8 => Some(127),
+            DType::I4 => Some(7),
+            DType::F16 | DType::Bf16 | DType::F32 => None,
         }
     }
 
@@ -28,20 +52,25 @@ impl DType {
             1 => Some(DType::F16),
             2 => Some(DType::Bf16),
             3 => Some(DType::F32),
+            4 => Some(DType::I8),
+            5 => Some(DType::I4),
             _ => None,
         }
     }
 
-    /// Short lowercase name (`f16`, `bf16`, `f32`).
+    /// Short lowercase name (`f16`, `bf16`, `f32`, `int8`, `int4`).
     pub const fn name(self) -> &'static str {
         match self {
             DType::F16 => "f16",
             DType::Bf16 => "bf16",
             DType::F32 => "f32",
+            DType::I8 => "int8",
+            DType::I4 => "int4",
         }
     }
 
-    /// Decodes element `i` of `bytes` (little-endian) to f32. Panics if out of range.
+    /// Decodes element `i` of `bytes` (little-endian) to f32: the value of a float type, the
+    /// integer code of a quantized one (exact in every case). Panics if out of range.
     #[inline]
     pub fn load(self, bytes: &[u8], i: usize) -> f32 {
         match self {
@@ -53,8 +82,18 @@ impl DType {
                 bytes[4 * i + 2],
                 bytes[4 * i + 3],
             ]),
+            DType::I8 => bytes[i] as i8 as f32,
+            DType::I4 => i4_code(bytes[i / 2], i % 2 == 1) as f32,
         }
     }
+}
+
+/// The 4-bit two's complement code in the low (`high == false`) or high nibble of `byte`.
+#[inline]
+pub const fn i4_code(byte: u8, high: bool) -> i8 {
+    let nibble = if high { byte >> 4 } else { byte & 0x0f };
+    // Shift the nibble to the top of an i8 and back: the arithmetic shift extends the sign.
+    ((nibble << 4) as i8) >> 4
 }
 
 impl std::str::FromStr for DType {
@@ -64,8 +103,10 @@ impl std::str::FromStr for DType {
             "f16" | "float16" => Ok(DType::F16),
             "bf16" | "bfloat16" => Ok(DType::Bf16),
             "f32" | "float32" => Ok(DType::F32),
+            "int8" | "i8" => Ok(DType::I8),
+            "int4" | "i4" | "q4" => Ok(DType::I4),
             other => Err(format!(
-                "unknown dtype {other:?} (expected f16, bf16 or f32)"
+                "unknown dtype {other:?} (expected f16, bf16, f32, int8 or int4)"
             )),
         }
     }
@@ -169,6 +210,31 @@ mod tests {
         // 2^-24 spelled exactly: Miri's `powi` is deliberately imprecise.
         assert_eq!(f16_to_f32(0x0001), f32::from_bits(0x3380_0000));
         assert_eq!(f16_to_f32(0x7c00), f32::INFINITY);
+    }
+
+    #[test]
+    fn integer_codes_decode_and_size() {
+        // Nibble order: element 0 is the low nibble of byte 0, element 1 its high nibble.
+        let b = [0x9_7u8, 0x0_f];
+        let got: Vec<f32> = (0..4).map(|i| DType::I4.load(&b, i)).collect();
+        assert_eq!(got, [7.0, -7.0, -1.0, 0.0]);
+        assert_eq!(DType::I4.load(&[0x08], 0), -8.0);
+        assert_eq!(DType::I8.load(&[0x81, 0x7f, 0xff], 0), -127.0);
+        assert_eq!(DType::I8.load(&[0x81, 0x7f, 0xff], 1), 127.0);
+        assert_eq!(DType::I8.load(&[0x81, 0x7f, 0xff], 2), -1.0);
+        assert_eq!(
+            [DType::F16, DType::Bf16, DType::F32, DType::I8, DType::I4].map(|d| d.bytes(5)),
+            [10, 10, 20, 5, 3]
+        );
+        for d in [DType::F16, DType::Bf16, DType::F32, DType::I8, DType::I4] {
+            assert_eq!(DType::from_code(d as u8), Some(d));
+            assert_eq!(d.name().parse::<DType>(), Ok(d));
+            assert_eq!(d.is_quantized(), d.qmax().is_some());
+        }
+        assert_eq!("q4".parse::<DType>(), Ok(DType::I4));
+        assert_eq!("i8".parse::<DType>(), Ok(DType::I8));
+        assert!("int2".parse::<DType>().is_err());
+        assert_eq!(DType::from_code(6), None);
     }
 
     #[test]

@@ -29,6 +29,10 @@
 //!   unnormalized partial attention ([`Partial`]) and its exact merge; [`attend`]: the fused
 //!   kernel ([`attend_block`]: scores, online maximum, exponentials and weighted value sum in one
 //!   pass, bit-identical across ISAs) that the NDP `ATTEND` command and its host fallback run.
+//! - [`quant`]: int8 and int4 codes ([`DType::I8`], [`DType::I4`]) with per-channel key scales
+//!   and per-token value scales (KIVI's split), and [`quant::fold_key_scales`], which moves the
+//!   key scales into the queries so that the kernels score and attend on the codes directly;
+//!   [`attend_block_scaled`] applies the value scales.
 //! - [`bitplane`]: lossless f16 bit-plane layout and an approximate scorer that reads the high
 //!   planes only.
 //! - [`parallel`]: the same scans split across threads; [`rng`]: the seeded generator that the
@@ -43,12 +47,20 @@
 //!   element `d` goes to lane `d % 16` of 16 f32 accumulators, each lane accumulates its elements
 //!   in increasing `d` with fused multiply-add, then the lanes are added pairwise (`j + j+8`, then
 //!   `j + j+4`, `j + j+2`, `j + j+1`). Conversions from f16/bf16 are exact. Scores are therefore
-//!   bit-identical across AVX-512, AVX2 and scalar, and so are top-k results.
+//!   bit-identical across AVX-512, AVX2 and scalar, and so are top-k results. Integer codes
+//!   ([`DType::I8`], [`DType::I4`]) widen to f32 exactly too, in registers in the SIMD paths.
+//! - **One definition of a quantized score.** The score of query `q` against a key row quantized
+//!   per channel (codes `c`, scales `s`) is `score(q', c)` with `q'_d = q_d · s_d` (one f32
+//!   multiply, [`quant::fold_key_scales`]) and `score` the canonical dot product above. Every
+//!   engine (kernels, device, host fallback) computes exactly this, never `q · (c · s)`. In
+//!   attention the value scale `v_i` of row `i` multiplies the row's weight once
+//!   (`w · v_i`, [`attend_block_scaled`]); the sum of weights stays unscaled.
 //! - **One ranking.** A hit is better than another if its score is higher, or equal and its token
 //!   index lower (`-0.0 == +0.0`). Inputs are NaN-free; with NaN the order is unspecified but the
 //!   kernels stay memory safe.
 //! - **Bounds are upper bounds of the computed score**, rounding included (see [`bounds`]), so
-//!   pruning never changes a top-k result.
+//!   pruning never changes a top-k result. Over quantized rows the bounds are the codes' minima
+//!   and maxima, and bound the score of the folded queries.
 //! - Head dimension is a multiple of 16 in `16..=256` ([`MAX_DIM`]).
 
 // Items are `pub` only where a user of the crate can reach them.
@@ -66,13 +78,16 @@ pub mod dtype;
 pub mod parallel;
 pub mod partial;
 pub mod pruned;
+pub mod quant;
 pub mod rng;
 pub mod rows;
 pub mod scan;
 pub mod score;
 pub mod topk;
+#[cfg(target_arch = "x86_64")]
+mod widen;
 
-pub use attend::attend_block;
+pub use attend::{attend_block, attend_block_scaled};
 pub use bounds::{block_bounds, upper_bound, BlockBounds};
 pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, DType};
 pub use partial::Partial;

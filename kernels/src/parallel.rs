@@ -197,17 +197,21 @@ mod tests {
     fn threads_change_nothing() {
         let mut rng = SplitMix64::new(8);
         let (n, dim, g) = (3000, 32, 2);
-        let kb = rng.key_bytes(n, dim, DType::F16);
         let qv = rng.normal_vec(g * dim);
-        let keys = KeyRows::new(&kb, DType::F16, dim).unwrap();
         let q = QueryGroup::new(&qv, dim).unwrap();
         let kernel = ScoreKernel::detect();
-        for topk in [TopK::per_query(50), TopK::group_max(7)] {
-            let one = crate::scan::scan_topk(kernel, &q, &keys, topk);
-            for t in [2, 3, 5] {
-                assert_eq!(scan_topk_parallel(kernel, &q, &keys, topk, t), one);
+        for dtype in [DType::I8, DType::I4, DType::F16] {
+            let kb = rng.key_bytes(n, dim, dtype);
+            let keys = KeyRows::new(&kb, dtype, dim).unwrap();
+            for topk in [TopK::per_query(50), TopK::group_max(7)] {
+                let one = crate::scan::scan_topk(kernel, &q, &keys, topk);
+                for t in [2, 3, 5] {
+                    assert_eq!(scan_topk_parallel(kernel, &q, &keys, topk, t), one);
+                }
             }
         }
+        let kb = rng.key_bytes(n, dim, DType::F16);
+        let keys = KeyRows::new(&kb, DType::F16, dim).unwrap();
         let mut a = vec![0.0; n * g];
         let mut b = vec![0.0; n * g];
         kernel.score(&q, &keys, &mut a);

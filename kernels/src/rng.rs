@@ -46,9 +46,23 @@ impl SplitMix64 {
         (0..n).map(|_| self.normal()).collect()
     }
 
-    /// `n` rows of `dim` approximately normal elements of `dtype`, little-endian bytes.
+    /// `n` rows of `dim` approximately normal elements of `dtype`, little-endian bytes; for a
+    /// quantized `dtype`, uniform codes in `-qmax..=qmax` (two a byte for `I4`, low nibble first).
     pub fn key_bytes(&mut self, n: usize, dim: usize, dtype: DType) -> Vec<u8> {
-        let mut out = Vec::with_capacity(n * dim * dtype.size());
+        if let Some(qmax) = dtype.qmax() {
+            let span = (2 * qmax + 1) as u64;
+            let codes: Vec<u8> = (0..n * dim)
+                .map(|_| (self.below(span) as i32 - qmax) as u8)
+                .collect();
+            return match dtype {
+                DType::I4 => codes
+                    .chunks(2)
+                    .map(|p| (p[0] & 0x0f) | (p.get(1).map_or(0, |c| c & 0x0f) << 4))
+                    .collect(),
+                _ => codes,
+            };
+        }
+        let mut out = Vec::with_capacity(dtype.bytes(n * dim));
         for _ in 0..n * dim {
             push_elem(&mut out, dtype, self.normal());
         }
@@ -56,12 +70,17 @@ impl SplitMix64 {
     }
 }
 
-/// Appends `x` rounded to `dtype` to `out` (little-endian).
+/// Appends `x` rounded to the float type `dtype` to `out` (little-endian). Panics for a
+/// quantized `dtype`: its elements need scales, made by [`crate::quant`] over whole rows.
 pub fn push_elem(out: &mut Vec<u8>, dtype: DType, x: f32) {
     match dtype {
         DType::F16 => out.extend_from_slice(&f32_to_f16(x).to_le_bytes()),
         DType::Bf16 => out.extend_from_slice(&f32_to_bf16(x).to_le_bytes()),
         DType::F32 => out.extend_from_slice(&x.to_le_bytes()),
+        DType::I8 | DType::I4 => panic!(
+            "push_elem: {} elements need scales; quantize rows with cxlkv_kernels::quant",
+            dtype.name()
+        ),
     }
 }
 

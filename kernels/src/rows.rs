@@ -131,7 +131,7 @@ impl<'a> KeyRows<'a> {
     ) -> Result<Self, ShapeError> {
         debug_assert!(!ptr.is_null(), "a key view of a null pointer");
         check_dim(dim)?;
-        let row_bytes = dim * dtype.size();
+        let row_bytes = dtype.bytes(dim);
         if !len.is_multiple_of(row_bytes) {
             return Err(ShapeError::RaggedRows { len, row_bytes });
         }
@@ -160,7 +160,7 @@ impl<'a> KeyRows<'a> {
 
     /// Bytes per row.
     pub fn row_bytes(&self) -> usize {
-        self.dim * self.dtype.size()
+        self.dtype.bytes(self.dim)
     }
 
     /// Number of rows.
@@ -232,13 +232,20 @@ impl<'a> KeyRows<'a> {
         out
     }
 
-    /// Element `d` of row `i` as f32 (exact). Panics if out of range.
+    /// Element `d` of row `i` as f32 (exact; the integer code for a quantized dtype). Panics if
+    /// out of range.
     pub fn get(&self, i: usize, d: usize) -> f32 {
         assert!(d < self.dim, "element {d} out of row of {}", self.dim);
-        let size = self.dtype.size();
+        // Rows hold a multiple of 16 elements, so element `d` starts at byte `bytes(d)` of its
+        // row, in the byte's high nibble for an odd `d` of I4 (which `load(.., d % 2)` reads).
+        let (start, lead) = match self.dtype {
+            DType::I4 => (d / 2, d % 2),
+            dt => (dt.bytes(d), 0),
+        };
+        let size = self.dtype.bytes(lead + 1);
         let mut elem = [0u8; 4];
-        self.copy_bytes(i * self.row_bytes() + d * size, size, &mut elem);
-        self.dtype.load(&elem[..size], 0)
+        self.copy_bytes(i * self.row_bytes() + start, size, &mut elem);
+        self.dtype.load(&elem[..size], lead)
     }
 
     /// Row `i` as f32 (exact).
@@ -341,6 +348,36 @@ mod tests {
         assert!(QueryGroup::new(&[], 16).is_err());
         assert!(QueryGroup::new(&[0.0; 17], 16).is_err());
         assert_eq!(QueryGroup::new(&[0.0; 48], 16).unwrap().count(), 3);
+        let q = KeyRows::new(&[0u8; 24], DType::I4, 16).unwrap();
+        assert_eq!((q.len(), q.row_bytes()), (3, 8));
+        assert_eq!(
+            KeyRows::new(&[0u8; 20], DType::I8, 16).unwrap_err(),
+            ShapeError::RaggedRows {
+                len: 20,
+                row_bytes: 16
+            }
+        );
+    }
+
+    #[test]
+    fn quantized_elements_read_back() {
+        let bytes: Vec<u8> = (0..32u8).map(|b| b.wrapping_mul(37)).collect();
+        let i8s = KeyRows::new(&bytes, DType::I8, 16).unwrap();
+        let i4s = KeyRows::new(&bytes, DType::I4, 32).unwrap();
+        for d in 0..16 {
+            assert_eq!(i8s.get(1, d), bytes[16 + d] as i8 as f32);
+        }
+        for d in 0..32 {
+            let b = bytes[16 + d / 2];
+            let nib = if d % 2 == 0 { b & 15 } else { b >> 4 };
+            let want = if nib >= 8 {
+                nib as f32 - 16.0
+            } else {
+                nib as f32
+            };
+            assert_eq!(i4s.get(1, d), want, "element {d}");
+            assert_eq!(i4s.row_f32(1)[d], want);
+        }
     }
 
     #[test]

@@ -236,4 +236,32 @@ mod tests {
         let got = scan_topk(ScoreKernel::detect(), &q, &keys, TopK::group_max(10));
         assert_eq!(got, vec![topk_by_sort(&maxes, 10)]);
     }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri (over 45 s)")]
+    fn quantized_scans_agree_on_every_isa() {
+        let mut rng = SplitMix64::new(13);
+        for dtype in [DType::I8, DType::I4] {
+            for (n, dim, g) in [(1001, 64, 1), (777, 128, 4), (301, 256, 7), (515, 16, 16)] {
+                let x = rng.normal_vec(n * dim);
+                let (codes, scales) = crate::quant::quantize_keys(&x, dim, dtype);
+                let q = crate::quant::fold_key_scales(&rng.normal_vec(g * dim), dim, &scales);
+                let keys = KeyRows::new(&codes, dtype, dim).unwrap();
+                let q = QueryGroup::new(&q, dim).unwrap();
+                let mut all = vec![0.0; n * g];
+                ScoreKernel::scalar().score(&q, &keys, &mut all);
+                for topk in [TopK::per_query(40), TopK::group_max(9)] {
+                    let want = scan_topk(ScoreKernel::scalar(), &q, &keys, topk);
+                    if topk.mode == GroupMode::PerQuery {
+                        let own: Vec<f32> = all.iter().step_by(g).copied().collect();
+                        assert_eq!(want[0], topk_by_sort(&own, 40));
+                    }
+                    for kernel in ScoreKernel::all_available() {
+                        let got = scan_topk(kernel, &q, &keys, topk);
+                        assert_eq!(got, want, "{kernel:?} {dtype:?} {n} {dim} {g}");
+                    }
+                }
+            }
+        }
+    }
 }

@@ -2,7 +2,8 @@
 //! the keys (each key row is read from memory once for all `G` queries).
 //!
 //! Three implementations compute bit-identical scores in the crate's canonical summation order
-//! (see the crate documentation): [`Isa::Avx512`] (`vcvtph2ps` for f16, a shift for bf16),
+//! (see the crate documentation): [`Isa::Avx512`] (`vcvtph2ps` for f16, a shift for bf16,
+//! sign extension for int8 and nibble shifts for int4 codes, all in registers: `widen`),
 //! [`Isa::Avx2`] (AVX2 + F16C + FMA) and [`Isa::Scalar`], the portable oracle. A [`ScoreKernel`]
 //! holds an `Isa` that the running CPU supports; it is the only way into the SIMD code.
 //!
@@ -308,6 +309,41 @@ mod tests {
                         kernel.score(&q, &keys, &mut got);
                         for (a, b) in got.iter().zip(&want) {
                             assert_eq!(a.to_bits(), b.to_bits(), "{kernel:?} {dtype:?} {dim} {g}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri (over 45 s)")]
+    fn quantized_keys_score_bitwise_alike_on_every_isa() {
+        let mut rng = crate::rng::SplitMix64::new(21);
+        for dtype in [DType::I8, DType::I4] {
+            for dim in [16, 32, 48, 64, 128, 256] {
+                for g in [1, 2, 3, 4, 5, 8, 9, 16] {
+                    for n in [1, 7, 33, 130] {
+                        let keys = rng.key_bytes(n, dim, dtype);
+                        let q = rng.normal_vec(g * dim);
+                        let keys = KeyRows::new(&keys, dtype, dim).unwrap();
+                        let q = QueryGroup::new(&q, dim).unwrap();
+                        let mut want = vec![0.0; n * g];
+                        ScoreKernel::scalar().score(&q, &keys, &mut want);
+                        // The oracle is the canonical dot product over the codes.
+                        let row = keys.row_vec(n - 1);
+                        let last = dot_canonical(q.query(g - 1), &row, dtype);
+                        assert_eq!(want[n * g - 1].to_bits(), last.to_bits());
+                        for kernel in ScoreKernel::all_available() {
+                            let mut got = vec![f32::NAN; n * g];
+                            kernel.score(&q, &keys, &mut got);
+                            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                                assert_eq!(
+                                    a.to_bits(),
+                                    b.to_bits(),
+                                    "{kernel:?} {dtype:?} dim {dim} g {g} n {n} at {i}"
+                                );
+                            }
                         }
                     }
                 }

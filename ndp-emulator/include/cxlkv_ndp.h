@@ -60,6 +60,7 @@
 #define CXLKV_NDP_CAP_ATTEND (1ULL << 7) /* ABI 1.1: CXLKV_NDP_OP_ATTEND */
 #define CXLKV_NDP_CAP_SELECT (1ULL << 8) /* ABI 1.1: SCORE_TOPK with CXLKV_NDP_FLAG_SELECT */
 #define CXLKV_NDP_CAP_SPARSE_ATTEND (1ULL << 9) /* ABI 1.2: ATTEND with CXLKV_NDP_FLAG_SELECT */
+#define CXLKV_NDP_CAP_QUANT (1ULL << 10) /* ABI 1.2: blocks of dtype 4 (int8) and 5 (int4) */
 
 /* Opcodes (cmd.opcode). */
 #define CXLKV_NDP_OP_NOP 0
@@ -187,7 +188,7 @@ struct cxlkv_ndp_cmd {
     uint64_t sequence;    /* sequence id every named block must carry */
     uint32_t layer;       /* model layer every named block must carry */
     uint16_t kv_head;     /* KV head to score or gather */
-    uint8_t dtype;        /* element type code of K and V (1 f16, 2 bf16, 3 f32) */
+    uint8_t dtype;        /* element type code of K and V (1 f16, 2 bf16, 3 f32; 1.2: 4 int8, 5 int4) */
     uint8_t group;        /* G: query vectors of the GQA group */
     uint32_t dim;         /* head dimension */
     uint32_t nblocks;     /* entries of the block list */
@@ -290,7 +291,7 @@ struct cxlkv_ndp_result {
     uint32_t lists;          /* SCORE_TOPK: G per query, 1 group max; GATHER: 1; ATTEND: G */
     uint32_t per_list;       /* hits (or rows, or hot entries) per list */
     uint32_t dim;            /* elements per value row */
-    uint32_t dtype;          /* value element type code */
+    uint32_t dtype;          /* value element type code (3 f32 for rows of int8/int4 blocks) */
     uint32_t hits_off;       /* struct cxlkv_ndp_hit [lists][per_list], best first */
     uint32_t values_off;     /* value rows [lists][per_list][dim], when gathered; 0 if none */
     uint32_t mass_off;       /* f32 [nblocks]: softmax mass of list 0's hits per block */

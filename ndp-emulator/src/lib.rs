@@ -17,7 +17,9 @@
 //! - [`engine_hls`]: the compute engines, [`Engine::Rust`] (the `cxlkv-kernels` kernels, default)
 //!   or [`Engine::Hls`] (the HLS kernel of `fpga/` compiled as a host library; `cxlkv-ndpd
 //!   --engine hls`), with identical results: both score the blocks that the kernels' visiting
-//!   order and skip rule choose.
+//!   order and skip rule choose. Quantized (int8, int4) blocks are served by the Rust engine only
+//!   (capability `CAP_QUANT`, through `cxlkv_runtime::ndp::quant` like the host fallback); the
+//!   HLS engine refuses them with `ERR_LAYOUT`.
 //! - [`daemon`]: starting and finding `cxlkv-ndpd` ([`daemon::Daemon::spawn`],
 //!   [`daemon::find_ndpd`]), the one launcher every caller and test uses.
 //! - [`metrics_http`]: the `GET /metrics` endpoint of `cxlkv-ndpd --metrics ADDR`, serving

@@ -304,7 +304,8 @@ fn malformed_commands(engine: Engine) {
             2 => c.result_off = size - rng.below(4096),
             3 => c.k = 0,
             4 => c.k = CXLKV_NDP_MAX_K + 1 + rng.below(1 << 20) as u32,
-            5 => c.dtype = DType::F32 as u8,
+            // Another dtype than the blocks', quantized ones included (ABI 1.2).
+            5 => c.dtype = [DType::F32, DType::I8, DType::I4][rng.below(3) as usize] as u8,
             6 => c.sequence = 11,
             7 => {
                 entry_override =

@@ -94,7 +94,7 @@ fn both_engines_attend_identically() {
         assert_eq!(r, h, "case {i}: the engines' partials differ");
         let host = host_attend(&pool, &attend_request(s, 1, q, default_scale(s.dim)));
         assert_eq!(h.0, host.unwrap().partials, "case {i}: HLS engine and host");
-        assert_eq!(h.1, 2 * (s.tokens * s.dim * s.dtype.size()) as u64);
+        assert_eq!(h.1, 2 * s.dtype.bytes(s.tokens * s.dim) as u64);
     }
 }
 

@@ -239,7 +239,7 @@ fn host_attend_matches_dense() {
             let scale = default_scale(dim);
             let got = host_attend(&pool, &attend_request(&s, 1, &q, scale)).unwrap();
             assert_partials_close(&got.partials, &dense_partials(&s, 1, &q, scale), 1e-5);
-            let row = (dim * dtype.size()) as u64;
+            let row = dtype.bytes(dim) as u64;
             assert_eq!(got.stats.bytes_scanned, 2 * tokens as u64 * row);
         }
     }
@@ -298,7 +298,7 @@ fn device_attend_equals_the_host() {
         let host = host_attend(&pool, &req).unwrap();
         assert_eq!(got.partials, host.partials, "device and host bit for bit");
         assert_partials_close(&got.partials, &dense_partials(&s, 1, &q, scale), 1e-5);
-        let kv_bytes = 2 * (tokens * dim * dtype.size()) as u64;
+        let kv_bytes = 2 * dtype.bytes(tokens * dim) as u64;
         assert_eq!(got.stats.bytes_scanned, kv_bytes);
         assert_eq!(host.stats.bytes_scanned, kv_bytes);
         assert!(got.stats.link_bytes() < host.stats.link_bytes() / 10);

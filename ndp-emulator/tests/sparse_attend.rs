@@ -217,7 +217,7 @@ fn sparse_attend_equals_the_host_and_the_reference(engine: Engine) {
                 assert_eq!(a.max, b.max);
                 assert!(relative_error(&a.finish(), &b.finish()) < 1e-5);
             }
-            let row = (dim * dtype.size()) as u64;
+            let row = dtype.bytes(dim) as u64;
             let bytes = tokens as u64 * row + 2 * u.len() as u64 * row;
             assert_eq!(got.stats.bytes_scanned, bytes);
             assert_eq!(host.stats.bytes_scanned, bytes);
@@ -356,6 +356,12 @@ fn malformed_sparse_commands_get_error_completions() {
     );
     let flags = (CXLKV_NDP_FLAG_SELECT | CXLKV_NDP_FLAG_PRUNE) as u16;
     assert_eq!(run(cxlkv_ndp_cmd { flags, ..base }, 0.25, 0.25).0, args);
+    // Quantized blocks are refused (each block scores with its own folded queries).
+    let int8 = cxlkv_ndp_cmd {
+        dtype: DType::I8 as u8,
+        ..base
+    };
+    assert_eq!(run(int8, 0.25, 0.25), (args, CXLKV_NDP_DETAIL_BAD_OPTIONS));
     let small = cxlkv_ndp_cmd {
         result_len: 64,
         ..base

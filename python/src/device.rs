@@ -110,12 +110,15 @@ fn array<'py>(
         .call_method1("reshape", (shape,))
 }
 
-/// The numpy type string of stored elements (bf16 as its raw uint16 bits).
+/// The numpy type string of stored elements (bf16 as its raw uint16 bits, int4 as its raw bytes
+/// of two codes each).
 fn elem(d: DType) -> &'static str {
     match d {
         DType::F16 => "<f2",
         DType::Bf16 => "<u2",
         DType::F32 => "<f4",
+        DType::I8 => "|i1",
+        DType::I4 => "|u1",
     }
 }
 
@@ -311,7 +314,7 @@ impl PyDevice {
         })?;
         let lists = top.indices.len();
         let n = top.indices.iter().map(Vec::len).max().unwrap_or(0);
-        let row = dim * dt.size();
+        let row = dt.bytes(dim);
         let (mut idx, mut sc, mut vals) = (Vec::new(), Vec::new(), Vec::new());
         let mut at = 0;
         for (ix, ss) in top.indices.iter().zip(&top.scores) {

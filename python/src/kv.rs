@@ -53,6 +53,9 @@ fn np_dtype<'py>(py: Python<'py>, d: DType) -> PyResult<Bound<'py, PyAny>> {
     match d {
         DType::F16 => np.getattr("float16"),
         DType::F32 => np.getattr("float32"),
+        DType::I8 => np.getattr("int8"),
+        // Two codes per byte: the raw bytes.
+        DType::I4 => np.getattr("uint8"),
         DType::Bf16 => match py.import("ml_dtypes") {
             Ok(m) => m.getattr("bfloat16"),
             Err(_) => np.getattr("uint16"),
@@ -103,12 +106,12 @@ pub fn dtype_arg(name: Option<&str>, k: &Bytes) -> Result<DType, Fail> {
             }
         },
     };
-    if k.item_size() != d.size() && k.item_size() != 1 {
+    if k.item_size() != d.bytes(1) && k.item_size() != 1 {
         return Err(Fail::bad(format!(
             "K has {}-byte items, dtype {} needs {}",
             k.item_size(),
             d.name(),
-            d.size()
+            d.bytes(1)
         )));
     }
     Ok(d)

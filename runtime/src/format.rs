@@ -527,7 +527,10 @@ pub mod slot_version {
 
 /// Layout descriptor at the start of a typed KV payload ([`Codec::KvV1`]), 64 bytes. K and V follow
 /// head-major (`[kv_heads][tokens][head_dim]`), then per-head key bounds as f32
-/// (`[kv_heads][2][head_dim]`: element-wise min, then max, over the block's tokens).
+/// (`[kv_heads][2][head_dim]`: element-wise min, then max, over the block's tokens). A quantized
+/// block (dtype int8 or int4) stores codes in K and V, bounds of the key codes, and its scales at
+/// `scales_off`: per head and channel for K (`[kv_heads][head_dim]` f32), then per head and token
+/// for V (`[kv_heads][tokens]` f32) (docs/FORMAT.md, Typed KV payload).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KvLayout {
@@ -553,8 +556,11 @@ pub struct KvLayout {
     pub v_off: u32,
     /// Payload offset of the bounds.
     pub bounds_off: u32,
+    /// Payload offset of the scales of a quantized block; zero for f16, bf16 and f32 blocks (it
+    /// was the first reserved word before quantized blocks).
+    pub scales_off: u32,
     /// Zero.
-    pub reserved1: [u32; 3],
+    pub reserved1: [u32; 2],
 }
 // SAFETY: repr(C), fields without padding (layout test), integers only.
 unsafe impl Plain for KvLayout {}
@@ -720,7 +726,8 @@ mod tests {
         assert_eq!(offset_of!(KvLayout, k_off), 40);
         assert_eq!(offset_of!(KvLayout, v_off), 44);
         assert_eq!(offset_of!(KvLayout, bounds_off), 48);
-        assert_eq!(offset_of!(KvLayout, reserved1), 52);
+        assert_eq!(offset_of!(KvLayout, scales_off), 52);
+        assert_eq!(offset_of!(KvLayout, reserved1), 56);
     }
 
     #[test]

@@ -4,10 +4,16 @@
 //! `kv_heads` KV heads, head-major (`[head][token][dim]`), followed by per-head element-wise key
 //! bounds (min and max over the block's tokens, as f32). The bounds let a scorer skip a whole block
 //! when `Σ_d max(q_d·min_d, q_d·max_d)` is below the current k-th best score, exactly.
+//!
+//! A quantized block (dtype int8 or int4, [`DType::is_quantized`]) stores integer codes in K and V
+//! and its scales after the bounds (at `scales_off`): K per channel (`[kv_heads][head_dim]` f32,
+//! over the block's tokens) and V per token (`[kv_heads][tokens]` f32), as KIVI does. Its bounds
+//! are those of the key codes. [`encode`] takes f32 K and V for such a block and quantizes each
+//! head with [`cxlkv_kernels::quant`]; [`KvBlock::head_f32`] reads a head back dequantized.
 
 use crate::format::{self, KvLayout};
 use crate::pool::{PoolError, Result};
-use cxlkv_kernels::DType;
+use cxlkv_kernels::{quant, DType};
 
 /// Size of the layout descriptor at the start of a typed payload.
 pub const LAYOUT_SIZE: usize = std::mem::size_of::<KvLayout>();
@@ -19,7 +25,7 @@ pub struct KvShape {
     pub dtype: DType,
     /// Model layer.
     pub layer: u32,
-    /// KV heads.
+    /// KV heads in the block.
     pub kv_heads: u32,
     /// Elements per head vector.
     pub head_dim: u32,
@@ -31,48 +37,126 @@ pub struct KvShape {
     pub token_offset: u64,
 }
 
+/// Where the sections of a typed payload lie (payload offsets) and its length: the only layout a
+/// parser or the device accepts for a shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvOffsets {
+    /// K (codes, for a quantized block).
+    pub k_off: usize,
+    /// V.
+    pub v_off: usize,
+    /// Key bounds, `[kv_heads][2][head_dim]` f32.
+    pub bounds_off: usize,
+    /// Scales of a quantized block (K's `[kv_heads][head_dim]`, then V's `[kv_heads][tokens]`,
+    /// f32); 0 for other dtypes.
+    pub scales_off: usize,
+    /// Payload length.
+    pub len: usize,
+}
+
 impl KvShape {
-    /// Bytes of K (and of V).
+    /// Bytes of one head vector (a row) as stored.
+    pub fn row_bytes(&self) -> usize {
+        self.dtype.bytes(self.head_dim as usize)
+    }
+
+    /// Bytes of K (and of V) as stored.
     pub fn tensor_bytes(&self) -> Option<usize> {
         (self.kv_heads as usize)
             .checked_mul(self.tokens as usize)?
+            .checked_mul(self.row_bytes())
+    }
+
+    /// Bytes of K (and of V) as [`encode`] takes them: the stored bytes, or f32 elements for a
+    /// quantized dtype.
+    pub fn input_bytes(&self) -> Option<usize> {
+        if !self.dtype.is_quantized() {
+            return self.tensor_bytes();
+        }
+        (self.kv_heads as usize)
+            .checked_mul(self.tokens as usize)?
             .checked_mul(self.head_dim as usize)?
-            .checked_mul(self.dtype.size())
+            .checked_mul(4)
+    }
+
+    /// The sections of this shape's payload (`None` if its size overflows).
+    pub fn offsets(&self) -> Option<KvOffsets> {
+        let t = self.tensor_bytes()?;
+        let (h, d) = (self.kv_heads as usize, self.head_dim as usize);
+        let bounds = h.checked_mul(d)?.checked_mul(8)?;
+        let v_off = LAYOUT_SIZE.checked_add(t)?;
+        let bounds_off = v_off.checked_add(t)?;
+        let end = bounds_off.checked_add(bounds)?;
+        if !self.dtype.is_quantized() {
+            return Some(KvOffsets {
+                k_off: LAYOUT_SIZE,
+                v_off,
+                bounds_off,
+                scales_off: 0,
+                len: end,
+            });
+        }
+        let scales = h
+            .checked_mul(d.checked_add(self.tokens as usize)?)?
+            .checked_mul(4)?;
+        Some(KvOffsets {
+            k_off: LAYOUT_SIZE,
+            v_off,
+            bounds_off,
+            scales_off: end,
+            len: end.checked_add(scales)?,
+        })
     }
 
     /// Bytes of the whole typed payload.
     pub fn payload_bytes(&self) -> Option<usize> {
-        let t = self.tensor_bytes()?;
-        let bounds = (self.kv_heads as usize)
-            .checked_mul(self.head_dim as usize)?
-            .checked_mul(8)?;
-        LAYOUT_SIZE
-            .checked_add(t)?
-            .checked_add(t)?
-            .checked_add(bounds)
+        Some(self.offsets()?.len)
     }
 }
 
-/// Encodes a typed payload from K and V (`[kv_heads][tokens][head_dim]`, little-endian elements of
-/// `shape.dtype`), computing the key bounds.
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn push_f32s(out: &mut Vec<u8>, xs: &[f32]) {
+    for x in xs {
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+}
+
+/// Encodes a typed payload from K and V (`[kv_heads][tokens][head_dim]` each), computing the key
+/// bounds. Elements are little-endian `shape.dtype`, or f32 for a quantized dtype: each head is
+/// then quantized (K per channel, V per token) and its scales stored in the block.
 pub fn encode(shape: &KvShape, k: &[u8], v: &[u8]) -> Result<Vec<u8>> {
     let bad = |m: String| PoolError::BadKvBlock(m);
     if shape.kv_heads == 0 || shape.head_dim == 0 || shape.tokens == 0 {
         return Err(bad(format!("empty shape {shape:?}")));
     }
-    let t = shape
-        .tensor_bytes()
-        .ok_or_else(|| bad("shape overflows".into()))?;
-    if k.len() != t || v.len() != t {
+    let quantized = shape.dtype.is_quantized();
+    if shape.dtype == DType::I4 && !shape.head_dim.is_multiple_of(2) {
         return Err(bad(format!(
-            "K has {} bytes and V {}, the shape needs {t} each",
-            k.len(),
-            v.len()
+            "an int4 block packs two elements a byte: head dimension {} is odd",
+            shape.head_dim
         )));
     }
-    let total = shape
-        .payload_bytes()
-        .ok_or_else(|| bad("shape overflows".into()))?;
+    let (t, at) = match (shape.tensor_bytes(), shape.offsets(), shape.input_bytes()) {
+        (Some(_), Some(at), Some(input)) => (input, at),
+        _ => return Err(bad("shape overflows".into())),
+    };
+    if k.len() != t || v.len() != t {
+        return Err(bad(format!(
+            "K has {} bytes and V {}, the shape needs {t} each{}",
+            k.len(),
+            v.len(),
+            if quantized { " (f32 elements)" } else { "" }
+        )));
+    }
+    if at.len > u32::MAX as usize {
+        return Err(bad("block larger than 4 GiB".into()));
+    }
     let layout = KvLayout {
         dtype: shape.dtype as u32,
         layer: shape.layer,
@@ -81,33 +165,57 @@ pub fn encode(shape: &KvShape, k: &[u8], v: &[u8]) -> Result<Vec<u8>> {
         tokens: shape.tokens,
         sequence: shape.sequence,
         token_offset: shape.token_offset,
-        k_off: LAYOUT_SIZE as u32,
-        v_off: (LAYOUT_SIZE + t) as u32,
-        bounds_off: (LAYOUT_SIZE + 2 * t) as u32,
+        k_off: at.k_off as u32,
+        v_off: at.v_off as u32,
+        bounds_off: at.bounds_off as u32,
+        scales_off: at.scales_off as u32,
         ..Default::default()
     };
-    if total > u32::MAX as usize {
-        return Err(bad("block larger than 4 GiB".into()));
-    }
-    let mut out = Vec::with_capacity(total);
+    let (heads, d) = (shape.kv_heads as usize, shape.head_dim as usize);
+    let mut out = Vec::with_capacity(at.len);
     out.extend_from_slice(format::as_bytes(&layout));
-    out.extend_from_slice(k);
-    out.extend_from_slice(v);
-    let d = shape.head_dim as usize;
+    // What the block stores per head: K and V as stored, and the scales (quantized only).
+    let (k, v, k_scales, v_scales) = if quantized {
+        let (kf, vf) = (f32s(k), f32s(v));
+        if !kf.iter().chain(&vf).all(|x| x.is_finite()) {
+            return Err(bad(format!(
+                "a {} block quantizes finite K and V only",
+                shape.dtype.name()
+            )));
+        }
+        let per_head = shape.tokens as usize * d;
+        let (mut kc, mut vc, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for h in 0..heads {
+            let (c, s) =
+                quant::quantize_keys(&kf[h * per_head..(h + 1) * per_head], d, shape.dtype);
+            kc.extend_from_slice(&c);
+            ks.extend_from_slice(&s);
+            let (c, s) =
+                quant::quantize_values(&vf[h * per_head..(h + 1) * per_head], d, shape.dtype);
+            vc.extend_from_slice(&c);
+            vs.extend_from_slice(&s);
+        }
+        (kc, vc, ks, vs)
+    } else {
+        (k.to_vec(), v.to_vec(), Vec::new(), Vec::new())
+    };
+    out.extend_from_slice(&k);
+    out.extend_from_slice(&v);
     let per_head = shape.tokens as usize * d;
-    for h in 0..shape.kv_heads as usize {
+    for h in 0..heads {
         let mut lo = vec![f32::INFINITY; d];
         let mut hi = vec![f32::NEG_INFINITY; d];
         for i in 0..per_head {
-            let x = shape.dtype.load(k, h * per_head + i);
+            let x = shape.dtype.load(&k, h * per_head + i);
             lo[i % d] = lo[i % d].min(x);
             hi[i % d] = hi[i % d].max(x);
         }
-        for x in lo.iter().chain(&hi) {
-            out.extend_from_slice(&x.to_le_bytes());
-        }
+        push_f32s(&mut out, &lo);
+        push_f32s(&mut out, &hi);
     }
-    debug_assert_eq!(out.len(), total);
+    push_f32s(&mut out, &k_scales);
+    push_f32s(&mut out, &v_scales);
+    debug_assert_eq!(out.len(), at.len);
     Ok(out)
 }
 
@@ -116,12 +224,15 @@ pub fn encode(shape: &KvShape, k: &[u8], v: &[u8]) -> Result<Vec<u8>> {
 pub struct KvBlock<'a> {
     /// Shape from the layout descriptor.
     pub shape: KvShape,
-    /// K bytes, `[kv_heads][tokens][head_dim]`.
+    /// K bytes, `[kv_heads][tokens][head_dim]` (codes, for a quantized block).
     pub k: &'a [u8],
     /// V bytes, same layout.
     pub v: &'a [u8],
     /// Bounds as f32 bytes, `[kv_heads][2][head_dim]`.
     pub bounds: &'a [u8],
+    /// Scales of a quantized block as f32 bytes: K's `[kv_heads][head_dim]`, then V's
+    /// `[kv_heads][tokens]`; empty for other dtypes.
+    pub scales: &'a [u8],
 }
 
 impl<'a> KvBlock<'a> {
@@ -148,42 +259,96 @@ impl<'a> KvBlock<'a> {
             sequence: l.sequence,
             token_offset: l.token_offset,
         };
-        let t = shape
-            .tensor_bytes()
+        if dtype == DType::I4 && !shape.head_dim.is_multiple_of(2) {
+            return Err(bad(format!(
+                "int4 block of odd head dimension {}",
+                shape.head_dim
+            )));
+        }
+        let at = shape
+            .offsets()
             .ok_or_else(|| bad("shape overflows".into()))?;
-        let total = shape
-            .payload_bytes()
-            .ok_or_else(|| bad("shape overflows".into()))?;
-        let expect = (LAYOUT_SIZE, LAYOUT_SIZE + t, LAYOUT_SIZE + 2 * t);
-        if (l.k_off as usize, l.v_off as usize, l.bounds_off as usize) != expect
-            || total != payload.len()
-            || t == 0
-        {
+        if !layout_matches(&l, &at) || at.len != payload.len() || at.v_off == at.k_off {
             return Err(bad(format!(
                 "layout {l:?} does not match a payload of {} bytes",
                 payload.len()
             )));
         }
+        let scales = if dtype.is_quantized() {
+            &payload[at.scales_off..]
+        } else {
+            &payload[at.len..]
+        };
+        let bounds_end = if dtype.is_quantized() {
+            at.scales_off
+        } else {
+            at.len
+        };
         Ok(KvBlock {
             shape,
-            k: &payload[expect.0..expect.1],
-            v: &payload[expect.1..expect.2],
-            bounds: &payload[expect.2..],
+            k: &payload[at.k_off..at.v_off],
+            v: &payload[at.v_off..at.bounds_off],
+            bounds: &payload[at.bounds_off..bounds_end],
+            scales,
         })
     }
 
-    /// Key bounds of head `h`: (min, max) per dimension.
+    /// Key bounds of head `h`: (min, max) per dimension (of the codes, for a quantized block).
     pub fn head_bounds(&self, h: usize) -> (Vec<f32>, Vec<f32>) {
         let d = self.shape.head_dim as usize;
-        let f = |i: usize| {
-            f32::from_le_bytes(self.bounds[4 * i..4 * i + 4].try_into().expect("4 bytes"))
-        };
-        let base = h * 2 * d;
+        let f = f32s(&self.bounds[h * 8 * d..(h + 1) * 8 * d]);
+        (f[..d].to_vec(), f[d..].to_vec())
+    }
+
+    /// Scales of head `h` of a quantized block: K's (`head_dim`, per channel) and V's (`tokens`,
+    /// per token). Both empty for other dtypes.
+    pub fn head_scales(&self, h: usize) -> (Vec<f32>, Vec<f32>) {
+        if self.scales.is_empty() {
+            return (Vec::new(), Vec::new());
+        }
+        let (heads, d, t) = (
+            self.shape.kv_heads as usize,
+            self.shape.head_dim as usize,
+            self.shape.tokens as usize,
+        );
+        let v0 = heads * d * 4;
         (
-            (0..d).map(|i| f(base + i)).collect(),
-            (0..d).map(|i| f(base + d + i)).collect(),
+            f32s(&self.scales[h * d * 4..(h + 1) * d * 4]),
+            f32s(&self.scales[v0 + h * t * 4..v0 + (h + 1) * t * 4]),
         )
     }
+
+    /// K and V of head `h` as f32 (`[tokens][head_dim]` each): converted from f16 or bf16, or
+    /// dequantized (`code × scale`) for a quantized block.
+    pub fn head_f32(&self, h: usize) -> (Vec<f32>, Vec<f32>) {
+        let (d, t) = (self.shape.head_dim as usize, self.shape.tokens as usize);
+        let rb = self.shape.row_bytes();
+        let (k, v) = (
+            &self.k[h * t * rb..(h + 1) * t * rb],
+            &self.v[h * t * rb..(h + 1) * t * rb],
+        );
+        let dtype = self.shape.dtype;
+        if dtype.is_quantized() {
+            let (ks, vs) = self.head_scales(h);
+            return (
+                quant::dequantize_keys(k, d, dtype, &ks),
+                quant::dequantize_values(v, d, dtype, &vs),
+            );
+        }
+        let widen = |x: &[u8]| (0..t * d).map(|i| dtype.load(x, i)).collect();
+        (widen(k), widen(v))
+    }
+}
+
+/// True if a stored layout names exactly the sections `at` of its shape (`scales_off` zero for
+/// an unquantized block).
+pub fn layout_matches(l: &KvLayout, at: &KvOffsets) -> bool {
+    (
+        l.k_off as usize,
+        l.v_off as usize,
+        l.bounds_off as usize,
+        l.scales_off as usize,
+    ) == (at.k_off, at.v_off, at.bounds_off, at.scales_off)
 }
 
 /// Cuts a sequence's head-major K and V (`[heads][tokens][row_bytes]` bytes each, `tokens` the

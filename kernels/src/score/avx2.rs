@@ -12,11 +12,8 @@
 
 use crate::dtype::DType;
 use crate::rows::{KeyRows, QueryGroup, LANES};
+use crate::widen::{load8, span, BF16, F16, F32, I4, I8};
 use std::arch::x86_64::*;
-
-const F16: u8 = DType::F16 as u8;
-const BF16: u8 = DType::Bf16 as u8;
-const F32: u8 = DType::F32 as u8;
 
 /// Scores a tile of at most 4 queries into `out[i * stride + first + g]`.
 ///
@@ -60,6 +57,8 @@ pub(super) unsafe fn score_tile(
             DType::F16 => dispatch!(F16),
             DType::Bf16 => dispatch!(BF16),
             DType::F32 => dispatch!(F32),
+            DType::I8 => dispatch!(I8),
+            DType::I4 => dispatch!(I4),
         }
     }
 }
@@ -75,27 +74,6 @@ struct TileArgs {
     stride: usize,
 }
 
-/// Eight elements starting at byte `p` of a row, as f32.
-///
-/// # Safety
-/// AVX2 and F16C present; 8 elements of type `DT` readable at `p`.
-#[inline]
-#[target_feature(enable = "avx2,f16c,fma")]
-unsafe fn load8<const DT: u8>(p: *const u8) -> __m256 {
-    // SAFETY: the caller guarantees 8 readable elements at `p` (16 or 32 bytes); loads are
-    // unaligned.
-    unsafe {
-        if DT == F16 {
-            _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
-        } else if DT == BF16 {
-            let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
-            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w))
-        } else {
-            _mm256_loadu_ps(p as *const f32)
-        }
-    }
-}
-
 /// Scores blocks of `2 * SK` rows for `G` queries with one transposed reduction per block
 /// (`G * SK <= 4`), then the leftover rows one by one.
 ///
@@ -105,8 +83,7 @@ unsafe fn load8<const DT: u8>(p: *const u8) -> __m256 {
 unsafe fn blocked<const G: usize, const SK: usize, const DT: u8>(a: &TileArgs) {
     debug_assert!(G * SK <= 4);
     let kb = 2 * SK;
-    let elem = if DT == F32 { 4 } else { 2 };
-    let row_bytes = a.dim * elem;
+    let row_bytes = span::<DT>(a.dim);
     let full = a.n - a.n % kb;
     // Natural order of the transposed reduction's output lanes.
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -171,8 +148,7 @@ unsafe fn pair_sums<const G: usize, const SK: usize, const DT: u8>(
     rows: *const u8,
     row_bytes: usize,
 ) -> [__m256; 4] {
-    let elem = if DT == F32 { 4 } else { 2 };
-    let chunk_bytes = LANES * elem;
+    let chunk_bytes = span::<DT>(LANES);
     // A row's line is prefetched where the same row of the next block (two half-blocks on),
     // `PREFETCH_BYTES` further, will need it.
     let ahead = 2 * SK * row_bytes + PREFETCH_BYTES;
@@ -186,7 +162,7 @@ unsafe fn pair_sums<const G: usize, const SK: usize, const DT: u8>(
                 let row = rows.add(r * row_bytes + c * chunk_bytes);
                 _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(ahead) as *const i8);
                 let k_lo = load8::<DT>(row);
-                let k_hi = load8::<DT>(row.add(8 * elem));
+                let k_hi = load8::<DT>(row.add(span::<DT>(8)));
                 for g in 0..G {
                     let qp = q.add(g * dim + c * LANES);
                     lo[r][g] = _mm256_fmadd_ps(_mm256_loadu_ps(qp), k_lo, lo[r][g]);
@@ -257,8 +233,7 @@ unsafe fn reduce_transposed(first: &[__m256; 4], second: &[__m256; 4]) -> __m256
 /// AVX2, F16C, FMA present; `a` describes valid memory as documented on [`TileArgs`].
 #[target_feature(enable = "avx2,f16c,fma")]
 unsafe fn tile<const G: usize, const DT: u8>(a: &TileArgs) {
-    let elem = if DT == F32 { 4 } else { 2 };
-    let row_bytes = a.dim * elem;
+    let row_bytes = span::<DT>(a.dim);
     let chunks = a.dim / LANES;
     // SAFETY: row `i < n` spans `row_bytes` bytes at `keys + i * row_bytes`; chunk `c < dim/16`
     // covers 16 elements inside that row (two loads of 8); query `g < G` chunk `c` reads 16
@@ -270,8 +245,8 @@ unsafe fn tile<const G: usize, const DT: u8>(a: &TileArgs) {
             let mut lo = [_mm256_setzero_ps(); G];
             let mut hi = [_mm256_setzero_ps(); G];
             for c in 0..chunks {
-                let k_lo = load8::<DT>(row.add(c * LANES * elem));
-                let k_hi = load8::<DT>(row.add(c * LANES * elem + 8 * elem));
+                let k_lo = load8::<DT>(row.add(span::<DT>(c * LANES)));
+                let k_hi = load8::<DT>(row.add(span::<DT>(c * LANES + 8)));
                 for g in 0..G {
                     let q = a.q.add(g * a.dim + c * LANES);
                     lo[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q), k_lo, lo[g]);

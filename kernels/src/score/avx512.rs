@@ -13,9 +13,7 @@ use crate::dtype::DType;
 use crate::rows::{KeyRows, QueryGroup, LANES};
 use std::arch::x86_64::*;
 
-const F16: u8 = DType::F16 as u8;
-const BF16: u8 = DType::Bf16 as u8;
-const F32: u8 = DType::F32 as u8;
+use crate::widen::{span, BF16, F16, F32, I4, I8};
 
 /// Scores a tile of at most 8 queries into `out[i * stride + first + g]`.
 ///
@@ -63,6 +61,8 @@ pub(super) unsafe fn score_tile(
             DType::F16 => dispatch!(F16),
             DType::Bf16 => dispatch!(BF16),
             DType::F32 => dispatch!(F32),
+            DType::I8 => dispatch!(I8),
+            DType::I4 => dispatch!(I4),
         }
     }
 }
@@ -86,16 +86,7 @@ struct TileArgs {
 #[target_feature(enable = "avx512f,avx2,f16c,fma")]
 unsafe fn load16<const DT: u8>(row: *const u8, c: usize) -> __m512 {
     // SAFETY: the caller guarantees the 16 elements at chunk `c` of `row` are readable.
-    unsafe {
-        if DT == F16 {
-            _mm512_cvtph_ps(_mm256_loadu_si256(row.add(c * 32) as *const __m256i))
-        } else if DT == BF16 {
-            let w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(row.add(c * 32) as *const __m256i));
-            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(w))
-        } else {
-            _mm512_loadu_ps(row.add(c * 64) as *const f32)
-        }
-    }
+    unsafe { crate::widen::load16::<DT>(row.add(span::<DT>(c * LANES))) }
 }
 
 /// Scores blocks of `KB` keys for `G` queries with one transposed reduction per block
@@ -106,8 +97,7 @@ unsafe fn load16<const DT: u8>(row: *const u8, c: usize) -> __m512 {
 #[target_feature(enable = "avx512f,avx2,f16c,fma")]
 unsafe fn blocked<const G: usize, const KB: usize, const DT: u8>(a: &TileArgs) {
     debug_assert!(G * KB <= 16);
-    let elem = if DT == F32 { 4 } else { 2 };
-    let row_bytes = a.dim * elem;
+    let row_bytes = span::<DT>(a.dim);
     let full = a.n - a.n % KB;
     // Natural order of the transposed reduction's output lanes (a 4x4 transpose).
     let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
@@ -162,7 +152,7 @@ unsafe fn accumulate<const G: usize, const KB: usize, const DT: u8>(
     rows: *const u8,
     row_bytes: usize,
 ) -> [__m512; 16] {
-    let chunk_bytes = if DT == F32 { 64 } else { 32 };
+    let chunk_bytes = span::<DT>(LANES);
     // The block's rows are read in step, chunk by chunk: a row's line is prefetched where the
     // same row of the next block, `PREFETCH_BYTES` further on, will need it.
     let ahead = KB * row_bytes + PREFETCH_BYTES;
@@ -263,8 +253,7 @@ unsafe fn reduce_transposed(acc: &[__m512; 16]) -> __m512 {
 /// AVX-512F, AVX2, F16C, FMA present; `a` describes valid memory as documented on [`TileArgs`].
 #[target_feature(enable = "avx512f,avx2,f16c,fma")]
 unsafe fn tile<const G: usize, const DT: u8>(a: &TileArgs) {
-    let elem = if DT == F32 { 4 } else { 2 };
-    let row_bytes = a.dim * elem;
+    let row_bytes = span::<DT>(a.dim);
     let chunks = a.dim / LANES;
     // SAFETY: row `i < n` spans `row_bytes` bytes at `keys + i * row_bytes`; chunk `c < dim/16`
     // reads 16 elements inside that row; query `g < G` chunk `c` reads 16 floats inside the
@@ -275,14 +264,7 @@ unsafe fn tile<const G: usize, const DT: u8>(a: &TileArgs) {
             let row = a.keys.add(i * row_bytes);
             let mut acc = [_mm512_setzero_ps(); G];
             for c in 0..chunks {
-                let kv = if DT == F16 {
-                    _mm512_cvtph_ps(_mm256_loadu_si256(row.add(c * 32) as *const __m256i))
-                } else if DT == BF16 {
-                    let w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(row.add(c * 32) as *const _));
-                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(w))
-                } else {
-                    _mm512_loadu_ps(row.add(c * 64) as *const f32)
-                };
+                let kv = load16::<DT>(row, c);
                 for (g, acc) in acc.iter_mut().enumerate() {
                     let qv = _mm512_loadu_ps(a.q.add(g * a.dim + c * LANES));
                     *acc = _mm512_fmadd_ps(qv, kv, *acc);

@@ -32,6 +32,16 @@ impl Dense {
     /// An empty cache for a model of `shape`, storing K and V as `dtype`.
     pub fn new(shape: AttentionShape, dtype: DType) -> Result<Dense> {
         let name = Dense::name_of(dtype);
+        if dtype.is_quantized() {
+            return Err(Error::Attention {
+                backend: name.into(),
+                reason: format!(
+                    "dense attention keeps float rows (f32, f16 or bf16), not {}: quantized \
+                     K/V live in the pool's blocks",
+                    dtype.name()
+                ),
+            });
+        }
         if shape.kv_heads == 0 || !shape.heads.is_multiple_of(shape.kv_heads) {
             return Err(Error::Attention {
                 backend: name.into(),
@@ -72,6 +82,8 @@ impl Dense {
             DType::F16 => "dense-f16",
             DType::Bf16 => "dense-bf16",
             DType::F32 => "dense",
+            DType::I8 => "dense-int8",
+            DType::I4 => "dense-int4",
         }
     }
 
@@ -96,6 +108,7 @@ fn push_row(dst: &mut Vec<u8>, row: &[f32], dtype: DType) {
             DType::F32 => dst.extend_from_slice(&x.to_le_bytes()),
             DType::F16 => dst.extend_from_slice(&cxlkv_kernels::f32_to_f16(x).to_le_bytes()),
             DType::Bf16 => dst.extend_from_slice(&cxlkv_kernels::f32_to_bf16(x).to_le_bytes()),
+            DType::I8 | DType::I4 => unreachable!("Dense::new refuses quantized dtypes"),
         }
     }
 }

@@ -1,7 +1,9 @@
 //! ATTEND in the device (ABI 1.1): every key and value row of the command's blocks, read in place
 //! under a pin, through the kernels' fused attention ([`cxlkv_kernels::attend_block`]); the
 //! blocks' partials merged in block-list order, exactly as the host fallback
-//! ([`cxlkv_runtime::ndp::host_attend`]) does. And the selection scan of SCORE_TOPK
+//! ([`cxlkv_runtime::ndp::host_attend`]) does; a quantized block through the same
+//! [`cxlkv_runtime::ndp::quant`] helpers as the host (queries folded with its key scales, values
+//! weighted by its token scales). And the selection scan of SCORE_TOPK
 //! (`FLAG_SELECT`): every stored token scored and fed to the shared
 //! [`cxlkv_runtime::ndp::select::Selection`].
 
@@ -14,7 +16,8 @@ use cxlkv_runtime::format;
 use cxlkv_runtime::ndp::abi::*;
 use cxlkv_runtime::ndp::select::{Selected, Selection};
 use cxlkv_runtime::ndp::{
-    attend_result_size, encode_attend_result, DeviceStatus, ResolvedBlock, ScanStats,
+    attend_result_size, encode_attend_result, quant, read_scales, DeviceStatus, ResolvedBlock,
+    ScanStats,
 };
 use std::time::Instant;
 
@@ -75,15 +78,24 @@ impl Device {
             if let Some(h) = hls.as_mut() {
                 self.with_kv(b, dtype, dim, |keys, vals| h.block(keys, vals))?;
             } else {
+                // A quantized block's scales (copied: `dim + tokens` f32) fold into the queries
+                // and weight the value rows.
+                let (ks, vs) =
+                    read_scales(self.mem(), b, dim).map_err(|_| err(CXLKV_NDP_ERR_RANGE))?;
                 let x = self.with_kv(b, dtype, dim, |keys, vals| {
-                    attend_block(self.cfg.kernel, &queries, keys, vals, tail.scale)
+                    if b.quantized() {
+                        let k = self.cfg.kernel;
+                        quant::attend(k, &queries, keys, vals, (&ks, &vs), tail.scale)
+                    } else {
+                        attend_block(self.cfg.kernel, &queries, keys, vals, tail.scale)
+                    }
                 })?;
                 for (p, x) in parts.iter_mut().zip(&x) {
                     p.merge(x);
                 }
             }
             self.touch(b);
-            scanned += 2 * b.head_bytes;
+            scanned += 2 * b.head_bytes + b.scale_bytes(dim);
             self.pace(t0, scanned);
         }
         if let Some(h) = hls {
@@ -122,9 +134,13 @@ impl Device {
         let mut scores = Vec::new();
         let mut scanned = 0u64;
         for b in blocks {
+            let (k_scales, _) =
+                read_scales(self.mem(), b, dim).map_err(|_| err(CXLKV_NDP_ERR_RANGE))?;
             self.with_rows(b, b.k_off, b.head_bytes, dtype, dim, |keys| {
                 if let Some(h) = hls.as_mut() {
                     h.block(keys, b.base);
+                } else if b.quantized() {
+                    quant::score(self.cfg.kernel, queries, keys, &k_scales, &mut scores);
                 } else {
                     scores.resize(keys.len() * g, 0.0);
                     self.cfg.kernel.score(queries, keys, &mut scores);
@@ -134,7 +150,7 @@ impl Device {
                 s.feed(b.base, &scores, g, group_max);
             }
             self.touch(b);
-            scanned += b.head_bytes;
+            scanned += b.head_bytes + 4 * k_scales.len() as u64;
             self.pace(t0, scanned);
         }
         let stats = ScanStats {

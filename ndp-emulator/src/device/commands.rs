@@ -3,13 +3,14 @@
 //! SCORE_TOPK: GATHER, BUILD_BOUNDS and HOTLIST.
 
 use crate::device::model::Device;
+use crate::engine_hls::Engine;
 use cxlkv_kernels::{block_bounds, DType, Hit};
 use cxlkv_runtime::coherence::{self, Site};
 use cxlkv_runtime::format;
 use cxlkv_runtime::ndp::abi::*;
 use cxlkv_runtime::ndp::{
-    check_owned_range, encode_topk_result, read_bounds, resolve_block, sorted_ranges,
-    topk_result_size, BlockExpect, DeviceStatus, ResolvedBlock, ScanStats,
+    check_owned_range, encode_topk_result, gathered_dtype, read_bounds, resolve_block,
+    sorted_ranges, topk_result_size, BlockExpect, DeviceStatus, ResolvedBlock, ScanStats,
 };
 
 /// What a handler reports besides the status.
@@ -87,6 +88,11 @@ impl Device {
         n: usize,
         want: &BlockExpect,
     ) -> Result<(Vec<ResolvedBlock>, Vec<usize>), DeviceStatus> {
+        if want.dtype.is_quantized() && self.cfg.engine == Engine::Hls {
+            // The HLS kernel has no datapath for codes and scales yet: a clear refusal, not a
+            // wrong answer (the device does not advertise CAP_QUANT with this engine).
+            return Err(DeviceStatus::at(CXLKV_NDP_ERR_LAYOUT, 0));
+        }
         let mut blocks = Vec::with_capacity(n);
         for i in 0..n {
             let e: cxlkv_ndp_block = format::from_bytes(&raw[24 * i..24 * (i + 1)]);
@@ -135,8 +141,8 @@ impl Device {
         if k == 0 || k > CXLKV_NDP_MAX_K as usize || cmd.flags != 0 {
             return Err(err(CXLKV_NDP_ERR_ARGS));
         }
-        let size =
-            topk_result_size(1, k, dim, dtype.size(), true, 0).ok_or(err(CXLKV_NDP_ERR_ARGS))?;
+        let size = topk_result_size(1, k, dim, gathered_dtype(dtype).bytes(1), true, 0)
+            .ok_or(err(CXLKV_NDP_ERR_ARGS))?;
         let raw = self.args(qp, cmd, (n * 24 + k * 4) as u64, size)?;
         let (blocks, order) = self.resolve(&raw[..n * 24], n, &want)?;
         let tokens: Vec<u32> = raw[n * 24..]
@@ -153,7 +159,7 @@ impl Device {
             &[hits],
             k,
             dim,
-            dtype,
+            gathered_dtype(dtype),
             Some(&values),
             &[],
             &ScanStats::default(),

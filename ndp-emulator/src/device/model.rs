@@ -3,6 +3,7 @@
 
 use crate::device::config::{DeviceConfig, DeviceError};
 use crate::device::hotlist::HotTable;
+use crate::engine_hls::Engine;
 use cxlkv_runtime::coherence::{self, Site};
 use cxlkv_runtime::format;
 use cxlkv_runtime::mem::SharedMemory;
@@ -113,7 +114,13 @@ impl Device {
                     | CXLKV_NDP_CAP_PACING
                     | CXLKV_NDP_CAP_ATTEND
                     | CXLKV_NDP_CAP_SELECT
-                    | CXLKV_NDP_CAP_SPARSE_ATTEND,
+                    | CXLKV_NDP_CAP_SPARSE_ATTEND
+                    // The HLS kernel does not serve quantized blocks yet (it refuses them).
+                    | if cfg.engine == Engine::Rust {
+                        CXLKV_NDP_CAP_QUANT
+                    } else {
+                        0
+                    },
             ),
             generation,
             pid: u64::from(std::process::id()),

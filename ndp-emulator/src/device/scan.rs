@@ -13,10 +13,11 @@ use cxlkv_kernels::{
 use cxlkv_runtime::coherence::{self, Site};
 use cxlkv_runtime::format;
 use cxlkv_runtime::ndp::abi::*;
+use cxlkv_runtime::ndp::block::read_value_row;
 use cxlkv_runtime::ndp::select::{Select, Selection};
 use cxlkv_runtime::ndp::{
-    block_mass, encode_list_info, encode_topk_result, locate_token, read_bounds, topk_result_size,
-    DeviceStatus, ResolvedBlock, ScanStats,
+    block_mass, encode_list_info, encode_topk_result, gathered_dtype, locate_token, quant,
+    read_bounds, read_scales, topk_result_size, DeviceStatus, ResolvedBlock, ScanStats,
 };
 use std::time::{Duration, Instant};
 
@@ -51,12 +52,21 @@ impl Device {
                 CXLKV_NDP_DETAIL_BAD_OPTIONS as usize,
             ));
         }
+        if dtype.is_quantized() && flags & CXLKV_NDP_FLAG_PRUNE != 0 {
+            // Quantized blocks are scanned whole (ABI.md, Quantized blocks).
+            return Err(DeviceStatus::at(
+                CXLKV_NDP_ERR_ARGS,
+                CXLKV_NDP_DETAIL_BAD_OPTIONS as usize,
+            ));
+        }
+        // Gathered rows of a quantized block come back dequantized to f32.
+        let rows = gathered_dtype(dtype);
         let lists = if mode == GroupMode::PerQuery { g } else { 1 };
         let sel_bytes = if select { 64 } else { 0 };
         let need = (g * dim * 4 + n * 24 + sel_bytes) as u64;
         // The smallest result possible (one hit per list); the exact size is checked once the
         // token count is known.
-        let min_result = topk_result_size(lists, 1, dim, dtype.size(), gather, n)
+        let min_result = topk_result_size(lists, 1, dim, rows.bytes(1), gather, n)
             .ok_or(err(CXLKV_NDP_ERR_ARGS))?;
         let raw = self.args(qp, cmd, need, min_result)?;
         let qv: Vec<f32> = raw[..g * dim * 4]
@@ -73,7 +83,7 @@ impl Device {
         let (blocks, order) = self.resolve(&raw[g * dim * 4..g * dim * 4 + n * 24], n, &want)?;
         let total_tokens: u64 = blocks.iter().map(|b| u64::from(b.tokens)).sum();
         let per_list = (k as u64).min(total_tokens) as usize;
-        let size = topk_result_size(lists, per_list, dim, dtype.size(), gather, n)
+        let size = topk_result_size(lists, per_list, dim, rows.bytes(1), gather, n)
             .ok_or(err(CXLKV_NDP_ERR_ARGS))?
             + if select { 8 + 8 * lists as u64 } else { 0 };
         if size > u64::from(cmd.result_len) {
@@ -97,7 +107,7 @@ impl Device {
             let per_list = got.lists.iter().map(Vec::len).max().unwrap_or(0).max(1);
             let values = if gather {
                 // Each list's rows padded to `per_list` (zero rows), as the result lays them out.
-                let row = dim * dtype.size();
+                let row = rows.bytes(dim);
                 let mut v = Vec::with_capacity(lists * per_list * row);
                 for l in &got.lists {
                     v.extend(self.gather_rows(
@@ -119,7 +129,7 @@ impl Device {
                 &got.lists,
                 per_list,
                 dim,
-                dtype,
+                rows,
                 values.as_deref(),
                 &mass,
                 &stats,
@@ -133,6 +143,9 @@ impl Device {
         let topk = TopK { k, mode };
         let prune = flags & CXLKV_NDP_FLAG_PRUNE != 0;
         let (hits, counts) = match self.cfg.engine {
+            Engine::Rust if dtype.is_quantized() => {
+                self.folded_scan(&queries, topk, &blocks, dtype)?
+            }
             Engine::Rust => {
                 let scorer = KernelScorer::new(self.cfg.kernel, &queries, topk);
                 self.scan_blocks(scorer, &queries, &blocks, prune, dtype)?
@@ -161,15 +174,7 @@ impl Device {
             &order,
             cxlkv_kernels::attention::default_scale(dim),
         );
-        let out = encode_topk_result(
-            &hits,
-            per_list,
-            dim,
-            dtype,
-            values.as_deref(),
-            &mass,
-            &stats,
-        );
+        let out = encode_topk_result(&hits, per_list, dim, rows, values.as_deref(), &mass, &stats);
         Ok(Done {
             result_bytes: self.write_result(cmd, &out)?,
             stats,
@@ -209,6 +214,37 @@ impl Device {
             self.pace(t0, scan.stats().bytes_scanned);
         }
         Ok(scan.finish())
+    }
+
+    /// A plain top-k over quantized blocks, in list order (no pruning): each block's key codes
+    /// scored in place with the queries folded by its key scales ([`quant::FoldedTopK`], as the
+    /// host fallback does). Bytes scanned count the codes and the key scales read.
+    fn folded_scan(
+        &self,
+        queries: &QueryGroup<'_>,
+        topk: TopK,
+        blocks: &[ResolvedBlock],
+        dtype: DType,
+    ) -> Result<(Vec<Vec<Hit>>, PruneStats), DeviceStatus> {
+        let t0 = Instant::now();
+        let dim = queries.dim();
+        let mut scan = quant::FoldedTopK::new(self.cfg.kernel, queries, topk);
+        let mut counts = PruneStats {
+            blocks_total: blocks.len(),
+            ..Default::default()
+        };
+        for b in blocks {
+            let (k_scales, _) =
+                read_scales(self.mem(), b, dim).map_err(|_| err(CXLKV_NDP_ERR_RANGE))?;
+            self.with_rows(b, b.k_off, b.head_bytes, dtype, dim, |keys| {
+                scan.block(keys, b.base, &k_scales)
+            })?;
+            self.touch(b);
+            counts.blocks_scanned += 1;
+            counts.bytes_scanned += b.head_bytes + 4 * dim as u64;
+            self.pace(t0, counts.bytes_scanned);
+        }
+        Ok((scan.finish(), counts))
     }
 
     /// Calls `f` with `[off, off + len)` of block `b`'s payload as rows of `dim` elements of
@@ -276,8 +312,8 @@ impl Device {
         }
     }
 
-    /// The value rows (`dim` elements of `dtype`) of `tokens`, copied out of `blocks` (`order` from
-    /// `sorted_ranges`).
+    /// The value rows of `tokens`, copied out of `blocks` (`order` from `sorted_ranges`): `dim`
+    /// elements of `dtype`, or of f32 for a quantized block (dequantized).
     pub(super) fn gather_rows(
         &self,
         blocks: &[ResolvedBlock],
@@ -286,25 +322,24 @@ impl Device {
         dtype: DType,
         dim: usize,
     ) -> Result<Vec<u8>, DeviceStatus> {
-        let row = dim * dtype.size();
+        let row = dtype.bytes(dim);
         let mut out = Vec::new();
         let mut r = vec![0u8; row];
         for (j, t) in tokens.enumerate() {
             let (b, i) =
                 locate_token(blocks, order, t).ok_or(DeviceStatus::at(CXLKV_NDP_ERR_TOKEN, j))?;
-            let off = blocks[b].v_off + (i * row) as u64;
-            if self.cfg.engine == Engine::Hls {
-                // The HLS kernel's GATHER row mover reads the row in place (pinned).
-                self.with_rows(&blocks[b], off, row as u64, dtype, dim, |src| {
-                    engine_hls::copy_rows(Engine::Hls, src, &mut r)
-                })?;
-                out.extend_from_slice(&r);
+            if self.cfg.engine == Engine::Rust {
+                // The stored row, or a quantized row dequantized with its token's scale.
+                let (got, _) = read_value_row(self.mem(), &blocks[b], i, dim, dtype)
+                    .map_err(|_| err(CXLKV_NDP_ERR_RANGE))?;
+                out.extend_from_slice(&got);
                 continue;
             }
-            coherence::acquire(self.mem(), Site::PayloadRead, off, row as u64);
-            self.mem()
-                .read(off, &mut r)
-                .map_err(|_| err(CXLKV_NDP_ERR_RANGE))?;
+            // The HLS kernel's GATHER row mover reads the row in place (pinned).
+            let off = blocks[b].v_off + (i * row) as u64;
+            self.with_rows(&blocks[b], off, row as u64, dtype, dim, |src| {
+                engine_hls::copy_rows(Engine::Hls, src, &mut r)
+            })?;
             out.extend_from_slice(&r);
         }
         Ok(out)

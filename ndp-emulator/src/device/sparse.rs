@@ -34,6 +34,14 @@ impl Device {
         {
             return Err(err(CXLKV_NDP_ERR_ARGS));
         }
+        if dtype.is_quantized() {
+            // Each quantized block scores with its own folded queries, which one pass over the
+            // union's gathered rows would mix: refused, as the HLS unit does.
+            return Err(DeviceStatus::at(
+                CXLKV_NDP_ERR_ARGS,
+                CXLKV_NDP_DETAIL_BAD_OPTIONS as usize,
+            ));
+        }
         let size = sparse_result_size(g, dim).ok_or(err(CXLKV_NDP_ERR_ARGS))?;
         let qbytes = g * dim * 4;
         let raw = self.args(qp, cmd, (qbytes + n * 24 + TAIL_BYTES) as u64, size)?;
@@ -48,7 +56,7 @@ impl Device {
             .iter()
             .map(|b| (u64::from(b.base), u64::from(b.base) + u64::from(b.tokens)))
             .collect();
-        let row = dtype.size() * dim;
+        let row = dtype.bytes(dim);
         let gather = |u: &[u32]| -> Result<(Vec<u8>, Vec<u8>), DeviceStatus> {
             let (mut ku, mut vu) = (vec![0u8; u.len() * row], vec![0u8; u.len() * row]);
             let mut i = 0;

@@ -61,7 +61,7 @@ pub fn store(
     sequence: u64,
     layer: u32,
 ) -> Stored {
-    let row = dim * dtype.size();
+    let row = dtype.bytes(dim);
     let mut blocks = Vec::new();
     for (range, bk, bv) in chunk_kv(k, v, heads, row, 0..tokens, per_block) {
         let (start, end) = (range.start, range.end);

@@ -30,6 +30,7 @@ pub const CXLKV_NDP_CAP_PACING: u32 = 64;
 pub const CXLKV_NDP_CAP_ATTEND: u32 = 128;
 pub const CXLKV_NDP_CAP_SELECT: u32 = 256;
 pub const CXLKV_NDP_CAP_SPARSE_ATTEND: u32 = 512;
+pub const CXLKV_NDP_CAP_QUANT: u32 = 1024;
 pub const CXLKV_NDP_OP_NOP: u32 = 0;
 pub const CXLKV_NDP_OP_SCORE_TOPK: u32 = 1;
 pub const CXLKV_NDP_OP_GATHER: u32 = 2;

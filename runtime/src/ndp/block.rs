@@ -1,13 +1,14 @@
 //! The checks both the device and the host fallback apply to the blocks and buffers a command
 //! names: [`resolve_block`] (header CRC and index sequence via [`Pool::block_ref`], then the typed
-//! layout against the command), overlap and lookup of token ranges ([`sorted_ranges`],
-//! [`locate_token`]), the stored key bounds ([`read_bounds`]), and [`check_owned_range`] for
-//! argument and result buffers.
+//! layout against the command, scales of a quantized block included), overlap and lookup of token
+//! ranges ([`sorted_ranges`], [`locate_token`]), the stored key bounds ([`read_bounds`]), a
+//! quantized block's scales ([`read_scales`]) and value rows as GATHER returns them
+//! ([`read_value_row`]), and [`check_owned_range`] for argument and result buffers.
 
 use crate::coherence::{self, Site};
 use crate::format::{self, Codec, KvLayout};
 use crate::key::Key;
-use crate::kv::LAYOUT_SIZE;
+use crate::kv::{layout_matches, KvShape, LAYOUT_SIZE};
 use crate::ndp::abi::*;
 use crate::ndp::layout::DeviceStatus;
 use crate::pool::{BlockRef, Pool};
@@ -46,6 +47,28 @@ pub struct ResolvedBlock {
     pub bounds_off: u64,
     /// Bytes of the head's keys (and of its values).
     pub head_bytes: u64,
+    /// Pool offset of the head's key scales (`dim` f32, per channel) in a quantized block; 0
+    /// otherwise.
+    pub k_scales_off: u64,
+    /// Pool offset of the head's value scales (`tokens` f32, per token) in a quantized block; 0
+    /// otherwise.
+    pub v_scales_off: u64,
+}
+
+impl ResolvedBlock {
+    /// True for a block of quantized codes (its scales are at `k_scales_off` and `v_scales_off`).
+    pub fn quantized(&self) -> bool {
+        self.k_scales_off != 0
+    }
+
+    /// Bytes of the head's scales (K's and V's; 0 for an unquantized block).
+    pub fn scale_bytes(&self, dim: usize) -> u64 {
+        if self.quantized() {
+            4 * (dim as u64 + u64::from(self.tokens))
+        } else {
+            0
+        }
+    }
 }
 
 /// Finds and validates block `entry` for a command expecting `want`; `index` is its position in
@@ -69,9 +92,19 @@ pub fn resolve_block(
     let mem = pool.memory();
     coherence::acquire(&**mem, Site::PayloadRead, r.payload_off, LAYOUT_SIZE as u64);
     let l: KvLayout = cxlkv_shm::mem::read_obj(&**mem, r.payload_off).map_err(|_| block_err)?;
-    let esize = want.dtype.size() as u64;
-    let t = u64::from(l.kv_heads) * u64::from(l.tokens) * u64::from(l.head_dim) * esize;
-    let total = LAYOUT_SIZE as u64 + 2 * t + u64::from(l.kv_heads) * u64::from(l.head_dim) * 8;
+    let shape = KvShape {
+        dtype: want.dtype,
+        layer: l.layer,
+        kv_heads: l.kv_heads,
+        head_dim: l.head_dim,
+        tokens: l.tokens,
+        sequence: l.sequence,
+        token_offset: l.token_offset,
+    };
+    // The one layout a block of this shape may have (sizes and offsets, scales included).
+    let Some(at) = shape.offsets() else {
+        return Err(layout_err);
+    };
     let ok = l.dtype == want.dtype as u32
         && l.sequence == want.sequence
         && l.layer == want.layer
@@ -82,25 +115,95 @@ pub fn resolve_block(
         && l.token_offset
             .checked_add(u64::from(l.tokens))
             .is_some_and(|e| e <= u64::from(u32::MAX))
-        && u64::from(l.k_off) == LAYOUT_SIZE as u64
-        && u64::from(l.v_off) == LAYOUT_SIZE as u64 + t
-        && u64::from(l.bounds_off) == LAYOUT_SIZE as u64 + 2 * t
-        && total == r.header.len
-        && total <= pool.block_size();
+        && (want.dtype != DType::I4 || l.head_dim.is_multiple_of(2))
+        && layout_matches(&l, &at)
+        && at.len as u64 == r.header.len
+        && at.len as u64 <= pool.block_size();
     if !ok {
         return Err(layout_err);
     }
-    let head_bytes = u64::from(l.tokens) * u64::from(l.head_dim) * esize;
+    let head_bytes = u64::from(l.tokens) * shape.row_bytes() as u64;
     let h = u64::from(want.kv_head);
+    let (d, t) = (u64::from(l.head_dim), u64::from(l.tokens));
+    let (k_scales_off, v_scales_off) = if want.dtype.is_quantized() {
+        let s = r.payload_off + at.scales_off as u64;
+        (s + 4 * h * d, s + 4 * (u64::from(l.kv_heads) * d + h * t))
+    } else {
+        (0, 0)
+    };
     Ok(ResolvedBlock {
         block: r,
         tokens: l.tokens,
         base: l.token_offset as u32,
         k_off: r.payload_off + u64::from(l.k_off) + h * head_bytes,
         v_off: r.payload_off + u64::from(l.v_off) + h * head_bytes,
-        bounds_off: r.payload_off + u64::from(l.bounds_off) + h * u64::from(l.head_dim) * 8,
+        bounds_off: r.payload_off + u64::from(l.bounds_off) + h * d * 8,
         head_bytes,
+        k_scales_off,
+        v_scales_off,
     })
+}
+
+/// Reads a resolved quantized block's scales of its head: K's (`dim` f32) and V's (`tokens` f32).
+/// Both empty for an unquantized block.
+pub fn read_scales(
+    mem: &dyn SharedMemory,
+    b: &ResolvedBlock,
+    dim: usize,
+) -> cxlkv_shm::mem::Result<(Vec<f32>, Vec<f32>)> {
+    if !b.quantized() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let read = |off: u64, n: usize| -> cxlkv_shm::mem::Result<Vec<f32>> {
+        let mut raw = vec![0u8; 4 * n];
+        coherence::acquire(mem, Site::PayloadRead, off, raw.len() as u64);
+        mem.read(off, &mut raw)?;
+        Ok(raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    };
+    Ok((
+        read(b.k_scales_off, dim)?,
+        read(b.v_scales_off, b.tokens as usize)?,
+    ))
+}
+
+/// Value row `row` of resolved block `b`, as GATHER returns it: the stored bytes (`dim` elements
+/// of `dtype`), or, for a quantized block, the codes dequantized with the token's scale (`dim`
+/// little-endian f32). Returns the row and the bytes read from the block.
+pub fn read_value_row(
+    mem: &dyn SharedMemory,
+    b: &ResolvedBlock,
+    row: usize,
+    dim: usize,
+    dtype: DType,
+) -> cxlkv_shm::mem::Result<(Vec<u8>, u64)> {
+    let rb = dtype.bytes(dim);
+    let off = b.v_off + (row * rb) as u64;
+    let mut r = vec![0u8; rb];
+    coherence::acquire(mem, Site::PayloadRead, off, rb as u64);
+    mem.read(off, &mut r)?;
+    if !b.quantized() {
+        return Ok((r, rb as u64));
+    }
+    let mut s = [0u8; 4];
+    let s_off = b.v_scales_off + 4 * row as u64;
+    coherence::acquire(mem, Site::PayloadRead, s_off, 4);
+    mem.read(s_off, &mut s)?;
+    let f = crate::ndp::quant::dequantize_row(&r, dim, dtype, f32::from_le_bytes(s));
+    Ok((f, rb as u64 + 4))
+}
+
+/// The element type of value rows that GATHER (and SCORE_TOPK with `FLAG_GATHER_V`) returns for
+/// blocks of `dtype`: the stored type, or f32 for a quantized one (its rows come back dequantized,
+/// so a host needs no scales).
+pub fn gathered_dtype(dtype: DType) -> DType {
+    if dtype.is_quantized() {
+        DType::F32
+    } else {
+        dtype
+    }
 }
 
 /// Reads the `2 × dim` f32 bounds of a resolved block (min, max).

@@ -14,7 +14,10 @@
 //!   ends (the client here, the device in `cxlkv-ndp`); the loom models run them.
 //! - [`block`]: [`resolve_block`], the block validation both the device and the host fallback
 //!   apply (header CRC and index sequence via [`crate::pool::Pool::block_ref`], then the typed
-//!   layout against the command), token lookup and the owned-buffer check.
+//!   layout against the command, scales of a quantized block included), token lookup and the
+//!   owned-buffer check.
+//! - [`quant`]: scores, ATTEND and gathered rows over quantized (int8, int4) blocks: queries folded
+//!   with each block's key scales, values weighted by their token scales, rows dequantized.
 //! - [`result`]: [`encode_topk_result`] / [`decode_topk_result`], the result buffer format.
 //! - [`select`]: SCORE_TOPK selection ([`Select`]: sinks, window, exclusion, top-p) and the mass
 //!   each list leaves out, one streaming implementation for the device and the host.
@@ -43,6 +46,7 @@ pub mod abi;
 pub mod block;
 pub mod client;
 pub mod layout;
+pub mod quant;
 pub mod queue;
 pub mod result;
 pub mod select;
@@ -51,8 +55,8 @@ pub mod sparse;
 pub use cxlkv_shm::futex::{wait as futex_wait, wake as futex_wake};
 
 pub use block::{
-    check_owned_range, locate_token, read_bounds, resolve_block, sorted_ranges, BlockExpect,
-    ResolvedBlock,
+    check_owned_range, gathered_dtype, locate_token, read_bounds, read_scales, resolve_block,
+    sorted_ranges, BlockExpect, ResolvedBlock,
 };
 pub use client::{
     host_attend, host_attend_with, host_gather, host_score_topk, AttendRequest, Attended,

@@ -82,7 +82,7 @@ pub fn kv_parts(key: Key, i: u64) -> (KvShape, Vec<u8>, Vec<u8>) {
     while shape.payload_bytes().unwrap() > BLOCK as usize {
         shape.tokens -= 1;
     }
-    let n = shape.tensor_bytes().unwrap() / dtype.size();
+    let n = shape.tensor_bytes().unwrap() / dtype.bytes(1);
     let mut r = SplitMix64::new(key.lo());
     let mut tensor = |_| -> Vec<u8> {
         (0..n)

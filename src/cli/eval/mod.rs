@@ -69,7 +69,8 @@ pub struct EvalArgs {
     /// Tokens per pool block.
     #[arg(long, default_value_t = 256)]
     block_tokens: usize,
-    /// Element type of K/V in the pool: f32 (exact against dense), f16 or bf16.
+    /// Element type of K/V in the pool: f32 (exact against dense), f16, bf16, int8 or int4
+    /// (quantized when a block is sealed: K per channel, V per token).
     #[arg(long, default_value = "f32")]
     dtype: String,
     /// Tokens at the start of the sequence that top-k / top-p modes always include.

@@ -8,7 +8,7 @@ use crate::hotness::Hotness;
 use crate::key::Key;
 use crate::metrics::{count_device, count_failure, global, Op};
 use crate::ndp::abi::*;
-use crate::ndp::block::BlockExpect;
+use crate::ndp::block::{gathered_dtype, BlockExpect};
 use crate::ndp::client::error::{FallbackReason, NdpError, Result};
 use crate::ndp::client::fallback::{host_attend_with, host_gather, host_score_topk};
 use crate::ndp::client::request::{
@@ -24,6 +24,16 @@ use crate::ndp::result::{
 use crate::ndp::sparse::sparse_result_size;
 use cxlkv_kernels::{DType, GroupMode};
 use std::time::{Duration, Instant};
+
+/// The capability a command on blocks of `dtype` needs beside its own: CAP_QUANT for int8 and
+/// int4 blocks (a device without it, such as the HLS engine, leaves them to the host).
+fn quant_cap(dtype: DType) -> u32 {
+    if dtype.is_quantized() {
+        CXLKV_NDP_CAP_QUANT
+    } else {
+        0
+    }
+}
 
 /// What a settled command answers.
 enum Answer {
@@ -176,8 +186,9 @@ impl NdpDevice {
     }
 
     /// Whether the attached device advertises capability `cap` (`CXLKV_NDP_CAP_*`).
+    /// True if the device has every capability bit of `cap`.
     fn capable(&self, cap: u32) -> Result<bool> {
-        Ok(self.reg(reg::CAPABILITIES)? & u64::from(cap) != 0)
+        Ok(self.reg(reg::CAPABILITIES)? & u64::from(cap) == u64::from(cap))
     }
 
     /// Files a checked command under a new ticket: `stage` writes it to the ring (or says why
@@ -239,14 +250,16 @@ impl NdpDevice {
             lists,
             req.k,
             req.dim,
-            req.dtype.size(),
+            gathered_dtype(req.dtype).bytes(1),
             req.gather_values,
             req.blocks.len(),
         )
         .map(|n| n + if select { 8 + 8 * lists as u64 } else { 0 })
         .unwrap_or(u64::MAX);
         let mut flags = 0u16;
-        if req.prune && !select {
+        // Pruning is a hint (the answer is the same without it); quantized blocks are scanned
+        // whole, and a device refuses FLAG_PRUNE on them.
+        if req.prune && !select && !req.dtype.is_quantized() {
             flags |= CXLKV_NDP_FLAG_PRUNE as u16;
         }
         if req.mode == GroupMode::GroupMax {
@@ -272,7 +285,7 @@ impl NdpDevice {
             nblocks: req.blocks.len() as u32,
             ..Default::default()
         };
-        let cap = if select { CXLKV_NDP_CAP_SELECT } else { 0 };
+        let cap = if select { CXLKV_NDP_CAP_SELECT } else { 0 } | quant_cap(req.dtype);
         self.try_stage(cmd, &args, result_len, cap)
     }
 
@@ -320,7 +333,12 @@ impl NdpDevice {
             ..Default::default()
         };
         let result_len = attend_result_size(g, req.dim).unwrap_or(u64::MAX);
-        self.try_stage(cmd, &args, result_len, CXLKV_NDP_CAP_ATTEND)
+        self.try_stage(
+            cmd,
+            &args,
+            result_len,
+            CXLKV_NDP_CAP_ATTEND | quant_cap(req.dtype),
+        )
     }
 
     /// Puts `args` in a free staging block and submits `cmd` with its buffers there, if a live
@@ -534,7 +552,8 @@ impl NdpDevice {
             }));
         }
         let r = req.borrow();
-        let mut d = decode_topk_result(&buf, r.dtype.size()).ok_or(NdpError::BadResult(n))?;
+        let mut d = decode_topk_result(&buf, gathered_dtype(r.dtype).bytes(1))
+            .ok_or(NdpError::BadResult(n))?;
         let mut left_out_mass = Vec::new();
         if r.select.is_active() {
             let info = decode_list_info(&buf).ok_or(NdpError::BadResult(n))?;
@@ -549,7 +568,7 @@ impl NdpDevice {
             left_out_mass = info.iter().map(|i| i.1).collect();
             if r.gather_values {
                 // The device pads each list's rows to `per_list`; keep the hits' rows only.
-                let row = r.dim * r.dtype.size();
+                let row = gathered_dtype(r.dtype).bytes(r.dim);
                 let per = d.values.len() / row / d.lists.len().max(1);
                 let mut v = Vec::new();
                 for (l, list) in d.lists.iter().enumerate() {
@@ -751,12 +770,21 @@ impl NdpDevice {
             nblocks: blocks.len() as u32,
             ..Default::default()
         };
-        let rlen =
-            topk_result_size(1, tokens.len(), dim, dtype.size(), true, 0).unwrap_or(u64::MAX);
+        let esize = gathered_dtype(dtype).bytes(1);
+        let rlen = topk_result_size(1, tokens.len(), dim, esize, true, 0).unwrap_or(u64::MAX);
+        if dtype.is_quantized()
+            && self.device_state()?.is_ok()
+            && !self.capable(CXLKV_NDP_CAP_QUANT)?
+        {
+            self.participant.count_fallbacks(1);
+            let (v, mut stats) = host_gather(&self.pool, blocks, &want, tokens)?;
+            stats.path = Some(NdpPath::Host(FallbackReason::Unsupported));
+            return Ok((v, stats));
+        }
         match self.run_simple(cmd, &args, rlen) {
             Ok((_, buf, stats)) => {
-                let d = decode_topk_result(&buf, dtype.size())
-                    .ok_or(NdpError::BadResult(buf.len() as u64))?;
+                let d =
+                    decode_topk_result(&buf, esize).ok_or(NdpError::BadResult(buf.len() as u64))?;
                 Ok((d.values, stats))
             }
             Err(NdpError::Unavailable(why)) => {

@@ -4,12 +4,16 @@
 use crate::coherence::{self, Site};
 use crate::format;
 use crate::ndp::abi::*;
-use crate::ndp::block::{locate_token, resolve_block, sorted_ranges, BlockExpect, ResolvedBlock};
+use crate::ndp::block::{
+    locate_token, read_scales, read_value_row, resolve_block, sorted_ranges, BlockExpect,
+    ResolvedBlock,
+};
 use crate::ndp::client::error::{FallbackReason, NdpError, Result};
 use crate::ndp::client::request::{
     AttendRequest, Attended, BlockSpec, NdpPath, NdpStats, ScoreRequest, TopK,
 };
 use crate::ndp::layout::DeviceStatus;
+use crate::ndp::quant;
 use crate::ndp::result::{block_mass, ScanStats};
 use crate::ndp::select::Selection;
 use crate::ndp::sparse::{left_out, union, Sparse};
@@ -42,28 +46,35 @@ fn resolve_all(
     Ok((out, order))
 }
 
-/// The value rows of `hits` (in order), pulled across the link; returns the bytes pulled.
+/// The value rows of `hits` (in order), pulled across the link (dequantized to f32 for a
+/// quantized block, as the device returns them); returns the bytes pulled.
 fn pull_values<'h>(
     pool: &Pool,
     blocks: &[ResolvedBlock],
     order: &[usize],
-    row: usize,
+    want: &BlockExpect,
     hits: impl Iterator<Item = &'h Hit>,
     values: &mut Vec<u8>,
 ) -> Result<u64> {
     let mem = pool.memory();
-    let mut r = vec![0u8; row];
     let mut pulled = 0;
     for h in hits {
         let (bi, i) = locate_token(blocks, order, h.index)
             .ok_or(DeviceStatus::at(CXLKV_NDP_ERR_TOKEN, h.index as usize))?;
-        let off = blocks[bi].v_off + (i * row) as u64;
-        coherence::acquire(&**mem, Site::PayloadRead, off, row as u64);
-        mem.read(off, &mut r)?;
+        let (r, n) = read_value_row(&**mem, &blocks[bi], i, want.dim as usize, want.dtype)?;
         values.extend_from_slice(&r);
-        pulled += row as u64;
+        pulled += n;
     }
     Ok(pulled)
+}
+
+/// Reads `len` bytes at `off` into `buf` (resized), across the link.
+fn pull(pool: &Pool, off: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
+    let mem = pool.memory();
+    buf.resize(len as usize, 0);
+    coherence::acquire(&**mem, Site::PayloadRead, off, len);
+    mem.read(off, buf)?;
+    Ok(())
 }
 
 /// The list of hits as token indices and scores.
@@ -85,7 +96,6 @@ fn split_lists(lists: &[Vec<Hit>]) -> (Vec<Vec<u32>>, Vec<Vec<f32>>) {
 fn host_select(pool: &Pool, req: &ScoreRequest<'_>, kernel: ScoreKernel) -> Result<TopK> {
     let start = Instant::now();
     let want = req.expect();
-    let mem = pool.memory();
     let queries =
         QueryGroup::new(req.queries, req.dim).map_err(|e| NdpError::BadRequest(e.to_string()))?;
     let g = queries.count();
@@ -101,26 +111,29 @@ fn host_select(pool: &Pool, req: &ScoreRequest<'_>, kernel: ScoreKernel) -> Resu
         let (mut pulled, mut scanned) = (0u64, 0u64);
         let (mut buf, mut scores) = (Vec::new(), Vec::new());
         for b in &blocks {
-            buf.resize(b.head_bytes as usize, 0);
-            coherence::acquire(&**mem, Site::PayloadRead, b.k_off, b.head_bytes);
-            mem.read(b.k_off, &mut buf)?;
-            pulled += b.head_bytes + HOST_META_BYTES_PER_BLOCK;
-            scanned += b.head_bytes;
+            pull(pool, b.k_off, b.head_bytes, &mut buf)?;
+            let k_scales = read_k_scales(pool, b, req.dim)?;
+            let read = b.head_bytes + 4 * k_scales.len() as u64;
+            pulled += read + HOST_META_BYTES_PER_BLOCK;
+            scanned += read;
             let keys = KeyRows::new(&buf, req.dtype, req.dim)
                 .map_err(|e| NdpError::BadRequest(e.to_string()))?;
-            scores.resize(keys.len() * g, 0.0);
-            kernel.score(&queries, &keys, &mut scores);
+            if b.quantized() {
+                quant::score(kernel, &queries, &keys, &k_scales, &mut scores);
+            } else {
+                scores.resize(keys.len() * g, 0.0);
+                kernel.score(&queries, &keys, &mut scores);
+            }
             sel.feed(b.base, &scores, g, group_max);
         }
         let got = sel.finish();
         let mut values = Vec::new();
         if req.gather_values {
-            let row = req.dim * req.dtype.size();
             pulled += pull_values(
                 pool,
                 &blocks,
                 &order,
-                row,
+                &want,
                 got.lists.iter().flatten(),
                 &mut values,
             )?;
@@ -165,6 +178,9 @@ pub fn host_score_topk(pool: &Pool, req: &ScoreRequest<'_>, kernel: ScoreKernel)
     let mem = pool.memory();
     let queries =
         QueryGroup::new(req.queries, req.dim).map_err(|e| NdpError::BadRequest(e.to_string()))?;
+    if req.dtype.is_quantized() {
+        return host_folded_topk(pool, req, kernel, &queries);
+    }
     for _attempt in 0..crate::pool::READ_RETRIES {
         let (blocks, order) = resolve_all(pool, req.blocks, &want)?;
         let scorer = KernelScorer::new(
@@ -193,12 +209,11 @@ pub fn host_score_topk(pool: &Pool, req: &ScoreRequest<'_>, kernel: ScoreKernel)
         let st = ScanStats::from(&counts);
         let mut values = Vec::new();
         if req.gather_values {
-            let row = req.dim * req.dtype.size();
             pulled += pull_values(
                 pool,
                 &blocks,
                 &order,
-                row,
+                &want,
                 lists.iter().flatten(),
                 &mut values,
             )?;
@@ -222,6 +237,83 @@ pub fn host_score_topk(pool: &Pool, req: &ScoreRequest<'_>, kernel: ScoreKernel)
                 host_scan_bytes: pulled,
                 bytes_scanned: st.bytes_scanned,
                 blocks_scanned: st.blocks_scanned,
+                block_mass: mass,
+                elapsed: start.elapsed(),
+                ..Default::default()
+            },
+        });
+    }
+    Err(NdpError::Stale(0))
+}
+
+/// The key scales of a quantized block's head (`dim` f32, pulled across the link), or none.
+fn read_k_scales(pool: &Pool, b: &ResolvedBlock, dim: usize) -> Result<Vec<f32>> {
+    if !b.quantized() {
+        return Ok(Vec::new());
+    }
+    Ok(read_scales(&**pool.memory(), b, dim)?.0)
+}
+
+/// Plain SCORE_TOPK over quantized blocks on the host: every block's key codes and scales pulled
+/// and scored in list order with the folded queries ([`quant::FoldedTopK`], as the device does;
+/// pruning does not apply to quantized blocks).
+fn host_folded_topk(
+    pool: &Pool,
+    req: &ScoreRequest<'_>,
+    kernel: ScoreKernel,
+    queries: &QueryGroup<'_>,
+) -> Result<TopK> {
+    let start = Instant::now();
+    let want = req.expect();
+    for _attempt in 0..crate::pool::READ_RETRIES {
+        let (blocks, order) = resolve_all(pool, req.blocks, &want)?;
+        let topk = cxlkv_kernels::TopK {
+            k: req.k,
+            mode: req.mode,
+        };
+        let mut scan = quant::FoldedTopK::new(kernel, queries, topk);
+        let (mut pulled, mut scanned) = (0u64, 0u64);
+        let mut buf = Vec::new();
+        for b in &blocks {
+            pull(pool, b.k_off, b.head_bytes, &mut buf)?;
+            let k_scales = read_k_scales(pool, b, req.dim)?;
+            let read = b.head_bytes + 4 * k_scales.len() as u64;
+            pulled += read + HOST_META_BYTES_PER_BLOCK;
+            scanned += read;
+            let keys = KeyRows::new(&buf, req.dtype, req.dim)
+                .map_err(|e| NdpError::BadRequest(e.to_string()))?;
+            scan.block(&keys, b.base, &k_scales);
+        }
+        let lists = scan.finish();
+        let mut values = Vec::new();
+        if req.gather_values {
+            pulled += pull_values(
+                pool,
+                &blocks,
+                &order,
+                &want,
+                lists.iter().flatten(),
+                &mut values,
+            )?;
+        }
+        if !blocks
+            .iter()
+            .all(|b| pool.still_valid(&b.block).unwrap_or(false))
+        {
+            continue;
+        }
+        let mass = block_mass(&lists[0], &blocks, &order, default_scale(req.dim));
+        let (indices, scores) = split_lists(&lists);
+        return Ok(TopK {
+            indices,
+            scores,
+            values,
+            left_out_mass: Vec::new(),
+            stats: NdpStats {
+                path: Some(NdpPath::Host(FallbackReason::Forced)),
+                host_scan_bytes: pulled,
+                bytes_scanned: scanned,
+                blocks_scanned: blocks.len() as u32,
                 block_mass: mass,
                 elapsed: start.elapsed(),
                 ..Default::default()
@@ -261,22 +353,23 @@ pub fn host_attend_with(
         let (mut kbuf, mut vbuf) = (Vec::new(), Vec::new());
         let (mut pulled, mut scanned) = (0u64, 0u64);
         for b in &blocks {
-            for (buf, off) in [(&mut kbuf, b.k_off), (&mut vbuf, b.v_off)] {
-                buf.resize(b.head_bytes as usize, 0);
-                coherence::acquire(&**mem, Site::PayloadRead, off, b.head_bytes);
-                mem.read(off, buf)?;
-            }
-            pulled += 2 * b.head_bytes + HOST_META_BYTES_PER_BLOCK;
-            scanned += 2 * b.head_bytes;
+            pull(pool, b.k_off, b.head_bytes, &mut kbuf)?;
+            pull(pool, b.v_off, b.head_bytes, &mut vbuf)?;
+            let scales = read_scales(&**mem, b, req.dim)?;
+            let read = 2 * b.head_bytes + b.scale_bytes(req.dim);
+            pulled += read + HOST_META_BYTES_PER_BLOCK;
+            scanned += read;
             let shape = |e: cxlkv_kernels::ShapeError| NdpError::BadRequest(e.to_string());
             let keys = KeyRows::new(&kbuf, req.dtype, req.dim).map_err(shape)?;
             let vals = KeyRows::new(&vbuf, req.dtype, req.dim).map_err(shape)?;
-            for (p, x) in
-                parts
-                    .iter_mut()
-                    .zip(attend_block(kernel, &queries, &keys, &vals, req.scale()))
-            {
-                p.merge(&x);
+            let x = if b.quantized() {
+                let s = (&scales.0[..], &scales.1[..]);
+                quant::attend(kernel, &queries, &keys, &vals, s, req.scale())
+            } else {
+                attend_block(kernel, &queries, &keys, &vals, req.scale())
+            };
+            for (p, x) in parts.iter_mut().zip(&x) {
+                p.merge(x);
             }
         }
         if !blocks
@@ -316,7 +409,7 @@ fn host_sparse_attend(
     let shape = |e: cxlkv_kernels::ShapeError| NdpError::BadRequest(e.to_string());
     let queries = QueryGroup::new(req.queries, req.dim).map_err(shape)?;
     let (g, dim, scale) = (queries.count(), req.dim, req.scale());
-    let row = req.dtype.size() * dim;
+    let row = req.dtype.bytes(dim);
     for _attempt in 0..crate::pool::READ_RETRIES {
         let (blocks, order) = resolve_all(pool, req.blocks, &want)?;
         let ranges: Vec<(u64, u64)> = blocks
@@ -382,7 +475,8 @@ fn host_sparse_attend(
     Err(NdpError::Stale(0))
 }
 
-/// GATHER computed on the host: the value rows of `tokens`, `[tokens][dim]` raw.
+/// GATHER computed on the host: the value rows of `tokens`, `[tokens][dim]` raw (dequantized f32
+/// rows for quantized blocks, as the device returns them).
 pub fn host_gather(
     pool: &Pool,
     blocks: &[BlockSpec],
@@ -393,20 +487,20 @@ pub fn host_gather(
     let mem = pool.memory();
     for _ in 0..crate::pool::READ_RETRIES {
         let (rb, order) = resolve_all(pool, blocks, want)?;
-        let row = want.dim as usize * want.dtype.size();
-        let mut out = vec![0u8; row * tokens.len()];
+        let mut out = Vec::new();
+        let mut read = 0;
         for (j, &t) in tokens.iter().enumerate() {
             let (bi, i) =
                 locate_token(&rb, &order, t).ok_or(DeviceStatus::at(CXLKV_NDP_ERR_TOKEN, j))?;
-            let off = rb[bi].v_off + (i * row) as u64;
-            coherence::acquire(&**mem, Site::PayloadRead, off, row as u64);
-            mem.read(off, &mut out[j * row..(j + 1) * row])?;
+            let (r, n) = read_value_row(&**mem, &rb[bi], i, want.dim as usize, want.dtype)?;
+            out.extend_from_slice(&r);
+            read += n;
         }
         if rb
             .iter()
             .all(|b| pool.still_valid(&b.block).unwrap_or(false))
         {
-            let pulled = out.len() as u64 + HOST_META_BYTES_PER_BLOCK * rb.len() as u64;
+            let pulled = read + HOST_META_BYTES_PER_BLOCK * rb.len() as u64;
             let stats = NdpStats {
                 path: Some(NdpPath::Host(FallbackReason::Forced)),
                 host_scan_bytes: pulled,

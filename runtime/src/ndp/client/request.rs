@@ -265,6 +265,12 @@ impl AttendRequest<'_> {
     pub(super) fn check(&self) -> Result<()> {
         self.as_score().check()?;
         if let Some(sp) = &self.sparse {
+            if self.dtype.is_quantized() {
+                return Err(NdpError::BadRequest(format!(
+                    "sparse ATTEND serves f16, bf16 and f32 blocks, not {}",
+                    self.dtype.name()
+                )));
+            }
             if sp.k == 0 || sp.k > CXLKV_NDP_MAX_K as usize {
                 return Err(NdpError::BadRequest(format!(
                     "sparse ATTEND with k = {} (1..={CXLKV_NDP_MAX_K})",
