@@ -70,9 +70,8 @@ impl Attention for NdpExact<'_> {
         let dev_end = n_dev * bt;
         let dtype = self.store.dtype();
         if n_dev == 0 || dev_end < self.store.tail_start(layer) {
-            let rows = self.store.all_rows(layer)?;
-            self.host
-                .causal(&shape, &rows.heads(), q, out, &mut self.stats);
+            self.store
+                .attend_on_host(&mut self.host, layer, q, out, &mut self.stats)?;
             return Ok(());
         }
         let (d, g) = (shape.head_dim, shape.group());
@@ -156,11 +155,6 @@ impl Attention for NdpExact<'_> {
     }
 
     fn stats(&self) -> AttentionStats {
-        let s = &self.store.stats;
-        AttentionStats {
-            link_read_bytes: self.stats.link_read_bytes + s.link_read_bytes,
-            link_write_bytes: self.stats.link_write_bytes + s.link_write_bytes,
-            ..self.stats
-        }
+        self.store.with_link(&self.stats)
     }
 }

@@ -42,10 +42,8 @@ impl Attention for PoolAttention<'_> {
 
     fn attend(&mut self, layer: usize, q: &[f32], out: &mut [f32]) -> Result<()> {
         self.store.check_attend(&self.name, layer, q, out)?;
-        let shape = self.store.shape();
-        let rows = self.store.all_rows(layer)?;
-        self.host
-            .causal(&shape, &rows.heads(), q, out, &mut self.stats);
+        self.store
+            .attend_on_host(&mut self.host, layer, q, out, &mut self.stats)?;
         Ok(())
     }
 
@@ -54,11 +52,6 @@ impl Attention for PoolAttention<'_> {
     }
 
     fn stats(&self) -> AttentionStats {
-        let s = &self.store.stats;
-        AttentionStats {
-            link_read_bytes: self.stats.link_read_bytes + s.link_read_bytes,
-            link_write_bytes: self.stats.link_write_bytes + s.link_write_bytes,
-            ..self.stats
-        }
+        self.store.with_link(&self.stats)
     }
 }

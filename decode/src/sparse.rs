@@ -59,9 +59,8 @@ impl Attention for NdpSparse<'_> {
         let shape = self.store.shape();
         let stored = self.store.stored_len(layer);
         if t > 1 || stored == 0 {
-            let rows = self.store.all_rows(layer)?;
-            self.host
-                .causal(&shape, &rows.heads(), q, out, &mut self.stats);
+            self.store
+                .attend_on_host(&mut self.host, layer, q, out, &mut self.stats)?;
             return Ok(());
         }
         let (d, g) = (shape.head_dim, shape.group());
@@ -122,11 +121,6 @@ impl Attention for NdpSparse<'_> {
     }
 
     fn stats(&self) -> AttentionStats {
-        let s = &self.store.stats;
-        AttentionStats {
-            link_read_bytes: self.stats.link_read_bytes + s.link_read_bytes,
-            link_write_bytes: self.stats.link_write_bytes + s.link_write_bytes,
-            ..self.stats
-        }
+        self.store.with_link(&self.stats)
     }
 }

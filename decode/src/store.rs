@@ -14,7 +14,7 @@
 
 use crate::env::Env;
 use cxlkv_kernels::DType;
-use cxlkv_model::{AttentionShape, AttentionStats, Error as ModelError, HeadRows};
+use cxlkv_model::{AttentionShape, AttentionStats, Error as ModelError, HeadRows, HostAttention};
 use cxlkv_runtime::format::{BLOCK_HEADER_SIZE, INDEX_SLOT_SIZE};
 use cxlkv_runtime::ndp::client::{BlockSpec, HOST_META_BYTES_PER_BLOCK};
 use cxlkv_runtime::ndp::gathered_dtype;
@@ -100,6 +100,30 @@ impl<'e> Store<'e> {
             buf: Vec::new(),
             stats: AttentionStats::default(),
         }
+    }
+
+    /// A backend's own `stats` with the link bytes this store moved (appends, pulls) added.
+    pub(crate) fn with_link(&self, stats: &AttentionStats) -> AttentionStats {
+        AttentionStats {
+            link_read_bytes: stats.link_read_bytes + self.stats.link_read_bytes,
+            link_write_bytes: stats.link_write_bytes + self.stats.link_write_bytes,
+            ..*stats
+        }
+    }
+
+    /// Exact attention of `q` over every row of `layer`, stored blocks pulled back over the link
+    /// (counted in this store's stats) and the open rows, on the host.
+    pub(crate) fn attend_on_host(
+        &mut self,
+        host: &mut HostAttention,
+        layer: usize,
+        q: &[f32],
+        out: &mut [f32],
+        stats: &mut AttentionStats,
+    ) -> Result<(), ModelError> {
+        let rows = self.all_rows(layer)?;
+        host.causal(&self.shape, &rows.heads(), q, out, stats);
+        Ok(())
     }
 
     pub(crate) fn err(&self, reason: String) -> ModelError {
