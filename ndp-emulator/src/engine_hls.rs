@@ -415,15 +415,20 @@ impl HlsAttend {
                 sum.as_mut_ptr(),
             )
         };
-        out.chunks_exact(dim)
-            .zip(max.iter().zip(&sum))
-            .map(|(o, (&max, &sum))| Partial {
-                out: o.to_vec(),
-                max,
-                sum,
-            })
-            .collect()
+        partials(&out, &max, &sum, dim)
     }
+}
+
+/// Partials from the library's outputs: `out [g][dim]`, `max [g]`, `sum [g]`.
+fn partials(out: &[f32], max: &[f32], sum: &[f32], dim: usize) -> Vec<Partial> {
+    out.chunks_exact(dim)
+        .zip(max.iter().zip(sum))
+        .map(|(o, (&max, &sum))| Partial {
+            out: o.to_vec(),
+            max,
+            sum,
+        })
+        .collect()
 }
 
 impl Drop for HlsAttend {
@@ -674,15 +679,7 @@ impl HlsSparse {
                 info.as_mut_ptr(),
             )
         };
-        let parts = out
-            .chunks_exact(dim)
-            .zip(max.iter().zip(&sum))
-            .map(|(o, (&max, &sum))| Partial {
-                out: o.to_vec(),
-                max,
-                sum,
-            })
-            .collect();
+        let parts = partials(&out, &max, &sum, dim);
         (
             parts,
             info.iter().map(|i| (i.count, i.left_out_mass)).collect(),
