@@ -110,7 +110,9 @@ impl Attention for PullTopK<'_> {
             let (vals, st) = host_gather(self.env.pool(), self.store.stored(layer), &want, &u)
                 .map_err(|e| bad(format!("pulling the selected rows of layer {layer}: {e}")))?;
             self.stats.link_read_bytes += st.host_scan_bytes;
-            let values = KeyRows::new(&vals, dtype, d).map_err(|e| bad(e.to_string()))?;
+            // Rows of quantized blocks come back dequantized (the store's row type).
+            let values =
+                KeyRows::new(&vals, self.store.row_dtype(), d).map_err(|e| bad(e.to_string()))?;
             let parts: Vec<Partial> = (0..g)
                 .map(|j| Partial::over(&values, |i| shape.scale * scores[u[i] as usize * g + j]))
                 .collect();

@@ -317,3 +317,35 @@ fn ndp_topk_attends_the_union_and_reports_what_it_left_out() {
     assert!(pull.left_out_mass().is_some_and(|m| m > 0.0));
     assert_eq!(pull.device_commands, 0);
 }
+
+/// On int8 and int4 blocks every pool mode runs (the pulled and gathered rows come back
+/// dequantized) and stays close to dense: the quantization error, not a wrong row type.
+#[test]
+fn selection_modes_run_on_quantized_blocks() {
+    let s = shape();
+    let seq = chunks(&s, &[6, 5], 12, 3);
+    let dense = run(&mut Dense::new(s, DType::F32).unwrap(), &s, &seq);
+    for dtype in [DType::I8, DType::I4] {
+        let o = EnvOptions {
+            dtype,
+            ..opts(DeviceChoice::Thread)
+        };
+        let env = Env::open(&o, s, 64).unwrap();
+        for (i, mode) in ["pool", "ndp-exact", "topk:64", "topp:1.0", "pull-topk:64"]
+            .iter()
+            .enumerate()
+        {
+            let mut b = env
+                .backend(&ModeSpec::parse(mode).unwrap(), i as u64 + 1)
+                .unwrap();
+            let got = run(b.as_mut(), &s, &seq);
+            let worst = got
+                .iter()
+                .zip(&dense)
+                .map(|(g, d)| relative_error(g, d))
+                .fold(0.0, f64::max);
+            let bound = if dtype == DType::I8 { 0.05 } else { 0.5 };
+            assert!(worst < bound, "{mode} on {dtype:?}: relative error {worst}");
+        }
+    }
+}
