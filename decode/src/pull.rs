@@ -11,8 +11,8 @@
 use crate::env::Env;
 use crate::mode::{ModeArg, ModeSpec};
 use crate::select::selection;
-use crate::store::Store;
-use cxlkv_kernels::{KeyRows, Partial, QueryGroup, ScoreKernel};
+use crate::store::{push_rows, Store};
+use cxlkv_kernels::{DType, KeyRows, Partial, QueryGroup, ScoreKernel};
 use cxlkv_model::{Attention, AttentionStats, HostAttention, Result};
 use cxlkv_runtime::ndp::select::Selection;
 use cxlkv_runtime::ndp::sparse::{left_out, union};
@@ -27,8 +27,9 @@ pub(crate) struct PullTopK<'e> {
     host: HostAttention,
     stats: AttentionStats,
     kernel: ScoreKernel,
-    /// The host's key copy: `[layer][kv_head]`, rows of `head_dim` f32 in position order.
-    keys: Vec<Vec<Vec<f32>>>,
+    /// The host's key copy: `[layer][kv_head]`, rows of `head_dim` f32 (little-endian bytes, as
+    /// the score kernel reads them) in position order.
+    keys: Vec<Vec<Vec<u8>>>,
 }
 
 impl<'e> PullTopK<'e> {
@@ -63,7 +64,7 @@ impl Attention for PullTopK<'_> {
         let shape = self.store.shape();
         let per_head = k.len() / shape.kv_heads;
         for (h, dst) in self.keys[layer].iter_mut().enumerate() {
-            dst.extend_from_slice(&k[h * per_head..(h + 1) * per_head]);
+            push_rows(dst, &k[h * per_head..(h + 1) * per_head], DType::F32);
         }
         Ok(())
     }
@@ -86,12 +87,8 @@ impl Attention for PullTopK<'_> {
             let qs = &q[kv * g * d..(kv + 1) * g * d];
             let queries = QueryGroup::new(qs, d).map_err(|e| bad(e.to_string()))?;
             // Score the host's keys, select per query, take the group's union.
-            let kbytes: Vec<u8> = self.keys[layer][kv][..stored * d]
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect();
-            let keys = KeyRows::new(&kbytes, cxlkv_kernels::DType::F32, d)
-                .map_err(|e| bad(e.to_string()))?;
+            let kbytes = &self.keys[layer][kv][..DType::F32.bytes(stored * d)];
+            let keys = KeyRows::new(kbytes, DType::F32, d).map_err(|e| bad(e.to_string()))?;
             let mut scores = vec![0f32; stored * g];
             self.kernel.score(&queries, &keys, &mut scores);
             let mut sel = Selection::new(select, k, shape.scale, g, &[(0, stored as u64)])

@@ -159,6 +159,8 @@ mod ffi {
         _private: [u8; 0],
     }
 
+    // SAFETY: these declarations match fpga/src/cxlkv_ndp_engine.h (C ABI, the pointer and
+    // integer types of its prototypes); each call site states what it passes.
     unsafe extern "C" {
         pub(super) fn cxlkv_hls_sparse_new(
             g: u32,

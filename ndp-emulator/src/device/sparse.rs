@@ -74,7 +74,6 @@ impl Device {
                         }
                     })?;
                 }
-                self.touch(b);
                 i = j;
             }
             Ok((ku, vu))

@@ -417,10 +417,12 @@ fn host_sparse_attend(
             .map(|b| (u64::from(b.base), u64::from(b.base) + u64::from(b.tokens)))
             .collect();
         let mut sel = Selection::new(sp.select, sp.k, scale, g, &ranges)?;
-        let (mut kbuf, mut scores) = (Vec::new(), Vec::new());
+        // Every block's keys, pulled once: scored now, and the union's key rows come from here.
+        let mut kbufs = Vec::with_capacity(blocks.len());
+        let mut scores = Vec::new();
         let (mut pulled, mut scanned) = (0u64, 0u64);
         for b in &blocks {
-            kbuf.resize(b.head_bytes as usize, 0);
+            let mut kbuf = vec![0u8; b.head_bytes as usize];
             coherence::acquire(&**mem, Site::PayloadRead, b.k_off, b.head_bytes);
             mem.read(b.k_off, &mut kbuf)?;
             pulled += b.head_bytes + HOST_META_BYTES_PER_BLOCK;
@@ -429,6 +431,7 @@ fn host_sparse_attend(
             scores.resize(keys.len() * g, 0.0);
             kernel.score(&queries, &keys, &mut scores);
             sel.feed(b.base, &scores, g, false);
+            kbufs.push(kbuf);
         }
         let picked = sel.finish();
         let u = union(&picked.lists);
@@ -436,14 +439,14 @@ fn host_sparse_attend(
         for (i, &t) in u.iter().enumerate() {
             let (bi, r) = locate_token(&blocks, &order, t)
                 .ok_or(DeviceStatus::at(CXLKV_NDP_ERR_TOKEN, t as usize))?;
-            let at = (r * row) as u64;
-            let b = &blocks[bi];
-            for (buf, off) in [(&mut ku, b.k_off + at), (&mut vu, b.v_off + at)] {
-                coherence::acquire(&**mem, Site::PayloadRead, off, row as u64);
-                mem.read(off, &mut buf[i * row..(i + 1) * row])?;
-            }
+            let dst = i * row..(i + 1) * row;
+            ku[dst.clone()].copy_from_slice(&kbufs[bi][r * row..(r + 1) * row]);
+            let off = blocks[bi].v_off + (r * row) as u64;
+            coherence::acquire(&**mem, Site::PayloadRead, off, row as u64);
+            mem.read(off, &mut vu[dst])?;
         }
-        pulled += 2 * (u.len() * row) as u64;
+        pulled += (u.len() * row) as u64;
+        // What the device reads for the same answer: the union's key and value rows again.
         scanned += 2 * (u.len() * row) as u64;
         let parts = if u.is_empty() {
             (0..g).map(|_| Partial::empty(dim)).collect()
