@@ -8,9 +8,9 @@ use crate::ndp::block::{
     locate_token, read_scales, read_value_row, resolve_block, sorted_ranges, BlockExpect,
     ResolvedBlock,
 };
-use crate::ndp::client::error::{FallbackReason, NdpError, Result};
+use crate::ndp::client::error::{NdpError, Result};
 use crate::ndp::client::request::{
-    AttendRequest, Attended, BlockSpec, NdpPath, NdpStats, ScoreRequest, TopK,
+    AttendRequest, Attended, BlockSpec, NdpStats, ScoreRequest, TopK,
 };
 use crate::ndp::layout::DeviceStatus;
 use crate::ndp::quant;
@@ -152,13 +152,8 @@ fn host_select(pool: &Pool, req: &ScoreRequest<'_>, kernel: ScoreKernel) -> Resu
             values,
             left_out_mass: got.left_out,
             stats: NdpStats {
-                path: Some(NdpPath::Host(FallbackReason::Forced)),
-                host_scan_bytes: pulled,
-                bytes_scanned: scanned,
-                blocks_scanned: blocks.len() as u32,
                 block_mass: mass,
-                elapsed: start.elapsed(),
-                ..Default::default()
+                ..NdpStats::on_host(pulled, scanned, blocks.len(), start)
             },
         });
     }
@@ -233,13 +228,8 @@ pub fn host_score_topk(pool: &Pool, req: &ScoreRequest<'_>, kernel: ScoreKernel)
             values,
             left_out_mass: Vec::new(),
             stats: NdpStats {
-                path: Some(NdpPath::Host(FallbackReason::Forced)),
-                host_scan_bytes: pulled,
-                bytes_scanned: st.bytes_scanned,
-                blocks_scanned: st.blocks_scanned,
                 block_mass: mass,
-                elapsed: start.elapsed(),
-                ..Default::default()
+                ..NdpStats::on_host(pulled, st.bytes_scanned, st.blocks_scanned as usize, start)
             },
         });
     }
@@ -310,13 +300,8 @@ fn host_folded_topk(
             values,
             left_out_mass: Vec::new(),
             stats: NdpStats {
-                path: Some(NdpPath::Host(FallbackReason::Forced)),
-                host_scan_bytes: pulled,
-                bytes_scanned: scanned,
-                blocks_scanned: blocks.len() as u32,
                 block_mass: mass,
-                elapsed: start.elapsed(),
-                ..Default::default()
+                ..NdpStats::on_host(pulled, scanned, blocks.len(), start)
             },
         });
     }
@@ -381,14 +366,7 @@ pub fn host_attend_with(
         return Ok(Attended {
             partials: parts,
             selection: Vec::new(),
-            stats: NdpStats {
-                path: Some(NdpPath::Host(FallbackReason::Forced)),
-                host_scan_bytes: pulled,
-                bytes_scanned: scanned,
-                blocks_scanned: blocks.len() as u32,
-                elapsed: start.elapsed(),
-                ..Default::default()
-            },
+            stats: NdpStats::on_host(pulled, scanned, blocks.len(), start),
         });
     }
     Err(NdpError::Stale(0))
@@ -465,14 +443,7 @@ fn host_sparse_attend(
         return Ok(Attended {
             partials: parts,
             selection: left.iter().map(|&m| (u.len() as u32, m)).collect(),
-            stats: NdpStats {
-                path: Some(NdpPath::Host(FallbackReason::Forced)),
-                host_scan_bytes: pulled,
-                bytes_scanned: scanned,
-                blocks_scanned: blocks.len() as u32,
-                elapsed: start.elapsed(),
-                ..Default::default()
-            },
+            stats: NdpStats::on_host(pulled, scanned, blocks.len(), start),
         });
     }
     Err(NdpError::Stale(0))
@@ -504,12 +475,7 @@ pub fn host_gather(
             .all(|b| pool.still_valid(&b.block).unwrap_or(false))
         {
             let pulled = read + HOST_META_BYTES_PER_BLOCK * rb.len() as u64;
-            let stats = NdpStats {
-                path: Some(NdpPath::Host(FallbackReason::Forced)),
-                host_scan_bytes: pulled,
-                elapsed: start.elapsed(),
-                ..Default::default()
-            };
+            let stats = NdpStats::on_host(pulled, 0, 0, start);
             return Ok((out, stats));
         }
     }

@@ -10,7 +10,7 @@ pub use crate::ndp::select::Select;
 pub use crate::ndp::sparse::Sparse;
 use cxlkv_kernels::attention::default_scale;
 use cxlkv_kernels::{DType, GroupMode, Hit, Partial, ScoreKernel};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Which path produced a result.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +48,20 @@ pub struct NdpStats {
 }
 
 impl NdpStats {
+    /// The stats of a command the host computed itself (`NdpPath::Host(Forced)`): `pulled` bytes
+    /// read across the link, `scanned` bytes the device would have read, over `blocks` blocks,
+    /// since `start`.
+    pub(super) fn on_host(pulled: u64, scanned: u64, blocks: usize, start: Instant) -> NdpStats {
+        NdpStats {
+            path: Some(NdpPath::Host(FallbackReason::Forced)),
+            host_scan_bytes: pulled,
+            bytes_scanned: scanned,
+            blocks_scanned: blocks as u32,
+            elapsed: start.elapsed(),
+            ..Default::default()
+        }
+    }
+
     /// All bytes that crossed the link for this command, either path.
     pub fn link_bytes(&self) -> u64 {
         self.bytes_to_device + self.bytes_from_device + self.host_scan_bytes
