@@ -7,7 +7,8 @@ use cxlkv_kernels::DType;
 use cxlkv_model::AttentionShape;
 use cxlkv_ndp::daemon::Daemon;
 use cxlkv_ndp::{Device, DeviceConfig, DeviceHandle};
-use cxlkv_runtime::ndp::abi::{CXLKV_NDP_MAX_DIM, CXLKV_NDP_MAX_GROUP};
+use cxlkv_runtime::kv::Sketch;
+use cxlkv_runtime::ndp::abi::{CXLKV_NDP_MAX_CANDIDATES, CXLKV_NDP_MAX_DIM, CXLKV_NDP_MAX_GROUP};
 use cxlkv_runtime::ndp::{gathered_dtype, NdpDevice, NdpOptions};
 use cxlkv_runtime::pool::plan;
 use cxlkv_runtime::region::TempBackend;
@@ -47,6 +48,79 @@ pub struct EnvOptions {
     /// Local window of the selection modes: the last `window` positions are always attended
     /// (default 64).
     pub window: u64,
+    /// The key sketch the stored blocks carry and how many candidates per query `ndp-topk` /
+    /// `ndp-topp` re-score exactly on it (default none: they score every key exactly).
+    pub sketch: SketchOption,
+}
+
+/// `--sketch`: the key sketch written with every stored block ([`Sketch`]) and the candidates
+/// per query that a sketched selection re-scores on the exact keys. Written `none`, `int4` or
+/// `int4:C`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SketchOption {
+    /// The sketch (none: exact scoring).
+    pub kind: Sketch,
+    /// Candidates per query re-scored exactly (default [`SketchOption::DEFAULT_CANDIDATES`]).
+    pub candidates: usize,
+}
+
+impl SketchOption {
+    /// Candidates per query when `--sketch` names none.
+    pub const DEFAULT_CANDIDATES: usize = 1024;
+
+    /// No sketch.
+    pub const NONE: SketchOption = SketchOption {
+        kind: Sketch::None,
+        candidates: SketchOption::DEFAULT_CANDIDATES,
+    };
+
+    /// The candidates of a sparse ATTEND on this sketch (`None` without one).
+    pub fn candidates(&self) -> Option<usize> {
+        (self.kind != Sketch::None).then_some(self.candidates)
+    }
+}
+
+impl Default for SketchOption {
+    fn default() -> Self {
+        SketchOption::NONE
+    }
+}
+
+impl std::fmt::Display for SketchOption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.kind {
+            Sketch::None => write!(f, "none"),
+            k => write!(f, "{}:{}", k.name(), self.candidates),
+        }
+    }
+}
+
+impl std::str::FromStr for SketchOption {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<SketchOption, String> {
+        let (kind, c) = match s.split_once(':') {
+            Some((k, c)) => (k, Some(c)),
+            None => (s, None),
+        };
+        let kind: Sketch = kind.parse()?;
+        let max = CXLKV_NDP_MAX_CANDIDATES as usize;
+        let candidates = match c {
+            None => SketchOption::DEFAULT_CANDIDATES,
+            Some(_) if kind == Sketch::None => {
+                return Err(format!("{s:?}: `none` takes no candidate count"))
+            }
+            Some(c) => match c.parse::<usize>() {
+                Ok(n) if (1..=max).contains(&n) => n,
+                _ => {
+                    return Err(format!(
+                        "{s:?}: the candidates per query are a count in 1..={max}"
+                    ))
+                }
+            },
+        };
+        Ok(SketchOption { kind, candidates })
+    }
 }
 
 impl Default for EnvOptions {
@@ -58,6 +132,7 @@ impl Default for EnvOptions {
             dtype: DType::F32,
             sinks: 4,
             window: 64,
+            sketch: SketchOption::NONE,
         }
     }
 }
@@ -139,8 +214,9 @@ impl Env {
             sequence: 0,
             token_offset: 0,
         }
-        .payload_bytes()
-        .ok_or_else(|| setup("the block size overflows".into()))? as u64;
+        .offsets_with(opts.sketch.kind)
+        .ok_or_else(|| setup("the block size overflows".into()))?
+        .len as u64;
         let per_run = shape.layers * max_tokens.max(1).div_ceil(opts.block_tokens);
         let staging = staging_blocks(&shape);
         let nonce = cxlkv_runtime::ndp::now_ns() ^ (u64::from(std::process::id()) << 40);
@@ -271,7 +347,7 @@ impl Env {
         };
         format!(
             "pool {} ({}, {} MiB, {} KV blocks of {} KiB per partition); {device}; blocks of {} \
-             positions, {:?} K/V",
+             positions, {:?} K/V{}",
             self.spec,
             if self.private {
                 "private, removed after the run"
@@ -282,7 +358,15 @@ impl Env {
             self.kv_capacity,
             sb.block_size >> 10,
             self.opts.block_tokens,
-            self.opts.dtype
+            self.opts.dtype,
+            match self.opts.sketch.kind {
+                Sketch::None => String::new(),
+                _ => format!(
+                    ", {} key sketch (ndp-topk/ndp-topp re-score {} candidates a query)",
+                    self.opts.sketch.kind.name(),
+                    self.opts.sketch.candidates
+                ),
+            }
         )
     }
 

@@ -108,7 +108,7 @@ mod sparse;
 mod store;
 
 pub use cxlkv_ndp::daemon::find_ndpd;
-pub use env::{DeviceChoice, Env, EnvOptions};
+pub use env::{DeviceChoice, Env, EnvOptions, SketchOption};
 pub use error::{Error, Result};
 pub use mode::{
     parse_layers, Build, ModeArg, ModeDef, ModeSpec, Needs, Site, Takes, DEFAULT_TOPP_K_MAX,

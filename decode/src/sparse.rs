@@ -7,6 +7,11 @@
 //! device reads every key but only the selected value rows. The host merges each partial with its
 //! own over the open block.
 //!
+//! With `--sketch int4:C` ([`crate::env::SketchOption`]) the device scores the blocks' key
+//! sketches instead of the keys, re-scores the `C` best candidates per query on the exact keys
+//! and selects among them ([`cxlkv_runtime::ndp::sketch`]): it reads the sketch, the candidates'
+//! keys and the selection's values.
+//!
 //! A prefill (several queries at once) is exact on the host, as `topk`/`topp` do.
 
 use crate::env::Env;
@@ -77,7 +82,11 @@ impl Attention for NdpSparse<'_> {
                 kv_head: kv as u32,
                 dtype: self.store.dtype(),
                 scale: Some(shape.scale),
-                sparse: Some(Sparse { select, k }),
+                sparse: Some(Sparse {
+                    select,
+                    k,
+                    candidates: self.env.options().sketch.candidates(),
+                }),
             };
             tickets.push(ndp.submit_attend(&req).map_err(|e| {
                 self.store
@@ -110,6 +119,7 @@ impl Attention for NdpSparse<'_> {
                 let (rows, left) = got.selection[j];
                 self.stats.value_rows += rows as u64 + open_rows as u64;
                 self.stats.record_left_out(left);
+                self.stats.rescored_rows += got.rescored.unwrap_or(0) as u64;
             }
             self.stats.query_heads += g as u64;
         }

@@ -288,9 +288,10 @@ impl<'e> Store<'e> {
                  shorter run)"
             )));
         }
-        p.put_kv(key, &shape, &k, &v)
+        let sketch = self.env.options().sketch.kind;
+        p.put_kv_with(key, &shape, &k, &v, sketch)
             .map_err(|e| self.err(format!("writing block {block} of layer {layer}: {e}")))?;
-        let payload = shape.payload_bytes().unwrap_or(0) as u64;
+        let payload = shape.offsets_with(sketch).map_or(0, |at| at.len) as u64;
         self.stats.link_write_bytes += payload + BLOCK_HEADER_SIZE + INDEX_SLOT_SIZE;
         self.layers[layer].stored.push(BlockSpec {
             key,

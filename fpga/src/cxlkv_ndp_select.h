@@ -38,7 +38,7 @@ inline bool sel_forced(const cxlkv_ndp_select& p, uint64_t t) {
 // else the CXLKV_NDP_DETAIL_* of the error. More forced tokens than k (DETAIL_TOO_MANY_FORCED)
 // shows at the end of the scan.
 inline uint32_t sel_check(const cxlkv_ndp_select& p, uint64_t end) {
-    if ((p.options & ~CXLKV_NDP_SEL_ALL) != 0 || p.reserved0 != 0 || p.reserved1 != 0)
+    if ((p.options & ~CXLKV_NDP_SEL_ALL) != 0 || p.candidates != 0 || p.reserved1 != 0)
         return CXLKV_NDP_DETAIL_BAD_OPTIONS;
     if (!std::isfinite(p.scale)) return CXLKV_NDP_DETAIL_BAD_SCALE;
     if ((p.options & CXLKV_NDP_SEL_TOP_P) != 0 && !(p.top_p > 0.0f && p.top_p <= 1.0f))

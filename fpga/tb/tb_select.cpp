@@ -104,7 +104,7 @@ int run_select(Reader& r, const std::string& name, int& passed, int& failed) {
             run(cmd, bs);
             ok = ok && cpl.status == CXLKV_NDP_ERR_ARGS && cpl.detail == CXLKV_NDP_DETAIL_BAD_OPTIONS;
             bs = sel;
-            bs.reserved0 = 1;
+            bs.candidates = 1;
             run(cmd, bs);
             ok = ok && cpl.status == CXLKV_NDP_ERR_ARGS && cpl.detail == CXLKV_NDP_DETAIL_BAD_OPTIONS;
             bs = sel;

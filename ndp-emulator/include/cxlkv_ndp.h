@@ -31,7 +31,7 @@
 /* "CXLKVNDP" read as a little-endian u64. */
 #define CXLKV_NDP_MAGIC 0x50444E564B4C5843ULL
 #define CXLKV_NDP_ABI_MAJOR 1
-#define CXLKV_NDP_ABI_MINOR 2
+#define CXLKV_NDP_ABI_MINOR 3
 
 /* Geometry. */
 #define CXLKV_NDP_REGS_SIZE 4096
@@ -61,6 +61,7 @@
 #define CXLKV_NDP_CAP_SELECT (1ULL << 8) /* ABI 1.1: SCORE_TOPK with CXLKV_NDP_FLAG_SELECT */
 #define CXLKV_NDP_CAP_SPARSE_ATTEND (1ULL << 9) /* ABI 1.2: ATTEND with CXLKV_NDP_FLAG_SELECT */
 #define CXLKV_NDP_CAP_QUANT (1ULL << 10) /* ABI 1.2: blocks of dtype 4 (int8) and 5 (int4) */
+#define CXLKV_NDP_CAP_SKETCH (1ULL << 11) /* ABI 1.3: sparse ATTEND with CXLKV_NDP_SEL_SKETCH */
 
 /* Opcodes (cmd.opcode). */
 #define CXLKV_NDP_OP_NOP 0
@@ -81,7 +82,10 @@
 #define CXLKV_NDP_SEL_WINDOW (1u << 0)  /* [window_start, window_end) is always included */
 #define CXLKV_NDP_SEL_EXCLUDE (1u << 1) /* [exclude_start, exclude_end) is never returned */
 #define CXLKV_NDP_SEL_TOP_P (1u << 2)   /* top_p in (0, 1]: fewest hits reaching that mass, k the cap */
-#define CXLKV_NDP_SEL_ALL 0x7u
+#define CXLKV_NDP_SEL_ALL 0x7u       /* the options a selected SCORE_TOPK takes */
+#define CXLKV_NDP_SEL_SKETCH (1u << 3) /* ABI 1.3, sparse ATTEND only: score the blocks' key sketch,
+                                        * re-score select.candidates per query on the exact keys */
+#define CXLKV_NDP_MAX_CANDIDATES 65536u /* select.candidates at most */
 
 /* cpl.detail of a CXLKV_NDP_ERR_ARGS completion caused by a selection or ATTEND argument. */
 #define CXLKV_NDP_DETAIL_BAD_P 1          /* top_p outside (0, 1] */
@@ -232,7 +236,7 @@ struct cxlkv_ndp_select {
     float scale;             /* applied to q.k before exp in every mass */
     float top_p;             /* with CXLKV_NDP_SEL_TOP_P: p in (0, 1] */
     uint32_t options;        /* CXLKV_NDP_SEL_* */
-    uint32_t reserved0;      /* 0 */
+    uint32_t candidates;     /* with CXLKV_NDP_SEL_SKETCH: 1..=MAX_CANDIDATES per query; else 0 */
     uint64_t sinks;          /* tokens 0..sinks are always included (0: none) */
     uint64_t window_start;   /* with CXLKV_NDP_SEL_WINDOW: [start, end), end <= last stored token + 1 */
     uint64_t window_end;
@@ -271,7 +275,19 @@ struct cxlkv_ndp_attend {
  * bounds_off -> struct cxlkv_ndp_list_info [G]: count = |U|, left_out_mass = the softmax mass of
  * the query (over every stored token outside exclude) that U does not hold:
  * max(0, 1 - l_U exp(m_U - max_q) / sum_q), (max_q, sum_q) the query's log-sum-exp in f64.
- * bytes_scanned = every key byte scored + |U| key and value rows. f16, bf16, f32 blocks only. */
+ * bytes_scanned = every key byte scored + |U| key and value rows. Quantized blocks (ABI 1.3, with
+ * CAP_QUANT): each block's rows of U scored and attended with its own folded queries and value
+ * scales (as ATTEND does), the partials of U's per-block runs merged in token order.
+ *
+ * With CXLKV_NDP_SEL_SKETCH (ABI 1.3, CXLKV_NDP_CAP_SKETCH; every block must carry a key sketch,
+ * else ERR_LAYOUT): every stored token is scored on the sketch (its codes with the queries folded
+ * by the sketch's per-channel scales); per query the candidates are the forced tokens plus the
+ * `candidates` best by sketch score; C = their union over the group, sorted by token. C's key rows
+ * are read and scored exactly, and the selection (top-k, or top-p by mass) is made among C on the
+ * exact scores. The mass denominator is C's exact terms (in token order) plus every other stored
+ * token's sketch term (block-list order): left_out_mass is an estimate for what lies outside C.
+ * result.bounds_match = |C| (rows re-scored). bytes_scanned = the sketch bytes (codes and scales)
+ * + |C| key rows + |U| value rows (+ scales of quantized blocks). */
 
 /* max and sum of one query's ATTEND partial (8 bytes). */
 struct cxlkv_ndp_partial {
@@ -301,7 +317,8 @@ struct cxlkv_ndp_result {
     uint32_t blocks_pruned;
     uint32_t bounds_off;     /* BUILD_BOUNDS: f32 [2][dim] min then max; HOTLIST: entries;
                               * SCORE_TOPK with FLAG_SELECT: struct cxlkv_ndp_list_info [lists] */
-    uint32_t bounds_match;   /* BUILD_BOUNDS: 1 if the stored bounds equal the computed ones */
+    uint32_t bounds_match;   /* BUILD_BOUNDS: 1 if the stored bounds equal the computed ones;
+                              * sparse ATTEND with SEL_SKETCH: key rows re-scored exactly */
     uint64_t total_bytes;    /* bytes of the whole result */
 };
 

@@ -196,7 +196,11 @@ fn sparse_attend_equals_the_host_and_the_reference(engine: Engine) {
         for (select, k) in selections(tokens as u64) {
             // Scores spread enough that a selection leaves mass out.
             let q: Vec<f32> = rng.normal_vec(g * dim).iter().map(|x| 4.0 * x).collect();
-            let sp = Sparse { select, k };
+            let sp = Sparse {
+                select,
+                k,
+                candidates: None,
+            };
             let req = request(&s, &q, scale, Some(sp));
             let got = ndp.attend(&req).unwrap();
             assert_eq!(got.stats.path, Some(NdpPath::Device));
@@ -255,6 +259,7 @@ fn a_budget_holding_every_token_gives_attends_answer() {
         let all = Sparse {
             select: Select::default(),
             k: tokens,
+            candidates: None,
         };
         let sparse = ndp.attend(&request(&s, &q, scale, Some(all))).unwrap();
         let dense = ndp.attend(&request(&s, &q, scale, None)).unwrap();
@@ -277,6 +282,7 @@ fn a_budget_holding_every_token_gives_attends_answer() {
                 ..Default::default()
             },
             k: tokens,
+            candidates: None,
         };
         let r = ndp.attend(&request(&s, &q, scale, Some(p1))).unwrap();
         assert_eq!(r.partials, sparse.partials);

@@ -530,7 +530,8 @@ pub mod slot_version {
 /// (`[kv_heads][2][head_dim]`: element-wise min, then max, over the block's tokens). A quantized
 /// block (dtype int8 or int4) stores codes in K and V, bounds of the key codes, and its scales at
 /// `scales_off`: per head and channel for K (`[kv_heads][head_dim]` f32), then per head and token
-/// for V (`[kv_heads][tokens]` f32) (docs/FORMAT.md, Typed KV payload).
+/// for V (`[kv_heads][tokens]` f32). A block may carry a key sketch at `sketch_off`, a low-bit
+/// copy of its keys made for scoring only (docs/FORMAT.md, Typed KV payload).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KvLayout {
@@ -544,8 +545,9 @@ pub struct KvLayout {
     pub head_dim: u32,
     /// Tokens in the block.
     pub tokens: u32,
-    /// Zero.
-    pub reserved0: u32,
+    /// `crate::kv::Sketch` code of the block's key sketch: 0 none (it was a reserved zero before
+    /// key sketches), 1 int4 per channel.
+    pub sketch: u32,
     /// Sequence the block belongs to (engine-chosen id).
     pub sequence: u64,
     /// Position of the block's first token in its sequence.
@@ -559,8 +561,11 @@ pub struct KvLayout {
     /// Payload offset of the scales of a quantized block; zero for f16, bf16 and f32 blocks (it
     /// was the first reserved word before quantized blocks).
     pub scales_off: u32,
+    /// Payload offset of the key sketch; zero for a block without one (it was the second
+    /// reserved word before key sketches).
+    pub sketch_off: u32,
     /// Zero.
-    pub reserved1: [u32; 2],
+    pub reserved1: u32,
 }
 // SAFETY: repr(C), fields without padding (layout test), integers only.
 unsafe impl Plain for KvLayout {}
@@ -720,14 +725,15 @@ mod tests {
         assert_eq!(offset_of!(KvLayout, kv_heads), 8);
         assert_eq!(offset_of!(KvLayout, head_dim), 12);
         assert_eq!(offset_of!(KvLayout, tokens), 16);
-        assert_eq!(offset_of!(KvLayout, reserved0), 20);
+        assert_eq!(offset_of!(KvLayout, sketch), 20);
         assert_eq!(offset_of!(KvLayout, sequence), 24);
         assert_eq!(offset_of!(KvLayout, token_offset), 32);
         assert_eq!(offset_of!(KvLayout, k_off), 40);
         assert_eq!(offset_of!(KvLayout, v_off), 44);
         assert_eq!(offset_of!(KvLayout, bounds_off), 48);
         assert_eq!(offset_of!(KvLayout, scales_off), 52);
-        assert_eq!(offset_of!(KvLayout, reserved1), 56);
+        assert_eq!(offset_of!(KvLayout, sketch_off), 56);
+        assert_eq!(offset_of!(KvLayout, reserved1), 60);
     }
 
     #[test]

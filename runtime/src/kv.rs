@@ -10,6 +10,11 @@
 //! over the block's tokens) and V per token (`[kv_heads][tokens]` f32), as KIVI does. Its bounds
 //! are those of the key codes. [`encode`] takes f32 K and V for such a block and quantizes each
 //! head with [`cxlkv_kernels::quant`]; [`KvBlock::head_f32`] reads a head back dequantized.
+//!
+//! A block may also carry a **key sketch** ([`Sketch`], at `sketch_off`): a low-bit copy of its
+//! keys made for scoring only, so that a selection can read it instead of the keys and re-score
+//! only its best candidates on the exact keys ([`crate::ndp::sketch`]). [`encode_with`] writes it
+//! from the same K; the keys themselves are unchanged.
 
 use crate::format::{self, KvLayout};
 use crate::pool::{PoolError, Result};
@@ -37,6 +42,74 @@ pub struct KvShape {
     pub token_offset: u64,
 }
 
+/// A block's key sketch: a low-bit copy of its keys for scoring only (`KvLayout::sketch`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Sketch {
+    /// No sketch (code 0): a selection scores the keys themselves.
+    #[default]
+    None,
+    /// 4-bit codes per channel (code 1), as an int4 block's keys: per head, the codes
+    /// `[tokens][head_dim / 2]` (two a byte, low nibble first) and `head_dim` f32 scales
+    /// (`max |k| / 7` per channel over the block's tokens). An eighth of f32 keys, a quarter of f16.
+    Int4,
+}
+
+impl Sketch {
+    /// The layout code.
+    pub fn code(self) -> u32 {
+        match self {
+            Sketch::None => 0,
+            Sketch::Int4 => 1,
+        }
+    }
+
+    /// The sketch of a layout code (`None` for an unknown code).
+    pub fn from_code(code: u32) -> Option<Sketch> {
+        match code {
+            0 => Some(Sketch::None),
+            1 => Some(Sketch::Int4),
+            _ => None,
+        }
+    }
+
+    /// Its name on command lines (`none`, `int4`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Sketch::None => "none",
+            Sketch::Int4 => "int4",
+        }
+    }
+
+    /// The element type of its codes (`None` for no sketch).
+    pub fn dtype(self) -> Option<DType> {
+        match self {
+            Sketch::None => None,
+            Sketch::Int4 => Some(DType::I4),
+        }
+    }
+
+    /// Bytes of one head's sketch of `tokens` keys of `dim` elements: its codes, then its `dim`
+    /// f32 scales (0 for no sketch).
+    pub fn head_bytes(self, tokens: usize, dim: usize) -> Option<usize> {
+        match self.dtype() {
+            None => Some(0),
+            Some(t) => t.bytes(dim).checked_mul(tokens)?.checked_add(dim.checked_mul(4)?),
+        }
+    }
+}
+
+impl std::str::FromStr for Sketch {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Sketch, String> {
+        match s {
+            "none" => Ok(Sketch::None),
+            "int4" => Ok(Sketch::Int4),
+            _ => Err(format!("unknown key sketch {s:?} (none, int4)")),
+        }
+    }
+}
+
 /// Where the sections of a typed payload lie (payload offsets) and its length: the only layout a
 /// parser or the device accepts for a shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +123,9 @@ pub struct KvOffsets {
     /// Scales of a quantized block (K's `[kv_heads][head_dim]`, then V's `[kv_heads][tokens]`,
     /// f32); 0 for other dtypes.
     pub scales_off: usize,
+    /// The key sketch, per head (`[kv_heads]` of [`Sketch::head_bytes`]: codes, then scales); 0
+    /// without one.
+    pub sketch_off: usize,
     /// Payload length.
     pub len: usize,
 }
@@ -79,8 +155,29 @@ impl KvShape {
             .checked_mul(4)
     }
 
-    /// The sections of this shape's payload (`None` if its size overflows).
+    /// The sections of this shape's payload without a key sketch (`None` if its size overflows).
     pub fn offsets(&self) -> Option<KvOffsets> {
+        self.offsets_with(Sketch::None)
+    }
+
+    /// The sections of this shape's payload with key sketch `sketch` after everything else
+    /// (`None` if its size overflows, or for an int4 sketch of an odd head dimension).
+    pub fn offsets_with(&self, sketch: Sketch) -> Option<KvOffsets> {
+        let mut at = self.offsets_bare()?;
+        if sketch != Sketch::None {
+            if !self.head_dim.is_multiple_of(2) {
+                return None;
+            }
+            let per_head = sketch.head_bytes(self.tokens as usize, self.head_dim as usize)?;
+            at.sketch_off = at.len;
+            at.len = at
+                .len
+                .checked_add(per_head.checked_mul(self.kv_heads as usize)?)?;
+        }
+        Some(at)
+    }
+
+    fn offsets_bare(&self) -> Option<KvOffsets> {
         let t = self.tensor_bytes()?;
         let (h, d) = (self.kv_heads as usize, self.head_dim as usize);
         let bounds = h.checked_mul(d)?.checked_mul(8)?;
@@ -93,6 +190,7 @@ impl KvShape {
                 v_off,
                 bounds_off,
                 scales_off: 0,
+                sketch_off: 0,
                 len: end,
             });
         }
@@ -104,6 +202,7 @@ impl KvShape {
             v_off,
             bounds_off,
             scales_off: end,
+            sketch_off: 0,
             len: end.checked_add(scales)?,
         })
     }
@@ -131,6 +230,12 @@ fn push_f32s(out: &mut Vec<u8>, xs: &[f32]) {
 /// bounds. Elements are little-endian `shape.dtype`, or f32 for a quantized dtype: each head is
 /// then quantized (K per channel, V per token) and its scales stored in the block.
 pub fn encode(shape: &KvShape, k: &[u8], v: &[u8]) -> Result<Vec<u8>> {
+    encode_with(shape, k, v, Sketch::None)
+}
+
+/// [`encode`], with key sketch `sketch` made from the same K (before any quantization of the
+/// block's own keys).
+pub fn encode_with(shape: &KvShape, k: &[u8], v: &[u8], sketch: Sketch) -> Result<Vec<u8>> {
     let bad = |m: String| PoolError::BadKvBlock(m);
     if shape.kv_heads == 0 || shape.head_dim == 0 || shape.tokens == 0 {
         return Err(bad(format!("empty shape {shape:?}")));
@@ -142,7 +247,18 @@ pub fn encode(shape: &KvShape, k: &[u8], v: &[u8]) -> Result<Vec<u8>> {
             shape.head_dim
         )));
     }
-    let (t, at) = match (shape.tensor_bytes(), shape.offsets(), shape.input_bytes()) {
+    if sketch != Sketch::None && !shape.head_dim.is_multiple_of(2) {
+        return Err(bad(format!(
+            "an {} key sketch packs two elements a byte: head dimension {} is odd",
+            sketch.name(),
+            shape.head_dim
+        )));
+    }
+    let (t, at) = match (
+        shape.tensor_bytes(),
+        shape.offsets_with(sketch),
+        shape.input_bytes(),
+    ) {
         (Some(_), Some(at), Some(input)) => (input, at),
         _ => return Err(bad("shape overflows".into())),
     };
@@ -169,11 +285,14 @@ pub fn encode(shape: &KvShape, k: &[u8], v: &[u8]) -> Result<Vec<u8>> {
         v_off: at.v_off as u32,
         bounds_off: at.bounds_off as u32,
         scales_off: at.scales_off as u32,
+        sketch: sketch.code(),
+        sketch_off: at.sketch_off as u32,
         ..Default::default()
     };
     let (heads, d) = (shape.kv_heads as usize, shape.head_dim as usize);
     let mut out = Vec::with_capacity(at.len);
     out.extend_from_slice(format::as_bytes(&layout));
+    let k_in = k;
     // What the block stores per head: K and V as stored, and the scales (quantized only).
     let (k, v, k_scales, v_scales) = if quantized {
         let (kf, vf) = (f32s(k), f32s(v));
@@ -215,6 +334,22 @@ pub fn encode(shape: &KvShape, k: &[u8], v: &[u8]) -> Result<Vec<u8>> {
     }
     push_f32s(&mut out, &k_scales);
     push_f32s(&mut out, &v_scales);
+    if let Some(t) = sketch.dtype() {
+        // The sketch of the keys as given (f32 for a quantized block, else the stored elements).
+        let kf: Vec<f32> = if quantized {
+            f32s(k_in)
+        } else {
+            (0..heads * per_head).map(|i| shape.dtype.load(&k, i)).collect()
+        };
+        if !kf.iter().all(|x| x.is_finite()) {
+            return Err(bad(format!("an {} key sketch needs finite keys", sketch.name())));
+        }
+        for h in 0..heads {
+            let (c, s) = quant::quantize_keys(&kf[h * per_head..(h + 1) * per_head], d, t);
+            out.extend_from_slice(&c);
+            push_f32s(&mut out, &s);
+        }
+    }
     debug_assert_eq!(out.len(), at.len);
     Ok(out)
 }
@@ -233,6 +368,11 @@ pub struct KvBlock<'a> {
     /// Scales of a quantized block as f32 bytes: K's `[kv_heads][head_dim]`, then V's
     /// `[kv_heads][tokens]`; empty for other dtypes.
     pub scales: &'a [u8],
+    /// The key sketch's kind.
+    pub sketch: Sketch,
+    /// The key sketch, `[kv_heads]` of codes then scales ([`Sketch::head_bytes`]); empty without
+    /// one.
+    pub sketch_bytes: &'a [u8],
 }
 
 impl<'a> KvBlock<'a> {
@@ -265,8 +405,10 @@ impl<'a> KvBlock<'a> {
                 shape.head_dim
             )));
         }
+        let sketch = Sketch::from_code(l.sketch)
+            .ok_or_else(|| bad(format!("unknown key sketch code {}", l.sketch)))?;
         let at = shape
-            .offsets()
+            .offsets_with(sketch)
             .ok_or_else(|| bad("shape overflows".into()))?;
         if !layout_matches(&l, &at) || at.len != payload.len() || at.v_off == at.k_off {
             return Err(bad(format!(
@@ -274,15 +416,16 @@ impl<'a> KvBlock<'a> {
                 payload.len()
             )));
         }
-        let scales = if dtype.is_quantized() {
-            &payload[at.scales_off..]
-        } else {
-            &payload[at.len..]
-        };
-        let bounds_end = if dtype.is_quantized() {
-            at.scales_off
-        } else {
+        // Sections end where the next present one starts.
+        let sketch_start = if sketch == Sketch::None {
             at.len
+        } else {
+            at.sketch_off
+        };
+        let (bounds_end, scales) = if dtype.is_quantized() {
+            (at.scales_off, &payload[at.scales_off..sketch_start])
+        } else {
+            (sketch_start, &payload[sketch_start..sketch_start])
         };
         Ok(KvBlock {
             shape,
@@ -290,6 +433,8 @@ impl<'a> KvBlock<'a> {
             v: &payload[at.v_off..at.bounds_off],
             bounds: &payload[at.bounds_off..bounds_end],
             scales,
+            sketch,
+            sketch_bytes: &payload[sketch_start..],
         })
     }
 
@@ -318,6 +463,17 @@ impl<'a> KvBlock<'a> {
         )
     }
 
+    /// The key sketch of head `h`: its codes (`[tokens][head_dim]` of the sketch's type) and its
+    /// `head_dim` scales. `None` without a sketch.
+    pub fn head_sketch(&self, h: usize) -> Option<(&'a [u8], Vec<f32>)> {
+        let t = self.sketch.dtype()?;
+        let (d, n) = (self.shape.head_dim as usize, self.shape.tokens as usize);
+        let per = self.sketch.head_bytes(n, d)?;
+        let head = &self.sketch_bytes[h * per..(h + 1) * per];
+        let codes = t.bytes(d) * n;
+        Some((&head[..codes], f32s(&head[codes..])))
+    }
+
     /// K and V of head `h` as f32 (`[tokens][head_dim]` each): converted from f16 or bf16, or
     /// dequantized (`code × scale`) for a quantized block.
     pub fn head_f32(&self, h: usize) -> (Vec<f32>, Vec<f32>) {
@@ -341,14 +497,16 @@ impl<'a> KvBlock<'a> {
 }
 
 /// True if a stored layout names exactly the sections `at` of its shape (`scales_off` zero for
-/// an unquantized block).
+/// an unquantized block, `sketch_off` zero without a sketch) and its reserved word is zero.
 pub fn layout_matches(l: &KvLayout, at: &KvOffsets) -> bool {
     (
         l.k_off as usize,
         l.v_off as usize,
         l.bounds_off as usize,
         l.scales_off as usize,
-    ) == (at.k_off, at.v_off, at.bounds_off, at.scales_off)
+        l.sketch_off as usize,
+    ) == (at.k_off, at.v_off, at.bounds_off, at.scales_off, at.sketch_off)
+        && l.reserved1 == 0
 }
 
 /// Cuts a sequence's head-major K and V (`[heads][tokens][row_bytes]` bytes each, `tokens` the

@@ -161,8 +161,16 @@ fn f16_blocks_keep_their_layout() {
     assert_eq!(p.len(), LAYOUT_SIZE + 2 * t + 2 * 32 * 8);
     let l: KvLayout = format::from_bytes(&p);
     assert_eq!(
-        (l.k_off, l.v_off, l.bounds_off, l.scales_off, l.reserved1),
-        (64, 64 + t as u32, 64 + 2 * t as u32, 0, [0, 0])
+        (
+            l.k_off,
+            l.v_off,
+            l.bounds_off,
+            l.scales_off,
+            l.sketch,
+            l.sketch_off,
+            l.reserved1
+        ),
+        (64, 64 + t as u32, 64 + 2 * t as u32, 0, 0, 0, 0)
     );
     let b = KvBlock::parse(&p).unwrap();
     assert!(b.scales.is_empty());
@@ -171,4 +179,75 @@ fn f16_blocks_keep_their_layout() {
     let mut bad = p.clone();
     bad[52] = 1;
     assert!(KvBlock::parse(&bad).is_err());
+}
+
+#[test]
+fn key_sketches_are_written_with_the_block_and_checked() {
+    use cxlkv_runtime::kv::{encode_with, Sketch};
+    let mut rng = SplitMix64::new(19);
+    for dtype in [DType::F32, DType::F16, DType::I8] {
+        let s = shape(dtype, 12);
+        let n = 2 * 12 * 32;
+        let kf: Vec<f32> = rng.normal_vec(n);
+        let vf: Vec<f32> = rng.normal_vec(n);
+        // K and V as encode takes them: the stored elements, f32 for a quantized block.
+        let elems = |x: &[f32]| -> Vec<u8> {
+            match dtype {
+                DType::F16 => x
+                    .iter()
+                    .flat_map(|&v| cxlkv_kernels::f32_to_f16(v).to_le_bytes())
+                    .collect(),
+                _ => f32_bytes(x),
+            }
+        };
+        let (k, v) = (elems(&kf), elems(&vf));
+        let plain = cxlkv_runtime::kv::encode(&s, &k, &v).unwrap();
+        let p = encode_with(&s, &k, &v, Sketch::Int4).unwrap();
+        // The sketch comes after everything else: the rest of the block is unchanged.
+        let per_head = 12 * 16 + 32 * 4;
+        assert_eq!(p.len(), plain.len() + 2 * per_head, "{dtype:?}");
+        let l: KvLayout = format::from_bytes(&p);
+        assert_eq!((l.sketch, l.sketch_off as usize), (1, plain.len()));
+        assert_eq!(&p[64..plain.len()], &plain[64..]);
+        let b = KvBlock::parse(&p).unwrap();
+        assert_eq!(b.sketch, Sketch::Int4);
+        for h in 0..2 {
+            // Each head's sketch is the int4 per-channel quantization of its keys as given.
+            let head: Vec<f32> = (0..12 * 32)
+                .map(|i| dtype.load(&k, h * 12 * 32 + i))
+                .collect();
+            let head = if dtype == DType::I8 {
+                kf[h * 12 * 32..(h + 1) * 12 * 32].to_vec()
+            } else {
+                head
+            };
+            let (codes, scales) = cxlkv_kernels::quant::quantize_keys(&head, 32, DType::I4);
+            let (c, sc) = b.head_sketch(h).unwrap();
+            assert_eq!(c, &codes[..]);
+            assert_eq!(sc, scales);
+        }
+        // An unknown sketch code, a sketch offset without a sketch, a nonzero reserved word or
+        // a truncated sketch are refused.
+        let edits: Vec<Edit> = vec![
+            Box::new(|l| l.sketch = 2),
+            Box::new(|l| l.sketch = 0),
+            Box::new(|l| l.reserved1 = 1),
+            Box::new(|l| l.sketch_off += 1),
+        ];
+        for e in &edits {
+            let mut bad = p.clone();
+            let mut l: KvLayout = format::from_bytes(&bad);
+            e(&mut l);
+            bad[..64].copy_from_slice(format::as_bytes(&l));
+            assert!(KvBlock::parse(&bad).is_err(), "{l:?}");
+        }
+        assert!(KvBlock::parse(&p[..p.len() - 1]).is_err());
+    }
+    // An odd head dimension has no int4 sketch.
+    let odd = KvShape {
+        head_dim: 3,
+        ..shape(DType::F32, 2)
+    };
+    let x = vec![0u8; 2 * 2 * 3 * 4];
+    assert!(encode_with(&odd, &x, &x, Sketch::Int4).is_err());
 }

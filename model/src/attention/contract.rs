@@ -97,6 +97,9 @@ pub struct AttentionStats {
     /// Softmax mass the selections left out, summed over `selected_heads`, in units of 1e-9
     /// (an integer so that stats stay `Eq`); [`AttentionStats::left_out_mass`] is the mean.
     pub left_out_mass_e9: u64,
+    /// Key rows re-scored exactly after a key sketch's scoring, summed over the selected query
+    /// heads (each counts its group's candidate union).
+    pub rescored_rows: u64,
 }
 
 impl AttentionStats {
@@ -112,6 +115,7 @@ impl AttentionStats {
             device_ns: self.device_ns - before.device_ns,
             selected_heads: self.selected_heads - before.selected_heads,
             left_out_mass_e9: self.left_out_mass_e9 - before.left_out_mass_e9,
+            rescored_rows: self.rescored_rows - before.rescored_rows,
         }
     }
 
@@ -127,6 +131,7 @@ impl AttentionStats {
             device_ns: self.device_ns + other.device_ns,
             selected_heads: self.selected_heads + other.selected_heads,
             left_out_mass_e9: self.left_out_mass_e9 + other.left_out_mass_e9,
+            rescored_rows: self.rescored_rows + other.rescored_rows,
         }
     }
 

@@ -2,19 +2,24 @@
 //! command's blocks scored in place (pinned) in block-list order into the per-query
 //! [`Selection`], the union of the group's lists, its key and value rows gathered in token order
 //! out of the pinned blocks, and one fused pass over them ([`cxlkv_kernels::attend_block`]),
-//! exactly as the host fallback does.
+//! exactly as the host fallback does. On key sketches and quantized blocks (ABI 1.3), the shared
+//! [`cxlkv_runtime::ndp::sketch::sparse_rows`] over the pinned blocks ([`PinnedRows`]); the HLS
+//! engine refuses a sketch.
 
 use crate::device::attend::Selector;
 use crate::device::commands::{err, Done, Outcome};
 use crate::device::model::Device;
 use crate::engine_hls::{Engine, HlsSparse};
-use cxlkv_kernels::{attend_block, KeyRows, Partial, QueryGroup};
+use cxlkv_kernels::{attend_block, DType, KeyRows, Partial, QueryGroup};
 use cxlkv_runtime::ndp::abi::*;
 use cxlkv_runtime::ndp::select::Selection;
+use cxlkv_runtime::ndp::sketch::{sparse_rows, BlockRows, Section};
 use cxlkv_runtime::ndp::sparse::{
-    encode_sparse_result, left_out, parse_tail, sparse_result_size, union, TAIL_BYTES,
+    encode_sparse_result, left_out, parse_tail, sparse_result_size, union, Sparse, TAIL_BYTES,
 };
-use cxlkv_runtime::ndp::{locate_token, DeviceStatus, ScanStats};
+use cxlkv_runtime::ndp::{
+    locate_token, read_scales, read_sketch_scales, DeviceStatus, ResolvedBlock, ScanStats,
+};
 use std::time::Instant;
 
 impl Device {
@@ -34,24 +39,52 @@ impl Device {
         {
             return Err(err(CXLKV_NDP_ERR_ARGS));
         }
-        if dtype.is_quantized() {
-            // Each quantized block scores with its own folded queries, which one pass over the
-            // union's gathered rows would mix: refused, as the HLS unit does.
+        let size = sparse_result_size(g, dim).ok_or(err(CXLKV_NDP_ERR_ARGS))?;
+        let qbytes = g * dim * 4;
+        let raw = self.args(qp, cmd, (qbytes + n * 24 + TAIL_BYTES) as u64, size)?;
+        let (sel, scale, candidates) = parse_tail(&raw[qbytes + n * 24..])?;
+        if candidates.is_some() && self.cfg.engine == Engine::Hls {
+            // The HLS unit has no sketch datapath (the device does not advertise CAP_SKETCH with
+            // this engine): a clear refusal, not a wrong answer.
             return Err(DeviceStatus::at(
                 CXLKV_NDP_ERR_ARGS,
                 CXLKV_NDP_DETAIL_BAD_OPTIONS as usize,
             ));
         }
-        let size = sparse_result_size(g, dim).ok_or(err(CXLKV_NDP_ERR_ARGS))?;
-        let qbytes = g * dim * 4;
-        let raw = self.args(qp, cmd, (qbytes + n * 24 + TAIL_BYTES) as u64, size)?;
-        let (sel, scale) = parse_tail(&raw[qbytes + n * 24..])?;
         let qv: Vec<f32> = raw[..qbytes]
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
         let queries = QueryGroup::new(&qv, dim).map_err(|_| err(CXLKV_NDP_ERR_ARGS))?;
         let (blocks, order) = self.resolve(&raw[qbytes..qbytes + n * 24], n, &want)?;
+        if candidates.is_some() || dtype.is_quantized() {
+            // Rows picked one by one (a sketch's candidates, a quantized block's runs): the
+            // computation the host fallback runs too.
+            let sp = Sparse {
+                select: sel,
+                k,
+                candidates,
+            };
+            let mut rows = PinnedRows {
+                dev: self,
+                blocks: &blocks,
+                dtype,
+                dim,
+                t0: Instant::now(),
+                paced: 0,
+            };
+            let kernel = self.cfg.kernel;
+            let a = sparse_rows(
+                &mut rows, &blocks, &order, &queries, &sp, scale, kernel, dtype,
+            )?;
+            self.still_valid(&blocks)?;
+            let out =
+                encode_sparse_result(&a.parts, a.union_len, &a.left_out, a.rescored, &a.stats);
+            return Ok(Done {
+                result_bytes: self.write_result(cmd, &out)?,
+                stats: a.stats,
+            });
+        }
         let ranges: Vec<(u64, u64)> = blocks
             .iter()
             .map(|b| (u64::from(b.base), u64::from(b.base) + u64::from(b.tokens)))
@@ -128,11 +161,81 @@ impl Device {
         stats.bytes_scanned += 2 * (union_len * row) as u64;
         self.still_valid(&blocks)?;
         let left: Vec<f32> = selection.iter().map(|s| s.1).collect();
-        let out = encode_sparse_result(&parts, union_len, &left, &stats);
+        let out = encode_sparse_result(&parts, union_len, &left, None, &stats);
         Ok(Done {
             result_bytes: self.write_result(cmd, &out)?,
             stats,
         })
+    }
+}
+
+/// How the device reads a command's blocks for [`sparse_rows`]: in place, each block pinned while
+/// it is read ([`Device::with_rows`]), paced to the configured internal bandwidth.
+struct PinnedRows<'a> {
+    dev: &'a Device,
+    blocks: &'a [ResolvedBlock],
+    dtype: DType,
+    dim: usize,
+    t0: Instant,
+    paced: u64,
+}
+
+impl BlockRows for PinnedRows<'_> {
+    fn keys(&mut self, b: usize, f: &mut dyn FnMut(&KeyRows<'_>)) -> Result<(), DeviceStatus> {
+        let r = &self.blocks[b];
+        self.dev
+            .with_rows(r, r.k_off, r.head_bytes, self.dtype, self.dim, |k| f(k))
+    }
+
+    fn sketch(&mut self, b: usize, f: &mut dyn FnMut(&KeyRows<'_>)) -> Result<(), DeviceStatus> {
+        let r = &self.blocks[b];
+        let t = r
+            .sketch
+            .dtype()
+            .ok_or(DeviceStatus::at(CXLKV_NDP_ERR_LAYOUT, b))?;
+        let len = r.sketch_code_bytes(self.dim);
+        self.dev
+            .with_rows(r, r.sketch_off, len, t, self.dim, |c| f(c))
+    }
+
+    fn copy_rows(
+        &mut self,
+        b: usize,
+        section: Section,
+        rows: &[usize],
+        out: &mut [u8],
+    ) -> Result<(), DeviceStatus> {
+        let r = &self.blocks[b];
+        let off = match section {
+            Section::Keys => r.k_off,
+            Section::Values => r.v_off,
+        };
+        let row = self.dtype.bytes(self.dim);
+        self.dev
+            .with_rows(r, off, r.head_bytes, self.dtype, self.dim, |src| {
+                for (x, &i) in rows.iter().enumerate() {
+                    src.copy_row(i, &mut out[x * row..(x + 1) * row]);
+                }
+            })?;
+        self.paced += (rows.len() * row) as u64;
+        self.dev.pace(self.t0, self.paced);
+        Ok(())
+    }
+
+    fn scales(&mut self, b: usize) -> Result<(Vec<f32>, Vec<f32>), DeviceStatus> {
+        read_scales(self.dev.mem(), &self.blocks[b], self.dim)
+            .map_err(|_| err(CXLKV_NDP_ERR_RANGE))
+    }
+
+    fn sketch_scales(&mut self, b: usize) -> Result<Vec<f32>, DeviceStatus> {
+        read_sketch_scales(self.dev.mem(), &self.blocks[b], self.dim)
+            .map_err(|_| err(CXLKV_NDP_ERR_RANGE))
+    }
+
+    fn scanned(&mut self, b: usize, bytes: u64) {
+        self.dev.touch(&self.blocks[b]);
+        self.paced += bytes;
+        self.dev.pace(self.t0, self.paced);
     }
 }
 

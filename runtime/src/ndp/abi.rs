@@ -7,7 +7,7 @@
 
 pub const CXLKV_NDP_MAGIC: u64 = 5783833953988008003;
 pub const CXLKV_NDP_ABI_MAJOR: u32 = 1;
-pub const CXLKV_NDP_ABI_MINOR: u32 = 2;
+pub const CXLKV_NDP_ABI_MINOR: u32 = 3;
 pub const CXLKV_NDP_REGS_SIZE: u32 = 4096;
 pub const CXLKV_NDP_QUEUE_DEPTH: u32 = 16;
 pub const CXLKV_NDP_CMD_SIZE: u32 = 64;
@@ -31,6 +31,7 @@ pub const CXLKV_NDP_CAP_ATTEND: u32 = 128;
 pub const CXLKV_NDP_CAP_SELECT: u32 = 256;
 pub const CXLKV_NDP_CAP_SPARSE_ATTEND: u32 = 512;
 pub const CXLKV_NDP_CAP_QUANT: u32 = 1024;
+pub const CXLKV_NDP_CAP_SKETCH: u32 = 2048;
 pub const CXLKV_NDP_OP_NOP: u32 = 0;
 pub const CXLKV_NDP_OP_SCORE_TOPK: u32 = 1;
 pub const CXLKV_NDP_OP_GATHER: u32 = 2;
@@ -46,6 +47,8 @@ pub const CXLKV_NDP_SEL_WINDOW: u32 = 1;
 pub const CXLKV_NDP_SEL_EXCLUDE: u32 = 2;
 pub const CXLKV_NDP_SEL_TOP_P: u32 = 4;
 pub const CXLKV_NDP_SEL_ALL: u32 = 7;
+pub const CXLKV_NDP_SEL_SKETCH: u32 = 8;
+pub const CXLKV_NDP_MAX_CANDIDATES: u32 = 65536;
 pub const CXLKV_NDP_DETAIL_BAD_P: u32 = 1;
 pub const CXLKV_NDP_DETAIL_BAD_WINDOW: u32 = 2;
 pub const CXLKV_NDP_DETAIL_BAD_EXCLUDE: u32 = 3;
@@ -350,7 +353,7 @@ pub struct cxlkv_ndp_select {
     pub scale: f32,
     pub top_p: f32,
     pub options: u32,
-    pub reserved0: u32,
+    pub candidates: u32,
     pub sinks: u64,
     pub window_start: u64,
     pub window_end: u64,
@@ -368,8 +371,8 @@ const _: () = {
         [::std::mem::offset_of!(cxlkv_ndp_select, top_p) - 4usize];
     ["Offset of field: cxlkv_ndp_select::options"]
         [::std::mem::offset_of!(cxlkv_ndp_select, options) - 8usize];
-    ["Offset of field: cxlkv_ndp_select::reserved0"]
-        [::std::mem::offset_of!(cxlkv_ndp_select, reserved0) - 12usize];
+    ["Offset of field: cxlkv_ndp_select::candidates"]
+        [::std::mem::offset_of!(cxlkv_ndp_select, candidates) - 12usize];
     ["Offset of field: cxlkv_ndp_select::sinks"]
         [::std::mem::offset_of!(cxlkv_ndp_select, sinks) - 16usize];
     ["Offset of field: cxlkv_ndp_select::window_start"]

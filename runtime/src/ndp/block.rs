@@ -8,7 +8,7 @@
 use crate::coherence::{self, Site};
 use crate::format::{self, Codec, KvLayout};
 use crate::key::Key;
-use crate::kv::{layout_matches, KvShape, LAYOUT_SIZE};
+use crate::kv::{layout_matches, KvShape, Sketch, LAYOUT_SIZE};
 use crate::ndp::abi::*;
 use crate::ndp::layout::DeviceStatus;
 use crate::pool::{BlockRef, Pool};
@@ -53,12 +53,24 @@ pub struct ResolvedBlock {
     /// Pool offset of the head's value scales (`tokens` f32, per token) in a quantized block; 0
     /// otherwise.
     pub v_scales_off: u64,
+    /// The block's key sketch ([`Sketch::None`] without one).
+    pub sketch: Sketch,
+    /// Pool offset of the head's sketch codes (`tokens` rows of the sketch's type), its `dim` f32
+    /// scales right after; 0 without a sketch.
+    pub sketch_off: u64,
 }
 
 impl ResolvedBlock {
     /// True for a block of quantized codes (its scales are at `k_scales_off` and `v_scales_off`).
     pub fn quantized(&self) -> bool {
         self.k_scales_off != 0
+    }
+
+    /// Bytes of the head's sketch codes (0 without a sketch).
+    pub fn sketch_code_bytes(&self, dim: usize) -> u64 {
+        self.sketch
+            .dtype()
+            .map_or(0, |t| (t.bytes(dim) * self.tokens as usize) as u64)
     }
 
     /// Bytes of the head's scales (K's and V's; 0 for an unquantized block).
@@ -101,8 +113,12 @@ pub fn resolve_block(
         sequence: l.sequence,
         token_offset: l.token_offset,
     };
-    // The one layout a block of this shape may have (sizes and offsets, scales included).
-    let Some(at) = shape.offsets() else {
+    // The one layout a block of this shape may have (sizes and offsets, scales and sketch
+    // included).
+    let Some(sketch) = Sketch::from_code(l.sketch) else {
+        return Err(layout_err);
+    };
+    let Some(at) = shape.offsets_with(sketch) else {
         return Err(layout_err);
     };
     let ok = l.dtype == want.dtype as u32
@@ -141,7 +157,33 @@ pub fn resolve_block(
         head_bytes,
         k_scales_off,
         v_scales_off,
+        sketch,
+        sketch_off: match sketch.head_bytes(l.tokens as usize, l.head_dim as usize) {
+            Some(per) if sketch != Sketch::None => {
+                r.payload_off + u64::from(l.sketch_off) + h * per as u64
+            }
+            _ => 0,
+        },
     })
+}
+
+/// Reads the `dim` f32 scales of a resolved block's key sketch (empty without one).
+pub fn read_sketch_scales(
+    mem: &dyn SharedMemory,
+    b: &ResolvedBlock,
+    dim: usize,
+) -> cxlkv_shm::mem::Result<Vec<f32>> {
+    if b.sketch == Sketch::None {
+        return Ok(Vec::new());
+    }
+    let off = b.sketch_off + b.sketch_code_bytes(dim);
+    let mut raw = vec![0u8; 4 * dim];
+    coherence::acquire(mem, Site::PayloadRead, off, raw.len() as u64);
+    mem.read(off, &mut raw)?;
+    Ok(raw
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
 }
 
 /// Reads a resolved quantized block's scales of its head: K's (`dim` f32) and V's (`tokens` f32).

@@ -23,6 +23,9 @@
 //!   each list leaves out, one streaming implementation for the device and the host.
 //! - [`sparse`]: the sparse ATTEND (ATTEND with selection): the union of a group's lists, the
 //!   mass it leaves out and the result format, for the device and the host.
+//! - [`sketch`]: the sparse ATTEND over rows picked one by one: on the blocks' key sketches
+//!   (score the sketch, re-score the best candidates exactly, attend the selection) and over
+//!   quantized blocks, for the device and the host.
 //! - [`client`]: [`NdpDevice`]: submit, poll, wait with a timeout, and the host fallback.
 //!
 //! The scan itself is not here: the device's engines and the host fallback all run the kernels'
@@ -50,13 +53,14 @@ pub mod quant;
 pub mod queue;
 pub mod result;
 pub mod select;
+pub mod sketch;
 pub mod sparse;
 
 pub use cxlkv_shm::futex::{wait as futex_wait, wake as futex_wake};
 
 pub use block::{
-    check_owned_range, gathered_dtype, locate_token, read_bounds, read_scales, resolve_block,
-    sorted_ranges, BlockExpect, ResolvedBlock,
+    check_owned_range, gathered_dtype, locate_token, read_bounds, read_scales, read_sketch_scales,
+    resolve_block, sorted_ranges, BlockExpect, ResolvedBlock,
 };
 pub use client::{
     host_attend, host_attend_with, host_gather, host_score_topk, AttendRequest, Attended,

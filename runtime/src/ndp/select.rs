@@ -61,11 +61,13 @@ impl Select {
         Ok(())
     }
 
-    fn excluded(&self, t: u64) -> bool {
+    /// Whether token `t` is in the exclusion range.
+    pub(crate) fn excluded(&self, t: u64) -> bool {
         self.exclude.is_some_and(|(a, b)| t >= a && t < b)
     }
 
-    fn forced(&self, t: u64) -> bool {
+    /// Whether token `t` is always included (a sink or in the window, and not excluded).
+    pub(crate) fn forced(&self, t: u64) -> bool {
         !self.excluded(t) && (t < self.sinks || self.window.is_some_and(|(a, b)| t >= a && t < b))
     }
 }
@@ -114,7 +116,7 @@ impl Select {
             scale,
             top_p: self.top_p.unwrap_or(0.0),
             options,
-            reserved0: 0,
+            candidates: 0,
             sinks: self.sinks,
             window_start: ws,
             window_end: we,
@@ -128,7 +130,7 @@ impl Select {
     /// fields or a non-finite scale are refused (`CXLKV_NDP_ERR_ARGS` with its detail), as is
     /// everything [`Select::check`] refuses.
     pub fn from_abi(w: &cxlkv_ndp_select) -> Result<(Select, f32), DeviceStatus> {
-        if w.options & !CXLKV_NDP_SEL_ALL != 0 || w.reserved0 != 0 || w.reserved1 != 0 {
+        if w.options & !CXLKV_NDP_SEL_ALL != 0 || w.candidates != 0 || w.reserved1 != 0 {
             return Err(DeviceStatus::at(
                 CXLKV_NDP_ERR_ARGS,
                 CXLKV_NDP_DETAIL_BAD_OPTIONS as usize,
@@ -242,15 +244,49 @@ impl Selection {
         }
     }
 
+    /// Feeds the scores of tokens `tokens` (any order, each once, none fed before),
+    /// key-major `scores[i * g + j]` for `g` queries, one list per query.
+    pub fn feed_tokens(&mut self, tokens: &[u32], scores: &[f32], g: usize) {
+        for (i, &t) in tokens.iter().enumerate() {
+            if self.sel.excluded(u64::from(t)) {
+                continue;
+            }
+            let forced = self.sel.forced(u64::from(t));
+            for (l, &s) in self.lists.iter_mut().zip(&scores[i * g..(i + 1) * g]) {
+                Self::offer(l, t, s, forced, self.scale);
+            }
+        }
+    }
+
+    /// Adds the scores of one block (tokens `base..`, key-major for `g` queries, one list per
+    /// query) to each list's mass only, skipping the tokens `skip` names and the excluded ones:
+    /// the estimated terms of tokens that can no longer be selected.
+    pub fn feed_mass(&mut self, base: u32, scores: &[f32], g: usize, skip: impl Fn(u32) -> bool) {
+        let n = scores.len() / g.max(1);
+        for i in 0..n {
+            let t = base + i as u32;
+            if skip(t) || self.sel.excluded(u64::from(t)) {
+                continue;
+            }
+            for (l, &s) in self.lists.iter_mut().zip(&scores[i * g..(i + 1) * g]) {
+                Self::add_mass(l, self.scale * f64::from(s));
+            }
+        }
+    }
+
     #[inline]
-    fn offer(l: &mut ListState, t: u32, s: f32, forced: bool, scale: f64) {
-        let x = scale * f64::from(s);
+    fn add_mass(l: &mut ListState, x: f64) {
         if x > l.max {
             l.sum = l.sum * (l.max - x).exp() + 1.0;
             l.max = x;
         } else {
             l.sum += (x - l.max).exp();
         }
+    }
+
+    #[inline]
+    fn offer(l: &mut ListState, t: u32, s: f32, forced: bool, scale: f64) {
+        Self::add_mass(l, scale * f64::from(s));
         if forced {
             l.forced.push(Hit { index: t, score: s });
         } else {

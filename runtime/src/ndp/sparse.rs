@@ -28,12 +28,15 @@ pub struct Sparse {
     pub select: Select,
     /// Tokens per query list, at most (1..=`CXLKV_NDP_MAX_K`).
     pub k: usize,
+    /// Score on the blocks' key sketches and re-score this many candidates per query exactly
+    /// (ABI 1.3, [`crate::ndp::sketch`]); `None` scores every key exactly.
+    pub candidates: Option<usize>,
 }
 
 /// Checks a sparse ATTEND's argument tail (`TAIL_BYTES`): the attend part's reserved fields and
-/// finite scale, the selection (as a selected SCORE_TOPK's), and one scale for both. Returns the
-/// selection and the scale.
-pub fn parse_tail(tail: &[u8]) -> Result<(Select, f32), DeviceStatus> {
+/// finite scale, the selection (as a selected SCORE_TOPK's, plus `CXLKV_NDP_SEL_SKETCH` with its
+/// candidate count), and one scale for both. Returns the selection, the scale and the candidates.
+pub fn parse_tail(tail: &[u8]) -> Result<(Select, f32, Option<usize>), DeviceStatus> {
     let args = |d: u32| DeviceStatus::at(CXLKV_NDP_ERR_ARGS, d as usize);
     if tail.len() < TAIL_BYTES {
         return Err(DeviceStatus::new(CXLKV_NDP_ERR_ARGS));
@@ -45,12 +48,32 @@ pub fn parse_tail(tail: &[u8]) -> Result<(Select, f32), DeviceStatus> {
     if !a.scale.is_finite() {
         return Err(args(CXLKV_NDP_DETAIL_BAD_SCALE));
     }
-    let w: cxlkv_ndp_select = format::from_bytes(&tail[16..TAIL_BYTES]);
+    let mut w: cxlkv_ndp_select = format::from_bytes(&tail[16..TAIL_BYTES]);
+    let candidates = if w.options & CXLKV_NDP_SEL_SKETCH != 0 {
+        let c = w.candidates as usize;
+        crate::ndp::sketch::check_candidates(c)?;
+        w.options &= !CXLKV_NDP_SEL_SKETCH;
+        w.candidates = 0;
+        Some(c)
+    } else {
+        None
+    };
     let (sel, scale) = Select::from_abi(&w)?;
     if scale.to_bits() != a.scale.to_bits() {
         return Err(args(CXLKV_NDP_DETAIL_BAD_SCALE));
     }
-    Ok((sel, scale))
+    Ok((sel, scale, candidates))
+}
+
+/// The wire form of a sparse ATTEND's selection: [`Select::to_abi`], plus the sketch option and
+/// its candidate count.
+pub fn select_to_abi(sp: &Sparse, scale: f32) -> cxlkv_ndp_select {
+    let mut w = sp.select.to_abi(scale);
+    if let Some(c) = sp.candidates {
+        w.options |= CXLKV_NDP_SEL_SKETCH;
+        w.candidates = u32::try_from(c).unwrap_or(u32::MAX);
+    }
+    w
 }
 
 /// The union of the lists' tokens, ascending, each once.
@@ -86,11 +109,13 @@ pub fn sparse_result_size(g: usize, dim: usize) -> Option<u64> {
 }
 
 /// Encodes a sparse ATTEND result: ATTEND's, with `bounds_off` naming one
-/// `cxlkv_ndp_list_info` per query (`count` = `union_len`, the query's left-out mass).
+/// `cxlkv_ndp_list_info` per query (`count` = `union_len`, the query's left-out mass) and
+/// `bounds_match` the key rows re-scored on a sketch (`rescored`, 0 without one).
 pub fn encode_sparse_result(
     parts: &[Partial],
     union_len: usize,
     left_out: &[f32],
+    rescored: Option<usize>,
     stats: &ScanStats,
 ) -> Vec<u8> {
     let mut out = encode_attend_result(parts, stats);
@@ -104,6 +129,7 @@ pub fn encode_sparse_result(
     }
     let mut h: cxlkv_ndp_result = format::from_bytes(&out);
     h.bounds_off = at as u32;
+    h.bounds_match = rescored.map_or(0, |c| c as u32);
     h.total_bytes = out.len() as u64;
     out[..64].copy_from_slice(format::as_bytes(&h));
     out
@@ -150,17 +176,19 @@ mod tests {
                 sum: 2.0,
             })
             .collect();
-        let out = encode_sparse_result(&parts, 7, &[0.1, 0.2, 0.3], &ScanStats::default());
+        let out = encode_sparse_result(&parts, 7, &[0.1, 0.2, 0.3], Some(40), &ScanStats::default());
         assert_eq!(out.len() as u64, sparse_result_size(3, 16).unwrap());
         let (back, _) = decode_attend_result(&out, 3, 16).unwrap();
         assert_eq!(back, parts);
         let info = decode_list_info(&out).unwrap();
         assert_eq!(info, vec![(7, 0.1), (7, 0.2), (7, 0.3)]);
+        let h: cxlkv_ndp_result = format::from_bytes(&out);
+        assert_eq!(h.bounds_match, 40);
     }
 
     #[test]
     fn tails_are_checked() {
-        let tail = |scale: f32, sel_scale: f32, options: u32| {
+        let tail_c = |scale: f32, sel_scale: f32, options: u32, candidates: u32| {
             let mut t = format::as_bytes(&cxlkv_ndp_attend {
                 scale,
                 ..Default::default()
@@ -169,10 +197,12 @@ mod tests {
             t.extend_from_slice(format::as_bytes(&cxlkv_ndp_select {
                 scale: sel_scale,
                 options,
+                candidates,
                 ..Default::default()
             }));
             t
         };
+        let tail = |scale, sel_scale, options| tail_c(scale, sel_scale, options, 0);
         assert!(parse_tail(&tail(0.5, 0.5, 0)).is_ok());
         let detail = |t: Vec<u8>| parse_tail(&t).unwrap_err().detail;
         assert_eq!(detail(tail(0.5, 0.25, 0)), CXLKV_NDP_DETAIL_BAD_SCALE);
@@ -182,5 +212,29 @@ mod tests {
         );
         assert_eq!(detail(tail(0.5, 0.5, 1 << 9)), CXLKV_NDP_DETAIL_BAD_OPTIONS);
         assert_eq!(parse_tail(&[0; 8]).unwrap_err().code, CXLKV_NDP_ERR_ARGS);
+        // The sketch option: its candidate count in 1..=MAX_CANDIDATES, none without it.
+        let sk = CXLKV_NDP_SEL_SKETCH;
+        let (_, _, c) = parse_tail(&tail_c(0.5, 0.5, sk, 300)).unwrap();
+        assert_eq!(c, Some(300));
+        for bad in [
+            tail_c(0.5, 0.5, sk, 0),
+            tail_c(0.5, 0.5, sk, CXLKV_NDP_MAX_CANDIDATES + 1),
+            tail_c(0.5, 0.5, 0, 300),
+        ] {
+            assert_eq!(detail(bad), CXLKV_NDP_DETAIL_BAD_OPTIONS);
+        }
+        // A round trip through the wire form.
+        let sp = Sparse {
+            select: Select::default(),
+            k: 9,
+            candidates: Some(77),
+        };
+        let mut t = format::as_bytes(&cxlkv_ndp_attend {
+            scale: 0.5,
+            ..Default::default()
+        })
+        .to_vec();
+        t.extend_from_slice(format::as_bytes(&select_to_abi(&sp, 0.5)));
+        assert_eq!(parse_tail(&t).unwrap().2, Some(77));
     }
 }

@@ -43,8 +43,20 @@ impl Participant {
     /// `key`; the key bounds are computed here so scorers can prune the block. Counted as a `put`
     /// of the bytes of K and V.
     pub fn put_kv(&self, key: Key, shape: &KvShape, k: &[u8], v: &[u8]) -> Result<Location> {
+        self.put_kv_with(key, shape, k, v, kv::Sketch::None)
+    }
+
+    /// [`Participant::put_kv`] with a key sketch made from the same K ([`kv::encode_with`]).
+    pub fn put_kv_with(
+        &self,
+        key: Key,
+        shape: &KvShape,
+        k: &[u8],
+        v: &[u8],
+        sketch: kv::Sketch,
+    ) -> Result<Location> {
         let t0 = Instant::now();
-        let r = kv::encode(shape, k, v)
+        let r = kv::encode_with(shape, k, v, sketch)
             .and_then(|payload| self.put_with_codec(key, Codec::KvV1, &payload));
         count_call(Op::Put, t0, &r, |_| {
             (Outcome::Ok, (k.len() + v.len()) as u64, 0)

@@ -79,6 +79,11 @@ pub struct EvalArgs {
     /// Most recent tokens that top-k / top-p modes always include.
     #[arg(long, default_value_t = 64)]
     window: u64,
+    /// Key sketch stored with every block: `none`, or `int4[:C]` (4-bit keys per channel;
+    /// `ndp-topk`/`ndp-topp` score it and re-score the C best candidates per query exactly,
+    /// default 1024).
+    #[arg(long, default_value = "none", value_name = "SKETCH")]
+    sketch: String,
 }
 
 /// The pool modes' environment from the command line (as `cxlkv generate` takes it).
@@ -91,6 +96,10 @@ fn env_options(a: &EvalArgs) -> Result<EnvOptions> {
     if a.block_tokens == 0 {
         return Err(Error::Usage("--block-tokens must be at least 1".into()));
     }
+    let sketch = a
+        .sketch
+        .parse()
+        .map_err(|e| Error::Usage(format!("--sketch: {e}")))?;
     Ok(EnvOptions {
         pool: a.pool.clone(),
         device,
@@ -98,6 +107,7 @@ fn env_options(a: &EvalArgs) -> Result<EnvOptions> {
         dtype,
         sinks: a.sinks,
         window: a.window,
+        sketch,
     })
 }
 

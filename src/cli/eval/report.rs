@@ -181,6 +181,8 @@ pub fn json(setting: &Setting, results: &[ModeResult], dense_ms: f64, dense_ppl:
                 "link_write_bytes_per_token": r.per_token(st.link_write_bytes),
                 "device_scan_bytes_per_token": r.per_token(st.device_scan_bytes),
                 "left_out_mass": st.left_out_mass(),
+                "rescored_rows_per_head": (st.rescored_rows > 0)
+                    .then(|| st.rescored_rows as f64 / st.selected_heads.max(1) as f64),
                 "device_commands_per_token": r.per_token(st.device_commands),
                 "device_ms_per_token": r.per_token(st.device_ns) / 1e6,
                 "ms_per_token": r.ms_per_token(),

@@ -21,7 +21,7 @@ use crate::ndp::result::{
     attend_result_size, decode_attend_result, decode_list_info, decode_topk_result,
     topk_result_size,
 };
-use crate::ndp::sparse::sparse_result_size;
+use crate::ndp::sparse::{select_to_abi, sparse_result_size, Sparse};
 use cxlkv_kernels::{DType, GroupMode};
 use std::time::{Duration, Instant};
 
@@ -302,7 +302,7 @@ impl NdpDevice {
         }));
         let g = req.queries.len() / req.dim;
         if let Some(sp) = &req.sparse {
-            args.extend_from_slice(format::as_bytes(&sp.select.to_abi(req.scale())));
+            args.extend_from_slice(format::as_bytes(&select_to_abi(sp, req.scale())));
             let cmd = cxlkv_ndp_cmd {
                 tag,
                 opcode: CXLKV_NDP_OP_ATTEND as u16,
@@ -318,7 +318,13 @@ impl NdpDevice {
                 ..Default::default()
             };
             let result_len = sparse_result_size(g, req.dim).unwrap_or(u64::MAX);
-            return self.try_stage(cmd, &args, result_len, CXLKV_NDP_CAP_SPARSE_ATTEND);
+            let sketch = if sp.candidates.is_some() {
+                CXLKV_NDP_CAP_SKETCH
+            } else {
+                0
+            };
+            let caps = CXLKV_NDP_CAP_SPARSE_ATTEND | quant_cap(req.dtype) | sketch;
+            return self.try_stage(cmd, &args, result_len, caps);
         }
         let cmd = cxlkv_ndp_cmd {
             tag,
@@ -545,9 +551,20 @@ impl NdpDevice {
                     .ok_or(NdpError::BadResult(n))?,
                 None => Vec::new(),
             };
+            let rescored = match a.sparse {
+                Some(Sparse {
+                    candidates: Some(_),
+                    ..
+                }) => {
+                    let h: cxlkv_ndp_result = format::from_bytes(&buf);
+                    Some(h.bounds_match as usize)
+                }
+                _ => None,
+            };
             return Ok(Answer::Attend(Attended {
                 partials,
                 selection,
+                rescored,
                 stats,
             }));
         }

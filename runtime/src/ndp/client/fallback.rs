@@ -9,6 +9,7 @@ use crate::ndp::block::{
     ResolvedBlock,
 };
 use crate::ndp::client::error::{NdpError, Result};
+use crate::ndp::client::host_rows::PulledRows;
 use crate::ndp::client::request::{
     AttendRequest, Attended, BlockSpec, NdpStats, ScoreRequest, TopK,
 };
@@ -16,6 +17,7 @@ use crate::ndp::layout::DeviceStatus;
 use crate::ndp::quant;
 use crate::ndp::result::{block_mass, ScanStats};
 use crate::ndp::select::Selection;
+use crate::ndp::sketch::sparse_rows;
 use crate::ndp::sparse::{left_out, union, Sparse};
 use crate::pool::Pool;
 use cxlkv_kernels::attention::default_scale;
@@ -366,6 +368,7 @@ pub fn host_attend_with(
         return Ok(Attended {
             partials: parts,
             selection: Vec::new(),
+            rescored: None,
             stats: NdpStats::on_host(pulled, scanned, blocks.len(), start),
         });
     }
@@ -375,12 +378,16 @@ pub fn host_attend_with(
 /// The sparse ATTEND on the host ([`crate::ndp::sparse`]): every block's keys pulled and scored in
 /// block-list order into the per-query [`Selection`], then the union's key and value rows pulled
 /// in token order and attended in one fused pass, as the device does, so the answer is identical.
+/// On key sketches or quantized blocks, [`crate::ndp::sketch::sparse_rows`] over pulled rows.
 fn host_sparse_attend(
     pool: &Pool,
     req: &AttendRequest<'_>,
     kernel: ScoreKernel,
     sp: &Sparse,
 ) -> Result<Attended> {
+    if sp.candidates.is_some() || req.dtype.is_quantized() {
+        return host_sparse_rows(pool, req, kernel, sp);
+    }
     let start = Instant::now();
     let want = req.as_score().expect();
     let mem = pool.memory();
@@ -443,6 +450,51 @@ fn host_sparse_attend(
         return Ok(Attended {
             partials: parts,
             selection: left.iter().map(|&m| (u.len() as u32, m)).collect(),
+            rescored: None,
+            stats: NdpStats::on_host(pulled, scanned, blocks.len(), start),
+        });
+    }
+    Err(NdpError::Stale(0))
+}
+
+/// [`host_sparse_attend`] on key sketches or quantized blocks: the device's computation
+/// ([`sparse_rows`]) over rows pulled across the link, which then carries what the device reads.
+fn host_sparse_rows(
+    pool: &Pool,
+    req: &AttendRequest<'_>,
+    kernel: ScoreKernel,
+    sp: &Sparse,
+) -> Result<Attended> {
+    let start = Instant::now();
+    let want = req.as_score().expect();
+    let mem = pool.memory();
+    let queries = QueryGroup::new(req.queries, req.dim)
+        .map_err(|e| NdpError::BadRequest(e.to_string()))?;
+    for _attempt in 0..crate::pool::READ_RETRIES {
+        let (blocks, order) = resolve_all(pool, req.blocks, &want)?;
+        let mut rows = PulledRows::new(&**mem, &blocks, req.dtype, req.dim);
+        let a = sparse_rows(
+            &mut rows,
+            &blocks,
+            &order,
+            &queries,
+            sp,
+            req.scale(),
+            kernel,
+            req.dtype,
+        )?;
+        if !blocks
+            .iter()
+            .all(|b| pool.still_valid(&b.block).unwrap_or(false))
+        {
+            continue;
+        }
+        let scanned = a.stats.bytes_scanned;
+        let pulled = scanned + HOST_META_BYTES_PER_BLOCK * blocks.len() as u64;
+        return Ok(Attended {
+            selection: a.left_out.iter().map(|&m| (a.union_len as u32, m)).collect(),
+            partials: a.parts,
+            rescored: a.rescored,
             stats: NdpStats::on_host(pulled, scanned, blocks.len(), start),
         });
     }

@@ -14,6 +14,7 @@
 pub mod commands;
 pub mod error;
 pub mod fallback;
+mod host_rows;
 pub mod request;
 pub mod ring;
 

@@ -279,11 +279,13 @@ impl AttendRequest<'_> {
     pub(super) fn check(&self) -> Result<()> {
         self.as_score().check()?;
         if let Some(sp) = &self.sparse {
-            if self.dtype.is_quantized() {
-                return Err(NdpError::BadRequest(format!(
-                    "sparse ATTEND serves f16, bf16 and f32 blocks, not {}",
-                    self.dtype.name()
-                )));
+            if let Some(c) = sp.candidates {
+                if c == 0 || c > CXLKV_NDP_MAX_CANDIDATES as usize {
+                    return Err(NdpError::BadRequest(format!(
+                        "sparse ATTEND re-scoring {c} sketch candidates a query \
+                         (1..={CXLKV_NDP_MAX_CANDIDATES})"
+                    )));
+                }
             }
             if sp.k == 0 || sp.k > CXLKV_NDP_MAX_K as usize {
                 return Err(NdpError::BadRequest(format!(
@@ -315,6 +317,8 @@ pub struct Attended {
     /// A sparse ATTEND's per-query `(|U|, left-out mass)`: the union's size and the softmax mass
     /// of the query it leaves out; empty for a plain ATTEND.
     pub selection: Vec<(u32, f32)>,
+    /// A sparse ATTEND on key sketches: the key rows re-scored exactly (`|C|`); `None` otherwise.
+    pub rescored: Option<usize>,
     /// Costs and path; `bytes_scanned` counts key and value bytes.
     pub stats: NdpStats,
 }
