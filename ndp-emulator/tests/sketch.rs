@@ -256,7 +256,6 @@ fn a_few_candidates_find_the_exact_top_k() {
         found += sk.selection[0].0 as f64;
         total += exact.selection[0].0 as f64;
     }
-    eprintln!("mass kept: sketch {:.4} exact {:.4}", mass.1 / 20.0, mass.0 / 20.0);
     assert_eq!(found, total, "top-k unions have k tokens either way");
     assert!(
         mass.1 >= 0.9 * mass.0,
