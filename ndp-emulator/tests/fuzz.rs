@@ -1,7 +1,8 @@
 //! Thousands of malformed commands: every one gets an error completion, the device never touches
 //! memory outside the pool (guard region) nor writes outside its device area and the staging
 //! blocks commands name (a bounds-tracking memory view), and valid commands interleaved succeed.
-//! Runs once per compute engine.
+//! The mutated commands alternate between SCORE_TOPK, the sparse ATTEND and the sparse ATTEND on
+//! key sketches (ABI 1.3). Runs once per compute engine.
 
 mod common;
 use common::*;
@@ -166,6 +167,20 @@ fn malformed_commands(engine: Engine) {
     let (dim, heads, tokens) = (32usize, 2usize, 400usize);
     let (k, v) = random_kv(1, heads, tokens, dim, DType::F16);
     let s = store(&p, &k, &v, heads, tokens, dim, DType::F16, 100, 10, 2);
+    // The same keys and values with key sketches, for the sketched sparse ATTEND (ABI 1.3).
+    let sk = store_with(
+        &p,
+        &k,
+        &v,
+        heads,
+        tokens,
+        dim,
+        DType::F16,
+        100,
+        12,
+        2,
+        cxlkv_runtime::kv::Sketch::Int4,
+    );
     // A block of another sequence, in another participant's partition.
     let (k2, v2) = random_kv(2, heads, 100, dim, DType::F16);
     let foreign = store(&other, &k2, &v2, heads, 100, dim, DType::F16, 100, 11, 2);
@@ -248,17 +263,50 @@ fn malformed_commands(engine: Engine) {
         args_len: sparse_args.len() as u32,
         ..base
     };
-    pool.memory().write(staging, &sparse_args).unwrap();
-    let tag = ndp.submit_raw(sparse_base).unwrap().expect("ring has room");
-    let cpl = ndp.wait_raw(tag).unwrap().expect("device answers");
-    assert_eq!(
-        cpl.status, CXLKV_NDP_OK,
-        "the unmutated sparse ATTEND succeeds"
-    );
+    // The sketched sparse ATTEND: the sketched blocks, the tail with SEL_SKETCH.
+    let mut sketch_args = Vec::new();
+    for x in &q {
+        sketch_args.extend_from_slice(&x.to_le_bytes());
+    }
+    for b in &sk.blocks {
+        sketch_args.extend_from_slice(format::as_bytes(&cxlkv_ndp_block {
+            key_lo: b.key.lo(),
+            key_hi: b.key.hi(),
+            token_offset: b.token_offset,
+        }));
+    }
+    sketch_args.extend_from_slice(&sparse_args[args.len()..args.len() + 16]);
+    let mut w = sel.to_abi(0.125);
+    w.options |= CXLKV_NDP_SEL_SKETCH;
+    w.candidates = 40;
+    sketch_args.extend_from_slice(format::as_bytes(&w));
+    let sketch_base = cxlkv_ndp_cmd {
+        sequence: 12,
+        args_len: sketch_args.len() as u32,
+        ..sparse_base
+    };
+    for (a, c, what) in [
+        (&sparse_args, sparse_base, "sparse ATTEND"),
+        (&sketch_args, sketch_base, "sketched sparse ATTEND"),
+    ] {
+        pool.memory().write(staging, a).unwrap();
+        let tag = ndp.submit_raw(c).unwrap().expect("ring has room");
+        let cpl = ndp.wait_raw(tag).unwrap().expect("device answers");
+        if engine == Engine::Hls && c.sequence == 12 {
+            // The HLS engine has no sketch datapath: refused, with its reason.
+            assert_eq!(
+                (cpl.status, cpl.detail),
+                (CXLKV_NDP_ERR_ARGS, CXLKV_NDP_DETAIL_BAD_OPTIONS)
+            );
+        } else {
+            assert_eq!(cpl.status, CXLKV_NDP_OK, "the unmutated {what} succeeds");
+        }
+    }
     let n_cases = 3000;
     let mut errors = 0;
     for i in 0..n_cases {
-        let sparse = i % 2 == 1;
+        let sparse = i % 3 != 0;
+        let sketched = i % 3 == 2;
         if i % 100 == 0 {
             let got = ndp
                 .score_topk(&request(
@@ -274,10 +322,12 @@ fn malformed_commands(engine: Engine) {
             assert_eq!(got.stats.path, Some(NdpPath::Device));
             assert_eq!(hits_of(&got), want);
         }
-        pool.memory()
-            .write(staging, if sparse { &sparse_args } else { &args })
-            .unwrap();
-        let mut c = if sparse { sparse_base } else { base };
+        let (a, mut c) = match (sparse, sketched) {
+            (_, true) => (&sketch_args, sketch_base),
+            (true, false) => (&sparse_args, sparse_base),
+            _ => (&args, base),
+        };
+        pool.memory().write(staging, a).unwrap();
         let mut entry_override = None;
         match rng.below(20) {
             0 => {
@@ -306,6 +356,24 @@ fn malformed_commands(engine: Engine) {
             4 => c.k = CXLKV_NDP_MAX_K + 1 + rng.below(1 << 20) as u32,
             // Another dtype than the blocks', quantized ones included (ABI 1.2).
             5 => c.dtype = [DType::F32, DType::I8, DType::I4][rng.below(3) as usize] as u8,
+            // For the sketched command: the unsketched copy of its blocks (no sketch to score),
+            // or a candidate count of 0 or past the limit.
+            6 if sketched && rng.below(2) == 0 => {
+                let mut a = args.clone();
+                a.extend_from_slice(&sketch_args[sketch_args.len() - 80..]);
+                pool.memory().write(staging, &a).unwrap();
+                c.sequence = 10;
+            }
+            6 if sketched => {
+                let bad = [0, CXLKV_NDP_MAX_CANDIDATES + 1 + rng.below(1000) as u32];
+                let at = sketch_args.len() - 64 + 12;
+                pool.memory()
+                    .write(
+                        staging + at as u64,
+                        &bad[rng.below(2) as usize].to_le_bytes(),
+                    )
+                    .unwrap();
+            }
             6 => c.sequence = 11,
             7 => {
                 entry_override =

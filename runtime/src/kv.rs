@@ -93,7 +93,10 @@ impl Sketch {
     pub fn head_bytes(self, tokens: usize, dim: usize) -> Option<usize> {
         match self.dtype() {
             None => Some(0),
-            Some(t) => t.bytes(dim).checked_mul(tokens)?.checked_add(dim.checked_mul(4)?),
+            Some(t) => t
+                .bytes(dim)
+                .checked_mul(tokens)?
+                .checked_add(dim.checked_mul(4)?),
         }
     }
 }
@@ -339,10 +342,15 @@ pub fn encode_with(shape: &KvShape, k: &[u8], v: &[u8], sketch: Sketch) -> Resul
         let kf: Vec<f32> = if quantized {
             f32s(k_in)
         } else {
-            (0..heads * per_head).map(|i| shape.dtype.load(&k, i)).collect()
+            (0..heads * per_head)
+                .map(|i| shape.dtype.load(&k, i))
+                .collect()
         };
         if !kf.iter().all(|x| x.is_finite()) {
-            return Err(bad(format!("an {} key sketch needs finite keys", sketch.name())));
+            return Err(bad(format!(
+                "an {} key sketch needs finite keys",
+                sketch.name()
+            )));
         }
         for h in 0..heads {
             let (c, s) = quant::quantize_keys(&kf[h * per_head..(h + 1) * per_head], d, t);
@@ -505,8 +513,13 @@ pub fn layout_matches(l: &KvLayout, at: &KvOffsets) -> bool {
         l.bounds_off as usize,
         l.scales_off as usize,
         l.sketch_off as usize,
-    ) == (at.k_off, at.v_off, at.bounds_off, at.scales_off, at.sketch_off)
-        && l.reserved1 == 0
+    ) == (
+        at.k_off,
+        at.v_off,
+        at.bounds_off,
+        at.scales_off,
+        at.sketch_off,
+    ) && l.reserved1 == 0
 }
 
 /// Cuts a sequence's head-major K and V (`[heads][tokens][row_bytes]` bytes each, `tokens` the

@@ -223,8 +223,7 @@ impl BlockRows for PinnedRows<'_> {
     }
 
     fn scales(&mut self, b: usize) -> Result<(Vec<f32>, Vec<f32>), DeviceStatus> {
-        read_scales(self.dev.mem(), &self.blocks[b], self.dim)
-            .map_err(|_| err(CXLKV_NDP_ERR_RANGE))
+        read_scales(self.dev.mem(), &self.blocks[b], self.dim).map_err(|_| err(CXLKV_NDP_ERR_RANGE))
     }
 
     fn sketch_scales(&mut self, b: usize) -> Result<Vec<f32>, DeviceStatus> {

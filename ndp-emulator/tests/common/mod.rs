@@ -61,6 +61,36 @@ pub fn store(
     sequence: u64,
     layer: u32,
 ) -> Stored {
+    store_with(
+        p,
+        k,
+        v,
+        heads,
+        tokens,
+        dim,
+        dtype,
+        per_block,
+        sequence,
+        layer,
+        cxlkv_runtime::kv::Sketch::None,
+    )
+}
+
+/// [`store`], each block with key sketch `sketch`.
+#[allow(clippy::too_many_arguments, dead_code)]
+pub fn store_with(
+    p: &Participant,
+    k: &[u8],
+    v: &[u8],
+    heads: usize,
+    tokens: usize,
+    dim: usize,
+    dtype: DType,
+    per_block: usize,
+    sequence: u64,
+    layer: u32,
+    sketch: cxlkv_runtime::kv::Sketch,
+) -> Stored {
     let row = dtype.bytes(dim);
     let mut blocks = Vec::new();
     for (range, bk, bv) in chunk_kv(k, v, heads, row, 0..tokens, per_block) {
@@ -75,7 +105,8 @@ pub fn store(
             token_offset: start as u64,
         };
         let key = Key::from_bytes(format!("seq{sequence}/layer{layer}/tok{start}").as_bytes());
-        p.put_kv(key, &shape, &bk, &bv).expect("put_kv");
+        p.put_kv_with(key, &shape, &bk, &bv, sketch)
+            .expect("put_kv");
         blocks.push(BlockSpec {
             key,
             token_offset: start as u64,

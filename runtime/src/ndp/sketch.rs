@@ -181,7 +181,9 @@ pub fn sparse_rows(
         None => {
             for (bi, b) in blocks.iter().enumerate() {
                 let ks = &scales.get(src, bi)?.0;
-                src.keys(bi, &mut |keys| score(kernel, queries, keys, ks, &mut scores))?;
+                src.keys(bi, &mut |keys| {
+                    score(kernel, queries, keys, ks, &mut scores)
+                })?;
                 sel.feed(b.base, &scores, g, false);
                 let bytes = b.head_bytes + 4 * ks.len() as u64;
                 scanned += bytes;
@@ -199,7 +201,9 @@ pub fn sparse_rows(
                     return Err(DeviceStatus::at(CXLKV_NDP_ERR_LAYOUT, bi));
                 }
                 let ss = src.sketch_scales(bi)?;
-                src.sketch(bi, &mut |codes| score(kernel, queries, codes, &ss, &mut scores))?;
+                src.sketch(bi, &mut |codes| {
+                    score(kernel, queries, codes, &ss, &mut scores)
+                })?;
                 for i in 0..b.tokens as usize {
                     let t = b.base + i as u32;
                     if rules.excluded(u64::from(t)) {

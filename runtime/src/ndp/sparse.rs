@@ -176,7 +176,8 @@ mod tests {
                 sum: 2.0,
             })
             .collect();
-        let out = encode_sparse_result(&parts, 7, &[0.1, 0.2, 0.3], Some(40), &ScanStats::default());
+        let out =
+            encode_sparse_result(&parts, 7, &[0.1, 0.2, 0.3], Some(40), &ScanStats::default());
         assert_eq!(out.len() as u64, sparse_result_size(3, 16).unwrap());
         let (back, _) = decode_attend_result(&out, 3, 16).unwrap();
         assert_eq!(back, parts);

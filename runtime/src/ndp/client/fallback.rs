@@ -468,8 +468,8 @@ fn host_sparse_rows(
     let start = Instant::now();
     let want = req.as_score().expect();
     let mem = pool.memory();
-    let queries = QueryGroup::new(req.queries, req.dim)
-        .map_err(|e| NdpError::BadRequest(e.to_string()))?;
+    let queries =
+        QueryGroup::new(req.queries, req.dim).map_err(|e| NdpError::BadRequest(e.to_string()))?;
     for _attempt in 0..crate::pool::READ_RETRIES {
         let (blocks, order) = resolve_all(pool, req.blocks, &want)?;
         let mut rows = PulledRows::new(&**mem, &blocks, req.dtype, req.dim);
@@ -492,7 +492,11 @@ fn host_sparse_rows(
         let scanned = a.stats.bytes_scanned;
         let pulled = scanned + HOST_META_BYTES_PER_BLOCK * blocks.len() as u64;
         return Ok(Attended {
-            selection: a.left_out.iter().map(|&m| (a.union_len as u32, m)).collect(),
+            selection: a
+                .left_out
+                .iter()
+                .map(|&m| (a.union_len as u32, m))
+                .collect(),
             partials: a.parts,
             rescored: a.rescored,
             stats: NdpStats::on_host(pulled, scanned, blocks.len(), start),

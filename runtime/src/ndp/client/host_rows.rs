@@ -43,7 +43,13 @@ impl<'a> PulledRows<'a> {
             .map_err(|_| DeviceStatus::new(CXLKV_NDP_ERR_RANGE))
     }
 
-    fn rows_of(&mut self, off: u64, len: u64, dtype: DType, f: &mut dyn FnMut(&KeyRows<'_>)) -> Result<(), DeviceStatus> {
+    fn rows_of(
+        &mut self,
+        off: u64,
+        len: u64,
+        dtype: DType,
+        f: &mut dyn FnMut(&KeyRows<'_>),
+    ) -> Result<(), DeviceStatus> {
         self.read(off, len)?;
         let rows = KeyRows::new(&self.buf, dtype, self.dim)
             .map_err(|_| DeviceStatus::new(CXLKV_NDP_ERR_LAYOUT))?;
