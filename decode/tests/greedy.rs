@@ -256,3 +256,51 @@ fn ndp_exact_on_quantized_blocks_equals_its_host_reference() {
         }
     }
 }
+
+/// `ndp-topk` / `ndp-topp` on key sketches (`--sketch int4:C`): with enough candidates (every
+/// position) the selection is the exact one, so `ndp-topk:4096` and `ndp-topp:1.0` keep dense's
+/// greedy tokens on f32 blocks; with few candidates the device's answers equal its host reference
+/// (the client's fallback over the same blocks) bit for bit, on f32 and int8 blocks, and it reads
+/// fewer bytes than without the sketch.
+#[test]
+fn sketched_selections_equal_their_host_reference() {
+    let Some(path) = model_path() else { return };
+    let (new, block) = (new_tokens(), block());
+    let model = Model::load(&path, WeightFormat::F32).unwrap();
+    let shape = model.attention_shape();
+    let prompt = model.tokenizer().encode(PROMPTS[0]);
+    let mut d = cxlkv_model::Dense::new(shape, DType::F32).unwrap();
+    let dense = tokens(&model, &mut d, &prompt).0;
+    let run = |dtype: DType, device: DeviceChoice, sketch: &str, mode: &str| {
+        let opts = EnvOptions {
+            device,
+            block_tokens: block,
+            dtype,
+            sketch: sketch.parse().unwrap(),
+            ..EnvOptions::default()
+        };
+        let env = Env::open(&opts, shape, prompt.len() + new).unwrap();
+        let mut b = env.backend(&ModeSpec::parse(mode).unwrap(), 1).unwrap();
+        tokens(&model, b.as_mut(), &prompt)
+    };
+    for mode in ["ndp-topk:4096", "ndp-topp:1.0"] {
+        let (got, st) = run(DType::F32, DeviceChoice::Thread, "int4:65536", mode);
+        assert_eq!(got, dense, "{mode} with every position a candidate");
+        assert!(st.rescored_rows > 0 && st.device_commands > 0, "{st:?}");
+    }
+    for dtype in [DType::F32, DType::I8] {
+        let mode = "ndp-topk:4";
+        let (dev, st) = run(dtype, DeviceChoice::Thread, "int4:6", mode);
+        let (host, _) = run(dtype, DeviceChoice::Host, "int4:6", mode);
+        assert_eq!(
+            dev, host,
+            "{dtype:?}: the device and its host reference differ"
+        );
+        let (_, exact) = run(dtype, DeviceChoice::Thread, "none", mode);
+        eprintln!(
+            "{dtype:?} {mode}: device bytes {} with the sketch, {} without; {} rows re-scored",
+            st.device_scan_bytes, exact.device_scan_bytes, st.rescored_rows
+        );
+        assert!(st.device_scan_bytes < exact.device_scan_bytes);
+    }
+}
