@@ -177,6 +177,17 @@ impl Env {
     /// sequences of up to `max_tokens` positions. A private pool holds two such sequences at once
     /// (say, two backends compared side by side); a given pool must hold one.
     pub fn open(opts: &EnvOptions, shape: AttentionShape, max_tokens: usize) -> Result<Env> {
+        Env::open_sized(opts, shape, max_tokens, opts.dtype)
+    }
+
+    /// [`Env::open`] with blocks sized for element type `widest` (a mode's `+dtype` wider than
+    /// `opts.dtype`).
+    pub(crate) fn open_sized(
+        opts: &EnvOptions,
+        shape: AttentionShape,
+        max_tokens: usize,
+        widest: DType,
+    ) -> Result<Env> {
         let setup = |m: String| Error::Setup(m);
         let d = shape.head_dim;
         // The device's limits, as its ABI states them; the row width, as the kernels take rows.
@@ -206,7 +217,7 @@ impl Env {
             )));
         }
         let kv_block = KvShape {
-            dtype: opts.dtype,
+            dtype: widest,
             layer: 0,
             kv_heads: shape.kv_heads as u32,
             head_dim: d as u32,
@@ -241,7 +252,7 @@ impl Env {
             // staging block, so blocks are sized for those too.
             let selection = shape.group() as u64
                 * SIZED_SELECTION.min(max_tokens.max(1)) as u64
-                * (8 + gathered_dtype(opts.dtype).bytes(d) as u64)
+                * (8 + gathered_dtype(widest).bytes(d) as u64)
                 + 4096;
             let cfg = PoolConfig {
                 block_size: kv_block.max(selection).next_multiple_of(4096),
@@ -276,7 +287,7 @@ impl Env {
                 "the pool's blocks hold {} bytes; a block of {} positions x {} KV heads x {d} \
                  x 2 (K and V) of {:?} needs {kv_block}: lower --block-tokens or use a pool with \
                  bigger blocks",
-                sb.block_size, opts.block_tokens, shape.kv_heads, opts.dtype
+                sb.block_size, opts.block_tokens, shape.kv_heads, widest
             )));
         }
         let participant = Arc::new(

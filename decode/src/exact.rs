@@ -29,7 +29,7 @@ impl<'e> NdpExact<'e> {
         let name = spec.to_string();
         NdpExact {
             env,
-            store: Store::new(env, &name, sequence),
+            store: Store::new(env, spec, sequence),
             name,
             host: HostAttention::new(),
             stats: AttentionStats::default(),

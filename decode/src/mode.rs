@@ -1,5 +1,6 @@
 //! Attention modes as users name them on the command line (`dense`, `pool`, `ndp-exact`,
-//! `topk:256`, `topp:0.95`, each optionally `+dense0-2` to keep layers exact): what a mode is.
+//! `topk:256`, `topp:0.95`, each optionally `+dense0-2` to keep layers exact and `+int8` (any
+//! `--dtype`) for its blocks' element type): what a mode is.
 //!
 //! A mode is a [`ModeDef`]: its name, the argument after `NAME:` ([`Takes`]), what it needs
 //! (private memory, the pool, the device) and its constructor, which builds the backend on a
@@ -8,6 +9,7 @@
 
 use crate::env::Env;
 use crate::error::{Error, Result};
+use cxlkv_kernels::DType;
 use cxlkv_model::{Attention, AttentionShape};
 use std::fmt;
 
@@ -156,6 +158,10 @@ pub struct ModeSpec {
     /// Layers computed by exact dense attention whatever the mode (`+dense0-1`, `--dense-layers`);
     /// sorted, no duplicates. Modes that keep K/V in private memory ignore them.
     pub dense_layers: Vec<usize>,
+    /// Element type of this mode's stored blocks (`+int8`), instead of the [`Env`]'s
+    /// (`EnvOptions::dtype`), so that one run compares dtypes; modes that keep K/V in private
+    /// memory ignore it.
+    pub dtype: Option<DType>,
 }
 
 impl PartialEq for ModeSpec {
@@ -163,6 +169,7 @@ impl PartialEq for ModeSpec {
         self.def.name == other.def.name
             && self.arg == other.arg
             && self.dense_layers == other.dense_layers
+            && self.dtype == other.dtype
     }
 }
 
@@ -249,6 +256,9 @@ impl fmt::Display for ModeSpec {
                 write!(f, "+dense{}-{}", d[i], d[j])?;
             }
             i = j + 1;
+        }
+        if let Some(t) = self.dtype {
+            write!(f, "+{}", t.name())?;
         }
         Ok(())
     }

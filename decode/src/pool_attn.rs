@@ -19,7 +19,7 @@ impl<'e> PoolAttention<'e> {
     pub(crate) fn new(env: &'e Env, spec: &ModeSpec, sequence: u64) -> Self {
         let name = spec.to_string();
         PoolAttention {
-            store: Store::new(env, &name, sequence),
+            store: Store::new(env, spec, sequence),
             name,
             host: HostAttention::new(),
             stats: AttentionStats::default(),

@@ -35,7 +35,7 @@ pub(crate) struct PullTopK<'e> {
 impl<'e> PullTopK<'e> {
     pub(crate) fn new(env: &'e Env, spec: &ModeSpec, sequence: u64) -> Self {
         let name = spec.to_string();
-        let store = Store::new(env, &name, sequence);
+        let store = Store::new(env, spec, sequence);
         let shape = store.shape();
         PullTopK {
             env,

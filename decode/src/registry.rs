@@ -91,10 +91,18 @@ impl Modes {
             .ok_or_else(|| bad(format!("unknown mode; known: {}", self.known())))?;
         let arg = parse_arg(def, arg).map_err(&bad)?;
         let mut dense_layers = Vec::new();
+        let mut dtype = None;
         for part in parts {
+            if let Ok(t) = part.parse::<DType>() {
+                if dtype.replace(t).is_some() {
+                    return Err(bad("more than one element type".into()));
+                }
+                continue;
+            }
             let Some(range) = part.strip_prefix("dense") else {
                 return Err(bad(format!(
-                    "unknown modifier +{part}; the modifier is +denseL or +denseA-B"
+                    "unknown modifier +{part}; the modifiers are +denseL, +denseA-B and an \
+                     element type (+f32, +f16, +bf16, +int8, +int4)"
                 )));
             };
             dense_layers.extend(parse_layers(range).map_err(&bad)?);
@@ -103,6 +111,7 @@ impl Modes {
             def,
             arg,
             dense_layers: Vec::new(),
+            dtype,
         };
         spec.add_dense_layers(&dense_layers);
         Ok(spec)
@@ -142,6 +151,7 @@ impl ModeSpec {
             def: &DENSE,
             arg: ModeArg::None,
             dense_layers: Vec::new(),
+            dtype: None,
         }
     }
 }
@@ -340,7 +350,15 @@ impl Env {
         max_tokens: usize,
     ) -> Result<Option<Env>> {
         if specs.iter().any(ModeSpec::uses_pool) {
-            Env::open(opts, shape, max_tokens).map(Some)
+            // Blocks sized for the widest element type a mode stores.
+            let widest = specs
+                .iter()
+                .filter(|s| s.uses_pool())
+                .filter_map(|s| s.dtype)
+                .chain([opts.dtype])
+                .max_by_key(|t| t.bytes(64))
+                .unwrap_or(opts.dtype);
+            Env::open_sized(opts, shape, max_tokens, widest).map(Some)
         } else {
             Ok(None)
         }
@@ -367,9 +385,18 @@ mod tests {
             "ndp-topk:64",
             "ndp-topp:0.95:512+dense0",
             "pull-topk:256",
+            "ndp-exact+int8",
+            "ndp-topp:0.99+dense0+int4",
         ] {
             assert_eq!(ModeSpec::parse(s).unwrap().to_string(), s);
         }
+        let q = ModeSpec::parse("ndp-topk:8+int8+dense1").unwrap();
+        assert_eq!(
+            (q.dtype, q.dense_layers.as_slice()),
+            (Some(DType::I8), &[1][..])
+        );
+        assert!(ModeSpec::parse("ndp-exact+int8+f16").is_err());
+        assert!(ModeSpec::parse("ndp-exact+int7").is_err());
         let m = ModeSpec::parse("topk:8+dense3+dense1-2").unwrap();
         assert_eq!(m.dense_layers, vec![1, 2, 3]);
         assert!(m.is_dense_layer(2) && !m.is_dense_layer(0));

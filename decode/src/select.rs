@@ -33,7 +33,7 @@ impl<'e> Selected<'e> {
         let name = spec.to_string();
         Selected {
             env,
-            store: Store::new(env, &name, sequence),
+            store: Store::new(env, spec, sequence),
             name,
             arg: spec.arg,
             host: HostAttention::new(),

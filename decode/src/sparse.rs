@@ -37,7 +37,7 @@ impl<'e> NdpSparse<'e> {
         let name = spec.to_string();
         NdpSparse {
             env,
-            store: Store::new(env, &name, sequence),
+            store: Store::new(env, spec, sequence),
             name,
             arg: spec.arg,
             host: HostAttention::new(),

@@ -13,6 +13,7 @@
 //! ([`Store::all_rows`]) or attended on its codes by the device.
 
 use crate::env::Env;
+use crate::mode::ModeSpec;
 use cxlkv_kernels::DType;
 use cxlkv_model::{AttentionShape, AttentionStats, Error as ModelError, HeadRows, HostAttention};
 use cxlkv_runtime::format::{BLOCK_HEADER_SIZE, INDEX_SLOT_SIZE};
@@ -77,14 +78,16 @@ impl Rows {
 }
 
 impl<'e> Store<'e> {
-    pub(crate) fn new(env: &'e Env, name: &str, sequence: u64) -> Store<'e> {
+    /// The store of mode `spec` (its blocks of `spec.dtype`, else the environment's).
+    pub(crate) fn new(env: &'e Env, spec: &ModeSpec, sequence: u64) -> Store<'e> {
         let shape = env.shape();
+        let dtype = spec.dtype.unwrap_or(env.options().dtype);
         Store {
             env,
-            name: name.to_string(),
+            name: spec.to_string(),
             shape,
-            dtype: env.options().dtype,
-            host_dtype: gathered_dtype(env.options().dtype),
+            dtype,
+            host_dtype: gathered_dtype(dtype),
             block_tokens: env.options().block_tokens,
             sequence,
             layers: (0..shape.layers)

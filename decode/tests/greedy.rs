@@ -304,3 +304,37 @@ fn sketched_selections_equal_their_host_reference() {
         assert!(st.device_scan_bytes < exact.device_scan_bytes);
     }
 }
+
+/// A mode's own element type (`ndp-exact+int8`) in an f32 environment stores and computes exactly
+/// what the same mode does in an int8 environment: identical tokens and device bytes.
+#[test]
+fn a_modes_dtype_equals_the_environments() {
+    let Some(path) = model_path() else { return };
+    let (new, block) = (new_tokens(), block());
+    let model = Model::load(&path, WeightFormat::F32).unwrap();
+    let shape = model.attention_shape();
+    let prompt = model.tokenizer().encode(PROMPTS[1]);
+    let run = |dtype: DType, mode: &str| {
+        let opts = EnvOptions {
+            block_tokens: block,
+            dtype,
+            ..EnvOptions::default()
+        };
+        let specs = [ModeSpec::parse(mode).unwrap()];
+        let env = Env::open_for(&specs, &opts, shape, prompt.len() + new)
+            .unwrap()
+            .unwrap();
+        let mut b = env.backend(&specs[0], 1).unwrap();
+        tokens(&model, b.as_mut(), &prompt)
+    };
+    let (a, sa) = run(DType::F32, "ndp-exact+int8");
+    let (b, sb) = run(DType::I8, "ndp-exact");
+    assert_eq!(a, b);
+    assert_eq!(sa.device_scan_bytes, sb.device_scan_bytes);
+    // And the other way round: an f32 mode in an int8 environment (blocks sized for f32).
+    let (c, sc) = run(DType::I8, "ndp-exact+f32");
+    let (d, sd) = run(DType::F32, "ndp-exact");
+    assert_eq!(c, d);
+    assert_eq!(sc.device_scan_bytes, sd.device_scan_bytes);
+    assert!(sa.device_scan_bytes * 3 < sc.device_scan_bytes);
+}

@@ -37,7 +37,8 @@ pub struct EvalArgs {
     #[arg(long, default_value_t = 512)]
     scored: usize,
     /// Attention modes, comma-separated: dense, dense-f16, pool, ndp-exact, topk:K,
-    /// topp:P[:KMAX], each optionally +denseL / +denseA-B.
+    /// topp:P[:KMAX], ndp-topk:K, ndp-topp:P[:KMAX], pull-topk:K, each optionally +denseL /
+    /// +denseA-B and an element type of its blocks (+int8, +int4, ...; default --dtype).
     #[arg(long, default_value = "dense,pool,ndp-exact,topk:256,topp:0.95")]
     modes: String,
     /// Layers kept exact (dense) in every non-dense mode, e.g. `0` or `0,1` or `0-2`.
