@@ -32,7 +32,7 @@ use crate::ndp::layout::DeviceStatus;
 use crate::ndp::quant;
 use crate::ndp::result::ScanStats;
 use crate::ndp::select::Selection;
-use crate::ndp::sparse::{left_out, union, Sparse};
+use crate::ndp::sparse::{check_candidates, left_out, union, Sparse};
 use cxlkv_kernels::{attend_block, DType, KeyRows, Partial, QueryGroup, ScoreKernel, TopKSelector};
 
 /// Which of a block's tensors [`BlockRows::copy_rows`] reads.
@@ -81,17 +81,6 @@ pub struct SparseRows {
     pub rescored: Option<usize>,
     /// Bytes read next to the memory, blocks scanned.
     pub stats: ScanStats,
-}
-
-/// Checks a sketch's candidate count from the wire: 1..=`CXLKV_NDP_MAX_CANDIDATES`.
-pub fn check_candidates(c: usize) -> Result<(), DeviceStatus> {
-    if c == 0 || c > CXLKV_NDP_MAX_CANDIDATES as usize {
-        return Err(DeviceStatus::at(
-            CXLKV_NDP_ERR_ARGS,
-            CXLKV_NDP_DETAIL_BAD_OPTIONS as usize,
-        ));
-    }
-    Ok(())
 }
 
 /// Scores `keys` for `queries` into `out` (key-major), folding the queries with `k_scales` when

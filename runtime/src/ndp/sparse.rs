@@ -51,7 +51,7 @@ pub fn parse_tail(tail: &[u8]) -> Result<(Select, f32, Option<usize>), DeviceSta
     let mut w: cxlkv_ndp_select = format::from_bytes(&tail[16..TAIL_BYTES]);
     let candidates = if w.options & CXLKV_NDP_SEL_SKETCH != 0 {
         let c = w.candidates as usize;
-        crate::ndp::sketch::check_candidates(c)?;
+        check_candidates(c)?;
         w.options &= !CXLKV_NDP_SEL_SKETCH;
         w.candidates = 0;
         Some(c)
@@ -63,6 +63,18 @@ pub fn parse_tail(tail: &[u8]) -> Result<(Select, f32, Option<usize>), DeviceSta
         return Err(args(CXLKV_NDP_DETAIL_BAD_SCALE));
     }
     Ok((sel, scale, candidates))
+}
+
+/// Checks a key sketch's candidate count from the wire: 1..=`CXLKV_NDP_MAX_CANDIDATES`
+/// (`CXLKV_NDP_ERR_ARGS`, detail `BAD_OPTIONS`, otherwise).
+pub fn check_candidates(c: usize) -> Result<(), DeviceStatus> {
+    if c == 0 || c > CXLKV_NDP_MAX_CANDIDATES as usize {
+        return Err(DeviceStatus::at(
+            CXLKV_NDP_ERR_ARGS,
+            CXLKV_NDP_DETAIL_BAD_OPTIONS as usize,
+        ));
+    }
+    Ok(())
 }
 
 /// The wire form of a sparse ATTEND's selection: [`Select::to_abi`], plus the sketch option and
