@@ -284,8 +284,9 @@ struct cxlkv_ndp_attend {
  * by the sketch's per-channel scales); per query the candidates are the forced tokens plus the
  * `candidates` best by sketch score; C = their union over the group, sorted by token. C's key rows
  * are read and scored exactly, and the selection (top-k, or top-p by mass) is made among C on the
- * exact scores. The mass denominator is C's exact terms (in token order) plus every other stored
- * token's sketch term (block-list order): left_out_mass is an estimate for what lies outside C.
+ * exact scores. The mass denominator is C's exact terms (in token order, f64) plus every other
+ * stored token's sketch term (per block in list order: summed in f32 with exp_neg against the
+ * block's maximum, then rescaled into the f64 sum): left_out_mass is an estimate outside C.
  * result.bounds_match = |C| (rows re-scored). bytes_scanned = the sketch bytes (codes and scales)
  * + |C| key rows + |U| value rows (+ scales of quantized blocks). */
 

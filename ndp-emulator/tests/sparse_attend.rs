@@ -362,12 +362,12 @@ fn malformed_sparse_commands_get_error_completions() {
     );
     let flags = (CXLKV_NDP_FLAG_SELECT | CXLKV_NDP_FLAG_PRUNE) as u16;
     assert_eq!(run(cxlkv_ndp_cmd { flags, ..base }, 0.25, 0.25).0, args);
-    // Quantized blocks are refused (each block scores with its own folded queries).
+    // A dtype other than the blocks' (int8 on f16 blocks): the first block does not match.
     let int8 = cxlkv_ndp_cmd {
         dtype: DType::I8 as u8,
         ..base
     };
-    assert_eq!(run(int8, 0.25, 0.25), (args, CXLKV_NDP_DETAIL_BAD_OPTIONS));
+    assert_eq!(run(int8, 0.25, 0.25), (CXLKV_NDP_ERR_LAYOUT, 0));
     let small = cxlkv_ndp_cmd {
         result_len: 64,
         ..base

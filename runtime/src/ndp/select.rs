@@ -259,17 +259,41 @@ impl Selection {
     }
 
     /// Adds the scores of one block (tokens `base..`, key-major for `g` queries, one list per
-    /// query) to each list's mass only, skipping the tokens `skip` names and the excluded ones:
-    /// the estimated terms of tokens that can no longer be selected.
-    pub fn feed_mass(&mut self, base: u32, scores: &[f32], g: usize, skip: impl Fn(u32) -> bool) {
+    /// query) to each list's mass only, leaving out the tokens in `skip` (sorted) and the excluded
+    /// ones: the estimated terms of tokens that can no longer be selected. The block's terms are
+    /// summed in f32 in token order with [`cxlkv_kernels::attend::exp_neg`] against the block's
+    /// own maximum, then folded into the list's f64 log-sum-exp with one rescaling: an estimate's
+    /// precision (about 1e-6 relative) at a fraction of the cost of an f64 `exp` per token.
+    pub fn feed_mass(&mut self, base: u32, scores: &[f32], g: usize, skip: &[u32]) {
         let n = scores.len() / g.max(1);
+        let mut kept = Vec::with_capacity(n);
+        let mut s = skip.partition_point(|&t| t < base);
         for i in 0..n {
             let t = base + i as u32;
-            if skip(t) || self.sel.excluded(u64::from(t)) {
+            while s < skip.len() && skip[s] < t {
+                s += 1;
+            }
+            if (s < skip.len() && skip[s] == t) || self.sel.excluded(u64::from(t)) {
                 continue;
             }
-            for (l, &s) in self.lists.iter_mut().zip(&scores[i * g..(i + 1) * g]) {
-                Self::add_mass(l, self.scale * f64::from(s));
+            kept.push(i);
+        }
+        if kept.is_empty() {
+            return;
+        }
+        for (j, l) in self.lists.iter_mut().enumerate() {
+            let x = |i: usize| self.scale * f64::from(scores[i * g + j]);
+            let m = kept.iter().map(|&i| x(i)).fold(f64::NEG_INFINITY, f64::max);
+            let sum: f32 = kept
+                .iter()
+                .map(|&i| cxlkv_kernels::attend::exp_neg((x(i) - m) as f32))
+                .sum();
+            let sum = f64::from(sum);
+            if m > l.max {
+                l.sum = l.sum * (l.max - m).exp() + sum;
+                l.max = m;
+            } else {
+                l.sum += sum * (m - l.max).exp();
             }
         }
     }

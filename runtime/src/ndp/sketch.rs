@@ -232,7 +232,7 @@ pub fn sparse_rows(
             sel.feed_tokens(&cu, &exact, g);
             // Every other stored token's sketch term, to the mass only.
             for (b, s) in blocks.iter().zip(&sketch_scores) {
-                sel.feed_mass(b.base, s, g, |t| cu.binary_search(&t).is_ok());
+                sel.feed_mass(b.base, s, g, &cu);
             }
             rescored = Some((cu, kc));
         }
