@@ -61,7 +61,7 @@
 #define CXLKV_NDP_CAP_SELECT (1ULL << 8) /* ABI 1.1: SCORE_TOPK with CXLKV_NDP_FLAG_SELECT */
 #define CXLKV_NDP_CAP_SPARSE_ATTEND (1ULL << 9) /* ABI 1.2: ATTEND with CXLKV_NDP_FLAG_SELECT */
 #define CXLKV_NDP_CAP_QUANT (1ULL << 10) /* ABI 1.2: blocks of dtype 4 (int8) and 5 (int4) */
-#define CXLKV_NDP_CAP_SKETCH (1ULL << 11) /* ABI 1.3: sparse ATTEND with CXLKV_NDP_SEL_SKETCH */
+#define CXLKV_NDP_CAP_SKETCH (1ULL << 11) /* ABI 1.3: sparse ATTEND with CXLKV_NDP_SEL_SKETCH, and over int8/int4 blocks */
 
 /* Opcodes (cmd.opcode). */
 #define CXLKV_NDP_OP_NOP 0

@@ -117,6 +117,43 @@ mod ffi {
         );
     }
 
+    // SAFETY: these declarations match fpga/src/cxlkv_ndp_engine.h (ABI 1.2, quantized blocks:
+    // the pointer and integer types of its prototypes); each call site states what it passes.
+    unsafe extern "C" {
+        pub(super) fn cxlkv_hls_scan_block_q(
+            s: *mut Scan,
+            keys: *const u16,
+            rows: u32,
+            base: u32,
+            dtype: u8,
+            ks: *const f32,
+        ) -> i32;
+        pub(super) fn cxlkv_hls_sel_block_q(
+            s: *mut Sel,
+            keys: *const u16,
+            rows: u32,
+            base: u32,
+            dtype: u8,
+            ks: *const f32,
+        ) -> i32;
+        pub(super) fn cxlkv_hls_attend_block_q(
+            s: *mut Attend,
+            keys: *const u16,
+            values: *const u16,
+            rows: u32,
+            dtype: u8,
+            ks: *const f32,
+            vs: *const f32,
+        ) -> i32;
+        pub(super) fn cxlkv_hls_dequant_row(
+            src: *const u16,
+            dim: u32,
+            dtype: u8,
+            scale: f32,
+            dst: *mut f32,
+        ) -> i32;
+    }
+
     /// Opaque selection state of the C library.
     #[repr(C)]
     pub(super) struct Sel {
@@ -241,6 +278,31 @@ impl HlsScorer {
             seen: 0,
             k: topk.k,
         })
+    }
+}
+
+impl HlsScorer {
+    /// Scores the key codes of a quantized block (tokens `base..`) with the queries folded by
+    /// its key scales `ks` (`dim` f32), as the Rust engine's folded scan does.
+    pub fn score_block_q(&mut self, keys: &KeyRows<'_>, base: u32, ks: &[f32]) {
+        assert_eq!(keys.dim(), self.dim, "key and query dimensions differ");
+        assert_eq!(ks.len(), self.dim, "one key scale per channel");
+        let rows = u32::try_from(keys.len()).expect("rows fit in u32");
+        let words = Words::of(keys);
+        // SAFETY: as in `score_block`: `words` holds the rows as aligned u16 words, readable
+        // during the call; `ks` holds `dim` f32; `raw` is live with dimension `self.dim`.
+        let rc = unsafe {
+            ffi::cxlkv_hls_scan_block_q(
+                self.raw.as_ptr(),
+                words.ptr(),
+                rows,
+                base,
+                keys.dtype() as u8,
+                ks.as_ptr(),
+            )
+        };
+        assert_eq!(rc, 0, "the HLS engine refused a quantized dtype");
+        self.seen += u64::from(rows);
     }
 }
 
@@ -402,6 +464,30 @@ impl HlsAttend {
         assert_eq!(rc, 0, "the HLS engine refused a block");
     }
 
+    /// Folds one quantized block: key codes scored with the queries folded by `ks` (`dim`),
+    /// value rows weighted by their token scales `vs` (one per row).
+    pub fn block_q(&mut self, keys: &KeyRows<'_>, values: &KeyRows<'_>, ks: &[f32], vs: &[f32]) {
+        assert_eq!(keys.dim(), self.dim, "key and query dimensions differ");
+        assert_eq!((values.dim(), values.len()), (self.dim, keys.len()));
+        assert_eq!((ks.len(), vs.len()), (self.dim, keys.len()), "scales");
+        let rows = u32::try_from(keys.len()).expect("rows fit in u32");
+        let (k, v) = (Words::of(keys), Words::of(values));
+        // SAFETY: as in `block`, plus `ks` and `vs` hold `dim` and `rows` f32, readable during
+        // the call.
+        let rc = unsafe {
+            ffi::cxlkv_hls_attend_block_q(
+                self.raw.as_ptr(),
+                k.ptr(),
+                v.ptr(),
+                rows,
+                keys.dtype() as u8,
+                ks.as_ptr(),
+                vs.as_ptr(),
+            )
+        };
+        assert_eq!(rc, 0, "the HLS engine refused a quantized block");
+    }
+
     /// The partials, one per query.
     pub fn finish(self) -> Vec<Partial> {
         let (g, dim) = (self.g, self.dim);
@@ -516,6 +602,26 @@ impl HlsSelect {
             )
         };
         assert_eq!(rc, 0, "the HLS engine refused a key dtype");
+    }
+
+    /// [`HlsSelect::block`] for a quantized block: the queries folded by its key scales `ks`.
+    pub fn block_q(&mut self, keys: &KeyRows<'_>, base: u32, ks: &[f32]) {
+        assert_eq!(keys.dim(), self.dim, "key and query dimensions differ");
+        assert_eq!(ks.len(), self.dim, "one key scale per channel");
+        let rows = u32::try_from(keys.len()).expect("rows fit in u32");
+        let words = Words::of(keys);
+        // SAFETY: as in `block`, plus `ks` holds `dim` f32 readable during the call.
+        let rc = unsafe {
+            ffi::cxlkv_hls_sel_block_q(
+                self.raw.as_ptr(),
+                words.ptr(),
+                rows,
+                base,
+                keys.dtype() as u8,
+                ks.as_ptr(),
+            )
+        };
+        assert_eq!(rc, 0, "the HLS engine refused a quantized dtype");
     }
 
     /// The lists, best first, and the mass each leaves out.
@@ -730,6 +836,28 @@ pub fn copy_rows(engine: Engine, src: &KeyRows<'_>, dst: &mut [u8]) {
             }
         }
     }
+}
+
+/// One value row of a quantized block (`src`, one row of codes) dequantized with its token's
+/// `scale` by the HLS GATHER row mover: `dim` little-endian f32, as the Rust engine returns it.
+pub fn dequant_row(src: &KeyRows<'_>, scale: f32) -> Vec<u8> {
+    assert_eq!(src.len(), 1, "one row");
+    let dim = src.dim();
+    let mut out = vec![0f32; dim];
+    let words = Words::of(src);
+    // SAFETY: `words` holds the row's codes as aligned u16 words (readable during the call) and
+    // `out` room for `dim` f32, what the library reads and writes.
+    let rc = unsafe {
+        ffi::cxlkv_hls_dequant_row(
+            words.ptr(),
+            dim as u32,
+            src.dtype() as u8,
+            scale,
+            out.as_mut_ptr(),
+        )
+    };
+    assert_eq!(rc, 0, "the HLS engine refused a quantized dtype");
+    out.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 #[cfg(test)]

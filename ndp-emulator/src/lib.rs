@@ -17,9 +17,13 @@
 //! - [`engine_hls`]: the compute engines, [`Engine::Rust`] (the `cxlkv-kernels` kernels, default)
 //!   or [`Engine::Hls`] (the HLS kernel of `fpga/` compiled as a host library; `cxlkv-ndpd
 //!   --engine hls`), with identical results: both score the blocks that the kernels' visiting
-//!   order and skip rule choose. Quantized (int8, int4) blocks are served by the Rust engine only
-//!   (capability `CAP_QUANT`, through `cxlkv_runtime::ndp::quant` like the host fallback); the
-//!   HLS engine refuses them with `ERR_LAYOUT`.
+//!   order and skip rule choose. Both serve quantized (int8, int4) blocks (capability
+//!   `CAP_QUANT`): the Rust engine through `cxlkv_runtime::ndp::quant` like the host fallback, the
+//!   HLS engine through the kernel's folded-query entry points (`cxlkv_hls_*_block_q`,
+//!   `cxlkv_hls_dequant_row`), bit for bit the same. The sparse ATTEND over rows picked one by one
+//!   (key sketches, quantized blocks; `CAP_SKETCH`) runs on the Rust engine only
+//!   (`cxlkv_runtime::ndp::sketch`); the HLS engine refuses it and the client computes it on the
+//!   host.
 //! - [`daemon`]: starting and finding `cxlkv-ndpd` ([`daemon::Daemon::spawn`],
 //!   [`daemon::find_ndpd`]), the one launcher every caller and test uses.
 //! - [`metrics_http`]: the `GET /metrics` endpoint of `cxlkv-ndpd --metrics ADDR`, serving

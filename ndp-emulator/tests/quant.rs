@@ -1,8 +1,8 @@
 //! Quantized (int8, int4) blocks on the device: ATTEND and SCORE_TOPK (plain and with a
 //! selection) equal the host fallback bit for bit over randomly drawn shapes; gathered rows come
 //! back as f32, dequantized; ATTEND over codes is attention over the dequantized block; FLAG_PRUNE
-//! on quantized blocks is refused; the HLS engine refuses quantized blocks with ERR_LAYOUT and the
-//! client computes them on the host.
+//! on quantized blocks is refused. Both engines: the HLS engine serves them through its dot unit,
+//! ATTEND unit and row mover, and leaves the sparse ATTEND over them to the host.
 
 mod common;
 use common::*;
@@ -150,9 +150,20 @@ impl Quantized {
 /// for bit, that gathered rows are the dequantized rows, and that ATTEND is attention over the
 /// dequantized block.
 #[test]
-fn device_equals_the_host_on_random_quantized_blocks() {
-    let (_c, pool) = setup("quant-fuzz");
-    let (_dev, mut ndp, p) = start(&pool, Engine::Rust);
+fn device_equals_the_host_on_random_quantized_blocks_rust_engine() {
+    device_equals_the_host_on_random_quantized_blocks(Engine::Rust);
+}
+
+/// The same on the HLS engine: its dot unit scores the codes with the folded queries, its ATTEND
+/// unit weights the value rows by their scales, its row mover dequantizes gathered rows.
+#[test]
+fn device_equals_the_host_on_random_quantized_blocks_hls_engine() {
+    device_equals_the_host_on_random_quantized_blocks(Engine::Hls);
+}
+
+fn device_equals_the_host_on_random_quantized_blocks(engine: Engine) {
+    let (_c, pool) = setup(&format!("quant-fuzz-{engine}"));
+    let (_dev, mut ndp, p) = start(&pool, engine);
     let mut rng = SplitMix64::new(23);
     for case in 0..16u64 {
         let dtype = if case % 2 == 0 { DType::I8 } else { DType::I4 };
@@ -344,35 +355,43 @@ fn raw_prune_on_quantized_blocks_is_refused() {
     assert_eq!(run(base), (CXLKV_NDP_OK, 0), "the device keeps serving");
 }
 
-/// The HLS engine does not advertise CAP_QUANT and refuses commands on quantized blocks with
-/// ERR_LAYOUT; the client computes them on the host (`Unsupported`), with the host's answer.
+/// The HLS engine advertises CAP_QUANT but not CAP_SKETCH: its sparse unit has no datapath for
+/// rows picked one by one, so the client computes a sparse ATTEND over quantized blocks on the
+/// host (`Unsupported`), with the host's answer, and a raw one completes with ERR_ARGS
+/// (BAD_OPTIONS); plain ATTEND and SCORE_TOPK run on the device.
 #[test]
-fn hls_engine_refuses_quantized_blocks() {
+fn hls_engine_leaves_quantized_sparse_attend_to_the_host() {
     let (_c, pool) = setup("quant-hls");
     let (_dev, mut ndp, p) = start(&pool, Engine::Hls);
     let caps = DeviceLayout::of(&pool).regs + reg::CAPABILITIES;
     let caps = pool.memory().load_u64(caps, Ordering::Acquire).unwrap();
-    assert_eq!(caps & u64::from(CXLKV_NDP_CAP_QUANT), 0);
-    assert_ne!(caps & u64::from(CXLKV_NDP_CAP_ATTEND), 0);
+    assert_ne!(caps & u64::from(CXLKV_NDP_CAP_QUANT), 0);
+    assert_eq!(caps & u64::from(CXLKV_NDP_CAP_SKETCH), 0);
     let dim = 64;
     let s = Quantized::store(&p, 2, 2, 200, dim, DType::I4, 64);
     let q = SplitMix64::new(2).normal_vec(3 * dim);
     let req = s.attend(1, &q, 0.125);
     let got = ndp.attend(&req).unwrap();
-    assert_eq!(
-        got.stats.path,
-        Some(NdpPath::Host(FallbackReason::Unsupported))
-    );
+    assert_eq!(got.stats.path, Some(NdpPath::Device));
     assert_eq!(got.partials, host_attend(&pool, &req).unwrap().partials);
-    let got = ndp
-        .score_topk(&s.score(1, &q, 10, GroupMode::PerQuery))
-        .unwrap();
+    let sparse = AttendRequest {
+        sparse: Some(cxlkv_runtime::ndp::client::Sparse {
+            select: Select::default(),
+            k: 20,
+            candidates: None,
+        }),
+        ..req
+    };
+    let got = ndp.attend(&sparse).unwrap();
     assert_eq!(
         got.stats.path,
         Some(NdpPath::Host(FallbackReason::Unsupported))
     );
+    let host = host_attend(&pool, &sparse).unwrap();
+    assert_eq!(got.partials, host.partials);
+    assert_eq!(got.selection, host.selection);
 
-    // A raw ATTEND on the HLS engine: ERR_LAYOUT.
+    // A raw sparse ATTEND on the HLS engine: ERR_ARGS, BAD_OPTIONS.
     let staging = ndp.staging_offsets()[0];
     let mut args = Vec::new();
     for x in &q {
@@ -389,9 +408,12 @@ fn hls_engine_refuses_quantized_blocks() {
         scale: 0.125,
         ..Default::default()
     }));
+    args.extend_from_slice(format::as_bytes(&Select::default().to_abi(0.125)));
     pool.memory().write(staging, &args).unwrap();
     let cmd = cxlkv_ndp_cmd {
         opcode: CXLKV_NDP_OP_ATTEND as u16,
+        flags: CXLKV_NDP_FLAG_SELECT as u16,
+        k: 20,
         sequence: s.sequence,
         kv_head: 1,
         dtype: DType::I4 as u8,
@@ -406,5 +428,8 @@ fn hls_engine_refuses_quantized_blocks() {
     };
     let tag = ndp.submit_raw(cmd).unwrap().unwrap();
     let c = ndp.wait_raw(tag).unwrap().unwrap();
-    assert_eq!(c.status, CXLKV_NDP_ERR_LAYOUT);
+    assert_eq!(
+        (c.status, c.detail),
+        (CXLKV_NDP_ERR_ARGS, CXLKV_NDP_DETAIL_BAD_OPTIONS)
+    );
 }

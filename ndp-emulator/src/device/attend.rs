@@ -75,13 +75,18 @@ impl Device {
         };
         let mut scanned = 0u64;
         for b in &blocks {
+            // A quantized block's scales (copied: `dim + tokens` f32) fold into the queries
+            // and weight the value rows.
+            let (ks, vs) = read_scales(self.mem(), b, dim).map_err(|_| err(CXLKV_NDP_ERR_RANGE))?;
             if let Some(h) = hls.as_mut() {
-                self.with_kv(b, dtype, dim, |keys, vals| h.block(keys, vals))?;
+                self.with_kv(b, dtype, dim, |keys, vals| {
+                    if b.quantized() {
+                        h.block_q(keys, vals, &ks, &vs)
+                    } else {
+                        h.block(keys, vals)
+                    }
+                })?;
             } else {
-                // A quantized block's scales (copied: `dim + tokens` f32) fold into the queries
-                // and weight the value rows.
-                let (ks, vs) =
-                    read_scales(self.mem(), b, dim).map_err(|_| err(CXLKV_NDP_ERR_RANGE))?;
                 let x = self.with_kv(b, dtype, dim, |keys, vals| {
                     if b.quantized() {
                         let k = self.cfg.kernel;
@@ -138,7 +143,11 @@ impl Device {
                 read_scales(self.mem(), b, dim).map_err(|_| err(CXLKV_NDP_ERR_RANGE))?;
             self.with_rows(b, b.k_off, b.head_bytes, dtype, dim, |keys| {
                 if let Some(h) = hls.as_mut() {
-                    h.block(keys, b.base);
+                    if b.quantized() {
+                        h.block_q(keys, b.base, &k_scales);
+                    } else {
+                        h.block(keys, b.base);
+                    }
                 } else if b.quantized() {
                     quant::score(self.cfg.kernel, queries, keys, &k_scales, &mut scores);
                 } else {

@@ -3,7 +3,6 @@
 //! SCORE_TOPK: GATHER, BUILD_BOUNDS and HOTLIST.
 
 use crate::device::model::Device;
-use crate::engine_hls::Engine;
 use cxlkv_kernels::{block_bounds, DType, Hit};
 use cxlkv_runtime::coherence::{self, Site};
 use cxlkv_runtime::format;
@@ -88,11 +87,6 @@ impl Device {
         n: usize,
         want: &BlockExpect,
     ) -> Result<(Vec<ResolvedBlock>, Vec<usize>), DeviceStatus> {
-        if want.dtype.is_quantized() && self.cfg.engine == Engine::Hls {
-            // The HLS kernel has no datapath for codes and scales yet: a clear refusal, not a
-            // wrong answer (the device does not advertise CAP_QUANT with this engine).
-            return Err(DeviceStatus::at(CXLKV_NDP_ERR_LAYOUT, 0));
-        }
         let mut blocks = Vec::with_capacity(n);
         for i in 0..n {
             let e: cxlkv_ndp_block = format::from_bytes(&raw[24 * i..24 * (i + 1)]);

@@ -115,15 +115,10 @@ impl Device {
                     | CXLKV_NDP_CAP_ATTEND
                     | CXLKV_NDP_CAP_SELECT
                     | CXLKV_NDP_CAP_SPARSE_ATTEND
-                    // Sketches are scored by the Rust kernels only.
+                    | CXLKV_NDP_CAP_QUANT
+                    // The sparse ATTEND on sketches and quantized blocks: the Rust kernels only.
                     | if cfg.engine == Engine::Rust {
                         CXLKV_NDP_CAP_SKETCH
-                    } else {
-                        0
-                    }
-                    // The HLS kernel does not serve quantized blocks yet (it refuses them).
-                    | if cfg.engine == Engine::Rust {
-                        CXLKV_NDP_CAP_QUANT
                     } else {
                         0
                     },

@@ -152,7 +152,11 @@ impl Device {
             }
             Engine::Hls => {
                 let scorer = HlsScorer::new(&queries, topk).ok_or(err(CXLKV_NDP_ERR_INTERNAL))?;
-                self.scan_blocks(scorer, &queries, &blocks, prune, dtype)?
+                if dtype.is_quantized() {
+                    self.hls_folded_scan(scorer, &queries, &blocks, dtype)?
+                } else {
+                    self.scan_blocks(scorer, &queries, &blocks, prune, dtype)?
+                }
             }
         };
         let stats = ScanStats::from(&counts);
@@ -247,6 +251,35 @@ impl Device {
         Ok((scan.finish(), counts))
     }
 
+    /// [`Device::folded_scan`] on the HLS kernel: its dot unit scores each block's codes with the
+    /// queries folded by the block's key scales, its top-k network keeps the lists.
+    fn hls_folded_scan(
+        &self,
+        mut scorer: HlsScorer,
+        queries: &QueryGroup<'_>,
+        blocks: &[ResolvedBlock],
+        dtype: DType,
+    ) -> Result<(Vec<Vec<Hit>>, PruneStats), DeviceStatus> {
+        let t0 = Instant::now();
+        let dim = queries.dim();
+        let mut counts = PruneStats {
+            blocks_total: blocks.len(),
+            ..Default::default()
+        };
+        for b in blocks {
+            let (k_scales, _) =
+                read_scales(self.mem(), b, dim).map_err(|_| err(CXLKV_NDP_ERR_RANGE))?;
+            self.with_rows(b, b.k_off, b.head_bytes, dtype, dim, |keys| {
+                scorer.score_block_q(keys, b.base, &k_scales)
+            })?;
+            self.touch(b);
+            counts.blocks_scanned += 1;
+            counts.bytes_scanned += b.head_bytes + 4 * dim as u64;
+            self.pace(t0, counts.bytes_scanned);
+        }
+        Ok((scorer.into_lists(), counts))
+    }
+
     /// Calls `f` with `[off, off + len)` of block `b`'s payload as rows of `dim` elements of
     /// `dtype`: in place when the memory has a stable address (through a view that holds no
     /// reference into it), else a private copy. The block is pinned for the duration, so its
@@ -335,8 +368,18 @@ impl Device {
                 out.extend_from_slice(&got);
                 continue;
             }
-            // The HLS kernel's GATHER row mover reads the row in place (pinned).
+            // The HLS kernel's GATHER row mover reads the row in place (pinned); a quantized
+            // row is dequantized with its token's scale.
             let off = blocks[b].v_off + (i * row) as u64;
+            if blocks[b].quantized() {
+                let (_, vs) = read_scales(self.mem(), &blocks[b], dim)
+                    .map_err(|_| err(CXLKV_NDP_ERR_RANGE))?;
+                let got = self.with_rows(&blocks[b], off, row as u64, dtype, dim, |src| {
+                    engine_hls::dequant_row(src, vs[i])
+                })?;
+                out.extend_from_slice(&got);
+                continue;
+            }
             self.with_rows(&blocks[b], off, row as u64, dtype, dim, |src| {
                 engine_hls::copy_rows(Engine::Hls, src, &mut r)
             })?;

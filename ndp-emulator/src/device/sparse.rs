@@ -43,8 +43,9 @@ impl Device {
         let qbytes = g * dim * 4;
         let raw = self.args(qp, cmd, (qbytes + n * 24 + TAIL_BYTES) as u64, size)?;
         let (sel, scale, candidates) = parse_tail(&raw[qbytes + n * 24..])?;
-        if candidates.is_some() && self.cfg.engine == Engine::Hls {
-            // The HLS unit has no sketch datapath (the device does not advertise CAP_SKETCH with
+        if (candidates.is_some() || dtype.is_quantized()) && self.cfg.engine == Engine::Hls {
+            // The HLS sparse unit has no datapath for rows picked one by one (a sketch's
+            // candidates, a quantized block's runs; the device does not advertise CAP_SKETCH with
             // this engine): a clear refusal, not a wrong answer.
             return Err(DeviceStatus::at(
                 CXLKV_NDP_ERR_ARGS,

@@ -318,7 +318,8 @@ impl NdpDevice {
                 ..Default::default()
             };
             let result_len = sparse_result_size(g, req.dim).unwrap_or(u64::MAX);
-            let sketch = if sp.candidates.is_some() {
+            // Rows picked one by one (a sketch's candidates, a quantized block's runs).
+            let sketch = if sp.candidates.is_some() || req.dtype.is_quantized() {
                 CXLKV_NDP_CAP_SKETCH
             } else {
                 0
