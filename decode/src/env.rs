@@ -54,8 +54,8 @@ pub struct EnvOptions {
 }
 
 /// `--sketch`: the key sketch written with every stored block ([`Sketch`]) and the candidates
-/// per query that a sketched selection re-scores on the exact keys. Written `none`, `int4` or
-/// `int4:C`.
+/// per query that a sketched selection re-scores on the exact keys. Written `none`, `int4`,
+/// `sign`, or either with `:C`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SketchOption {
     /// The sketch (none: exact scoring).

@@ -257,7 +257,7 @@ fn ndp_exact_on_quantized_blocks_equals_its_host_reference() {
     }
 }
 
-/// `ndp-topk` / `ndp-topp` on key sketches (`--sketch int4:C`): with enough candidates (every
+/// `ndp-topk` / `ndp-topp` on key sketches (`--sketch int4:C`, `sign:C`): with enough candidates (every
 /// position) the selection is the exact one, so `ndp-topk:4096` and `ndp-topp:1.0` keep dense's
 /// greedy tokens on f32 blocks; with few candidates the device's answers equal its host reference
 /// (the client's fallback over the same blocks) bit for bit, on f32 and int8 blocks, and it reads
@@ -290,18 +290,21 @@ fn sketched_selections_equal_their_host_reference() {
     }
     for dtype in [DType::F32, DType::I8] {
         let mode = "ndp-topk:4";
-        let (dev, st) = run(dtype, DeviceChoice::Thread, "int4:6", mode);
-        let (host, _) = run(dtype, DeviceChoice::Host, "int4:6", mode);
-        assert_eq!(
-            dev, host,
-            "{dtype:?}: the device and its host reference differ"
-        );
         let (_, exact) = run(dtype, DeviceChoice::Thread, "none", mode);
-        eprintln!(
-            "{dtype:?} {mode}: device bytes {} with the sketch, {} without; {} rows re-scored",
-            st.device_scan_bytes, exact.device_scan_bytes, st.rescored_rows
-        );
-        assert!(st.device_scan_bytes < exact.device_scan_bytes);
+        for sketch in ["int4:6", "sign:6"] {
+            let (dev, st) = run(dtype, DeviceChoice::Thread, sketch, mode);
+            let (host, _) = run(dtype, DeviceChoice::Host, sketch, mode);
+            assert_eq!(
+                dev, host,
+                "{dtype:?} {sketch}: the device and its host reference differ"
+            );
+            eprintln!(
+                "{dtype:?} {mode} {sketch}: device bytes {} with the sketch, {} without; {} \
+                 rows re-scored",
+                st.device_scan_bytes, exact.device_scan_bytes, st.rescored_rows
+            );
+            assert!(st.device_scan_bytes < exact.device_scan_bytes);
+        }
     }
 }
 

@@ -33,6 +33,8 @@
 //!   and per-token value scales (KIVI's split), and [`quant::fold_key_scales`], which moves the
 //!   key scales into the queries so that the kernels score and attend on the codes directly;
 //!   [`attend_block_scaled`] applies the value scales.
+//! - [`sign`]: sign-bit key sketches (one bit a channel, per-channel scales) and their
+//!   table-driven score, for selecting candidates before exact scoring.
 //! - [`bitplane`]: lossless f16 bit-plane layout and an approximate scorer that reads the high
 //!   planes only.
 //! - [`parallel`]: the same scans split across threads; [`rng`]: the seeded generator that the
@@ -83,6 +85,7 @@ pub mod rng;
 pub mod rows;
 pub mod scan;
 pub mod score;
+pub mod sign;
 pub mod topk;
 #[cfg(target_arch = "x86_64")]
 mod widen;

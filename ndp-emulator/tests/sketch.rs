@@ -147,17 +147,19 @@ fn sketched_and_quantized_sparse_attend_equal_the_host() {
     let p = pool.attach().unwrap();
     let mut rng = SplitMix64::new(41);
     let mut cases = 0;
-    for (i, (dtype, dim, tokens, per_block, g)) in [
-        (DType::F16, 64, 700, 128, 3),
-        (DType::F32, 32, 333, 64, 4),
-        (DType::Bf16, 128, 260, 48, 1),
-        (DType::I8, 64, 500, 100, 3),
-        (DType::I4, 32, 300, 64, 2),
+    for (i, (dtype, dim, tokens, per_block, g, sketch)) in [
+        (DType::F16, 64, 700, 128, 3, Sketch::Int4),
+        (DType::F32, 32, 333, 64, 4, Sketch::Int4),
+        (DType::Bf16, 128, 260, 48, 1, Sketch::Int4),
+        (DType::I8, 64, 500, 100, 3, Sketch::Int4),
+        (DType::I4, 32, 300, 64, 2, Sketch::Int4),
+        (DType::F32, 64, 400, 128, 3, Sketch::Sign),
+        (DType::I8, 32, 350, 64, 2, Sketch::Sign),
     ]
     .into_iter()
     .enumerate()
     {
-        let l = store(&p, i as u64, dtype, dim, tokens, per_block, Sketch::Int4);
+        let l = store(&p, i as u64, dtype, dim, tokens, per_block, sketch);
         let nblocks = tokens.div_ceil(per_block) as u64;
         let row = dtype.bytes(dim) as u64;
         for (select, k) in selections(tokens as u64) {
@@ -184,10 +186,11 @@ fn sketched_and_quantized_sparse_attend_equal_the_host() {
                         assert!(c_all >= union && c_all <= g as u64 * c as u64 + forced);
                         if !dtype.is_quantized() {
                             // The sketch (codes and scales), C's keys, U's values.
-                            let sketch = tokens as u64 * dim as u64 / 2 + nblocks * 4 * dim as u64;
+                            let sk =
+                                (tokens * sketch.row_bytes(dim)) as u64 + nblocks * 4 * dim as u64;
                             assert_eq!(
                                 got.stats.bytes_scanned,
-                                sketch + (c_all + union) * row,
+                                sk + (c_all + union) * row,
                                 "{dtype:?} {sp:?}"
                             );
                         }
@@ -198,7 +201,7 @@ fn sketched_and_quantized_sparse_attend_equal_the_host() {
             }
         }
     }
-    assert_eq!(cases, 4 * (3 * 2 + 2 * 3));
+    assert_eq!(cases, 4 * (4 * 2 + 3 * 3));
 }
 
 #[test]
@@ -206,9 +209,18 @@ fn candidates_holding_every_token_give_the_exact_selection() {
     let (_b, pool, _dev, mut ndp) = setup("sketch-all", Engine::Rust);
     let p = pool.attach().unwrap();
     let mut rng = SplitMix64::new(3);
-    for (dtype, g) in [(DType::F16, 3), (DType::F32, 2), (DType::I8, 3)] {
+    for (i, (dtype, g, sketch)) in [
+        (DType::F16, 3, Sketch::Int4),
+        (DType::F32, 2, Sketch::Int4),
+        (DType::I8, 3, Sketch::Int4),
+        (DType::F32, 3, Sketch::Sign),
+        (DType::I8, 2, Sketch::Sign),
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let (dim, tokens) = (32, 256);
-        let l = store(&p, 50 + g as u64, dtype, dim, tokens, 64, Sketch::Int4);
+        let l = store(&p, 50 + i as u64, dtype, dim, tokens, 64, sketch);
         for (select, k) in selections(tokens as u64) {
             let q = rng.normal_vec(g * dim);
             let exact = ndp
@@ -233,7 +245,25 @@ fn a_few_candidates_find_the_exact_top_k() {
     let p = pool.attach().unwrap();
     let mut rng = SplitMix64::new(8);
     let (dim, tokens, g, k) = (64, 2048, 1, 32);
-    let l = store(&p, 77, DType::F32, dim, tokens, 128, Sketch::Int4);
+    for (seed, sketch, c) in [(77, Sketch::Int4, 4 * k), (78, Sketch::Sign, 8 * k)] {
+        a_few_candidates_find(
+            &mut ndp,
+            &p,
+            &mut rng,
+            (seed, sketch, c),
+            (dim, tokens, g, k),
+        );
+    }
+}
+
+fn a_few_candidates_find(
+    ndp: &mut NdpDevice,
+    p: &Participant,
+    rng: &mut SplitMix64,
+    (seed, sketch, c): (u64, Sketch, usize),
+    (dim, tokens, g, k): (usize, usize, usize, usize),
+) {
+    let l = store(p, seed, DType::F32, dim, tokens, 128, sketch);
     let (mut found, mut total) = (0.0, 0.0);
     let mut mass = (0.0, 0.0);
     for _ in 0..20 {
@@ -246,7 +276,7 @@ fn a_few_candidates_find_the_exact_top_k() {
             .attend(&request(
                 &l,
                 &q,
-                Some(sparse(Select::default(), k, Some(4 * k))),
+                Some(sparse(Select::default(), k, Some(c))),
             ))
             .unwrap();
         assert!(sk.stats.bytes_scanned * 4 < exact.stats.bytes_scanned);
@@ -259,7 +289,7 @@ fn a_few_candidates_find_the_exact_top_k() {
     assert_eq!(found, total, "top-k unions have k tokens either way");
     assert!(
         mass.1 >= 0.9 * mass.0,
-        "the sketch's selection holds {:.3} of the mass, the exact one {:.3}",
+        "{sketch:?}: the sketch's selection holds {:.3} of the mass, the exact one {:.3}",
         mass.1 / 20.0,
         mass.0 / 20.0
     );

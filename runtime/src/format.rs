@@ -546,7 +546,7 @@ pub struct KvLayout {
     /// Tokens in the block.
     pub tokens: u32,
     /// `crate::kv::Sketch` code of the block's key sketch: 0 none (it was a reserved zero before
-    /// key sketches), 1 int4 per channel.
+    /// key sketches), 1 int4 per channel, 2 sign bits with per-channel scales.
     pub sketch: u32,
     /// Sequence the block belongs to (engine-chosen id).
     pub sequence: u64,

@@ -52,6 +52,12 @@ pub enum Sketch {
     /// `[tokens][head_dim / 2]` (two a byte, low nibble first) and `head_dim` f32 scales
     /// (`max |k| / 7` per channel over the block's tokens). An eighth of f32 keys, a quarter of f16.
     Int4,
+    /// Sign bits per channel with per-channel scales (code 2), as LongSight filters keys: per
+    /// head, the bits `[tokens][head_dim / 8]` (bit `c % 8` of byte `c / 8` set when `k[c] >= 0`)
+    /// and `head_dim` f32 scales (the mean `|k[c]|` over the block's tokens), so a key reads as
+    /// `±scale[c]` per channel. A 32nd of f32 keys, an eighth of int8 ones
+    /// ([`cxlkv_kernels::sign`]).
+    Sign,
 }
 
 impl Sketch {
@@ -60,6 +66,7 @@ impl Sketch {
         match self {
             Sketch::None => 0,
             Sketch::Int4 => 1,
+            Sketch::Sign => 2,
         }
     }
 
@@ -68,6 +75,7 @@ impl Sketch {
         match code {
             0 => Some(Sketch::None),
             1 => Some(Sketch::Int4),
+            2 => Some(Sketch::Sign),
             _ => None,
         }
     }
@@ -77,24 +85,53 @@ impl Sketch {
         match self {
             Sketch::None => "none",
             Sketch::Int4 => "int4",
+            Sketch::Sign => "sign",
         }
     }
 
-    /// The element type of its codes (`None` for no sketch).
+    /// The element type of its codes when they are a [`DType`] (int4), `None` otherwise.
     pub fn dtype(self) -> Option<DType> {
         match self {
-            Sketch::None => None,
             Sketch::Int4 => Some(DType::I4),
+            Sketch::None | Sketch::Sign => None,
+        }
+    }
+
+    /// What the head dimension must be a multiple of (two elements an int4 byte, eight a sign
+    /// byte).
+    pub fn dim_multiple(self) -> usize {
+        match self {
+            Sketch::None => 1,
+            Sketch::Int4 => 2,
+            Sketch::Sign => 8,
+        }
+    }
+
+    /// Bytes of one sketch row of `dim` elements (0 for no sketch).
+    pub fn row_bytes(self, dim: usize) -> usize {
+        match self {
+            Sketch::None => 0,
+            Sketch::Int4 => DType::I4.bytes(dim),
+            Sketch::Sign => dim.div_ceil(8),
+        }
+    }
+
+    /// One head's sketch of `keys` (`[tokens][dim]` f32): its codes, then its scales.
+    fn encode(self, keys: &[f32], dim: usize) -> (Vec<u8>, Vec<f32>) {
+        match self {
+            Sketch::None => (Vec::new(), Vec::new()),
+            Sketch::Int4 => quant::quantize_keys(keys, dim, DType::I4),
+            Sketch::Sign => cxlkv_kernels::sign::encode(keys, dim),
         }
     }
 
     /// Bytes of one head's sketch of `tokens` keys of `dim` elements: its codes, then its `dim`
     /// f32 scales (0 for no sketch).
     pub fn head_bytes(self, tokens: usize, dim: usize) -> Option<usize> {
-        match self.dtype() {
-            None => Some(0),
-            Some(t) => t
-                .bytes(dim)
+        match self {
+            Sketch::None => Some(0),
+            _ => self
+                .row_bytes(dim)
                 .checked_mul(tokens)?
                 .checked_add(dim.checked_mul(4)?),
         }
@@ -108,7 +145,8 @@ impl std::str::FromStr for Sketch {
         match s {
             "none" => Ok(Sketch::None),
             "int4" => Ok(Sketch::Int4),
-            _ => Err(format!("unknown key sketch {s:?} (none, int4)")),
+            "sign" => Ok(Sketch::Sign),
+            _ => Err(format!("unknown key sketch {s:?} (none, int4, sign)")),
         }
     }
 }
@@ -168,7 +206,7 @@ impl KvShape {
     pub fn offsets_with(&self, sketch: Sketch) -> Option<KvOffsets> {
         let mut at = self.offsets_bare()?;
         if sketch != Sketch::None {
-            if !self.head_dim.is_multiple_of(2) {
+            if !(self.head_dim as usize).is_multiple_of(sketch.dim_multiple()) {
                 return None;
             }
             let per_head = sketch.head_bytes(self.tokens as usize, self.head_dim as usize)?;
@@ -250,10 +288,11 @@ pub fn encode_with(shape: &KvShape, k: &[u8], v: &[u8], sketch: Sketch) -> Resul
             shape.head_dim
         )));
     }
-    if sketch != Sketch::None && !shape.head_dim.is_multiple_of(2) {
+    if !(shape.head_dim as usize).is_multiple_of(sketch.dim_multiple()) {
         return Err(bad(format!(
-            "an {} key sketch packs two elements a byte: head dimension {} is odd",
+            "a {} key sketch packs {} elements a byte: head dimension {} is not a multiple",
             sketch.name(),
+            sketch.dim_multiple(),
             shape.head_dim
         )));
     }
@@ -337,7 +376,7 @@ pub fn encode_with(shape: &KvShape, k: &[u8], v: &[u8], sketch: Sketch) -> Resul
     }
     push_f32s(&mut out, &k_scales);
     push_f32s(&mut out, &v_scales);
-    if let Some(t) = sketch.dtype() {
+    if sketch != Sketch::None {
         // The sketch of the keys as given (f32 for a quantized block, else the stored elements).
         let kf: Vec<f32> = if quantized {
             f32s(k_in)
@@ -353,7 +392,7 @@ pub fn encode_with(shape: &KvShape, k: &[u8], v: &[u8], sketch: Sketch) -> Resul
             )));
         }
         for h in 0..heads {
-            let (c, s) = quant::quantize_keys(&kf[h * per_head..(h + 1) * per_head], d, t);
+            let (c, s) = sketch.encode(&kf[h * per_head..(h + 1) * per_head], d);
             out.extend_from_slice(&c);
             push_f32s(&mut out, &s);
         }
@@ -471,14 +510,16 @@ impl<'a> KvBlock<'a> {
         )
     }
 
-    /// The key sketch of head `h`: its codes (`[tokens][head_dim]` of the sketch's type) and its
+    /// The key sketch of head `h`: its codes (`tokens` rows of [`Sketch::row_bytes`]) and its
     /// `head_dim` scales. `None` without a sketch.
     pub fn head_sketch(&self, h: usize) -> Option<(&'a [u8], Vec<f32>)> {
-        let t = self.sketch.dtype()?;
+        if self.sketch == Sketch::None {
+            return None;
+        }
         let (d, n) = (self.shape.head_dim as usize, self.shape.tokens as usize);
         let per = self.sketch.head_bytes(n, d)?;
         let head = &self.sketch_bytes[h * per..(h + 1) * per];
-        let codes = t.bytes(d) * n;
+        let codes = self.sketch.row_bytes(d) * n;
         Some((&head[..codes], f32s(&head[codes..])))
     }
 

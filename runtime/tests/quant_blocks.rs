@@ -185,7 +185,10 @@ fn f16_blocks_keep_their_layout() {
 fn key_sketches_are_written_with_the_block_and_checked() {
     use cxlkv_runtime::kv::{encode_with, Sketch};
     let mut rng = SplitMix64::new(19);
-    for dtype in [DType::F32, DType::F16, DType::I8] {
+    let kinds = [DType::F32, DType::F16, DType::I8]
+        .into_iter()
+        .flat_map(|d| [(d, Sketch::Int4), (d, Sketch::Sign)]);
+    for (dtype, sketch) in kinds {
         let s = shape(dtype, 12);
         let n = 2 * 12 * 32;
         let kf: Vec<f32> = rng.normal_vec(n);
@@ -202,15 +205,18 @@ fn key_sketches_are_written_with_the_block_and_checked() {
         };
         let (k, v) = (elems(&kf), elems(&vf));
         let plain = cxlkv_runtime::kv::encode(&s, &k, &v).unwrap();
-        let p = encode_with(&s, &k, &v, Sketch::Int4).unwrap();
+        let p = encode_with(&s, &k, &v, sketch).unwrap();
         // The sketch comes after everything else: the rest of the block is unchanged.
-        let per_head = 12 * 16 + 32 * 4;
+        let per_head = 12 * sketch.row_bytes(32) + 32 * 4;
         assert_eq!(p.len(), plain.len() + 2 * per_head, "{dtype:?}");
         let l: KvLayout = format::from_bytes(&p);
-        assert_eq!((l.sketch, l.sketch_off as usize), (1, plain.len()));
+        assert_eq!(
+            (l.sketch, l.sketch_off as usize),
+            (sketch.code(), plain.len())
+        );
         assert_eq!(&p[64..plain.len()], &plain[64..]);
         let b = KvBlock::parse(&p).unwrap();
-        assert_eq!(b.sketch, Sketch::Int4);
+        assert_eq!(b.sketch, sketch);
         for h in 0..2 {
             // Each head's sketch is the int4 per-channel quantization of its keys as given.
             let head: Vec<f32> = (0..12 * 32)
@@ -221,7 +227,10 @@ fn key_sketches_are_written_with_the_block_and_checked() {
             } else {
                 head
             };
-            let (codes, scales) = cxlkv_kernels::quant::quantize_keys(&head, 32, DType::I4);
+            let (codes, scales) = match sketch {
+                Sketch::Sign => cxlkv_kernels::sign::encode(&head, 32),
+                _ => cxlkv_kernels::quant::quantize_keys(&head, 32, DType::I4),
+            };
             let (c, sc) = b.head_sketch(h).unwrap();
             assert_eq!(c, &codes[..]);
             assert_eq!(sc, scales);
@@ -229,7 +238,7 @@ fn key_sketches_are_written_with_the_block_and_checked() {
         // An unknown sketch code, a sketch offset without a sketch, a nonzero reserved word or
         // a truncated sketch are refused.
         let edits: Vec<Edit> = vec![
-            Box::new(|l| l.sketch = 2),
+            Box::new(|l| l.sketch = 3),
             Box::new(|l| l.sketch = 0),
             Box::new(|l| l.reserved1 = 1),
             Box::new(|l| l.sketch_off += 1),
@@ -243,11 +252,13 @@ fn key_sketches_are_written_with_the_block_and_checked() {
         }
         assert!(KvBlock::parse(&p[..p.len() - 1]).is_err());
     }
-    // An odd head dimension has no int4 sketch.
-    let odd = KvShape {
-        head_dim: 3,
-        ..shape(DType::F32, 2)
-    };
-    let x = vec![0u8; 2 * 2 * 3 * 4];
-    assert!(encode_with(&odd, &x, &x, Sketch::Int4).is_err());
+    // An odd head dimension has no int4 sketch, one not a multiple of 8 no sign sketch.
+    for (dim, sketch) in [(3u32, Sketch::Int4), (12, Sketch::Sign)] {
+        let odd = KvShape {
+            head_dim: dim,
+            ..shape(DType::F32, 2)
+        };
+        let x = vec![0u8; 2 * 2 * dim as usize * 4];
+        assert!(encode_with(&odd, &x, &x, sketch).is_err());
+    }
 }

@@ -280,6 +280,33 @@ impl Device {
         Ok((scorer.into_lists(), counts))
     }
 
+    /// Copies `[off, off + len)` of block `b`'s payload out, with the block pinned (a key
+    /// sketch's sign bits: rows of any byte length).
+    pub(super) fn read_pinned(
+        &self,
+        b: &ResolvedBlock,
+        off: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, DeviceStatus> {
+        let payload = b.block.payload_off..b.block.payload_off + b.block.header.len;
+        if off < payload.start || off.checked_add(len).is_none_or(|e| e > payload.end) {
+            return Err(err(CXLKV_NDP_ERR_RANGE));
+        }
+        let pin = match self.reader.pin_block(&b.block) {
+            Ok(Some(pin)) => pin,
+            Ok(None) => return Err(err(CXLKV_NDP_ERR_STALE)),
+            Err(_) => return Err(err(CXLKV_NDP_ERR_INTERNAL)),
+        };
+        let mem = self.mem();
+        coherence::acquire(mem, Site::PayloadRead, off, len);
+        let mut buf = vec![0u8; len as usize];
+        let r = mem
+            .read(off, &mut buf)
+            .map_err(|_| err(CXLKV_NDP_ERR_RANGE));
+        drop(pin);
+        r.map(|()| buf)
+    }
+
     /// Calls `f` with `[off, off + len)` of block `b`'s payload as rows of `dim` elements of
     /// `dtype`: in place when the memory has a stable address (through a view that holds no
     /// reference into it), else a private copy. The block is pinned for the duration, so its

@@ -199,6 +199,12 @@ impl BlockRows for PinnedRows<'_> {
             .with_rows(r, r.sketch_off, len, t, self.dim, |c| f(c))
     }
 
+    fn sketch_copy(&mut self, b: usize) -> Result<Vec<u8>, DeviceStatus> {
+        let r = &self.blocks[b];
+        let len = r.sketch_code_bytes(self.dim);
+        self.dev.read_pinned(r, r.sketch_off, len)
+    }
+
     fn copy_rows(
         &mut self,
         b: usize,

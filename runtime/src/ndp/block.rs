@@ -68,9 +68,7 @@ impl ResolvedBlock {
 
     /// Bytes of the head's sketch codes (0 without a sketch).
     pub fn sketch_code_bytes(&self, dim: usize) -> u64 {
-        self.sketch
-            .dtype()
-            .map_or(0, |t| (t.bytes(dim) * self.tokens as usize) as u64)
+        (self.sketch.row_bytes(dim) * self.tokens as usize) as u64
     }
 
     /// Bytes of the head's scales (K's and V's; 0 for an unquantized block).

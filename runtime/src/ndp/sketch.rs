@@ -4,8 +4,9 @@
 //! or pulled across the link), so their answers are bit-identical.
 //!
 //! **With a sketch** ([`crate::kv::Sketch`]), for a group of `G` queries and `c` candidates:
-//! 1. every stored token is scored on its block's sketch (the codes, with the queries folded by
-//!    the sketch's per-channel scales, [`crate::ndp::quant::score`]), in block-list order;
+//! 1. every stored token is scored on its block's sketch, with the queries folded by the
+//!    sketch's per-channel scales (int4 codes: [`crate::ndp::quant::score`]; sign bits:
+//!    [`cxlkv_kernels::sign::score`]), in block-list order;
 //! 2. per query, the candidates are the forced tokens (sinks, window) and the `c` best others by
 //!    sketch score; `C` is their union over the group, sorted by token;
 //! 3. `C`'s key rows are read and scored exactly, and fed to the [`Selection`] in token order; every
@@ -33,7 +34,9 @@ use crate::ndp::quant;
 use crate::ndp::result::ScanStats;
 use crate::ndp::select::Selection;
 use crate::ndp::sparse::{check_candidates, left_out, union, Sparse};
-use cxlkv_kernels::{attend_block, DType, KeyRows, Partial, QueryGroup, ScoreKernel, TopKSelector};
+use cxlkv_kernels::{
+    attend_block, sign, DType, KeyRows, Partial, QueryGroup, ScoreKernel, TopKSelector,
+};
 
 /// Which of a block's tensors [`BlockRows::copy_rows`] reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,8 +51,11 @@ pub enum Section {
 pub trait BlockRows {
     /// Calls `f` with every key row of block `b`.
     fn keys(&mut self, b: usize, f: &mut dyn FnMut(&KeyRows<'_>)) -> Result<(), DeviceStatus>;
-    /// Calls `f` with every row of block `b`'s key sketch (its codes).
+    /// Calls `f` with every row of block `b`'s key sketch (its codes) when they are a dtype's
+    /// elements (int4).
     fn sketch(&mut self, b: usize, f: &mut dyn FnMut(&KeyRows<'_>)) -> Result<(), DeviceStatus>;
+    /// Block `b`'s key sketch codes copied out (sign bits).
+    fn sketch_copy(&mut self, b: usize) -> Result<Vec<u8>, DeviceStatus>;
     /// Copies rows `rows` (block-local, ascending) of block `b`'s keys or values into `out`
     /// (`rows.len()` rows as stored, in order).
     fn copy_rows(
@@ -186,13 +192,18 @@ pub fn sparse_rows(
             let mut cu: Vec<u32> = Vec::new();
             let mut sketch_scores = Vec::with_capacity(blocks.len());
             for (bi, b) in blocks.iter().enumerate() {
-                if b.sketch == Sketch::None {
-                    return Err(DeviceStatus::at(CXLKV_NDP_ERR_LAYOUT, bi));
-                }
                 let ss = src.sketch_scales(bi)?;
-                src.sketch(bi, &mut |codes| {
-                    score(kernel, queries, codes, &ss, &mut scores)
-                })?;
+                match b.sketch {
+                    Sketch::None => return Err(DeviceStatus::at(CXLKV_NDP_ERR_LAYOUT, bi)),
+                    Sketch::Int4 => src.sketch(bi, &mut |codes| {
+                        score(kernel, queries, codes, &ss, &mut scores)
+                    })?,
+                    Sketch::Sign => {
+                        let bits = src.sketch_copy(bi)?;
+                        let folded = quant::fold(queries, &ss);
+                        sign::score(&folded, g, dim, &bits, &mut scores);
+                    }
+                }
                 for i in 0..b.tokens as usize {
                     let t = b.base + i as u32;
                     if rules.excluded(u64::from(t)) {

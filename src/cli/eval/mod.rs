@@ -80,9 +80,9 @@ pub struct EvalArgs {
     /// Most recent tokens that top-k / top-p modes always include.
     #[arg(long, default_value_t = 64)]
     window: u64,
-    /// Key sketch stored with every block: `none`, or `int4[:C]` (4-bit keys per channel;
-    /// `ndp-topk`/`ndp-topp` score it and re-score the C best candidates per query exactly,
-    /// default 1024).
+    /// Key sketch stored with every block: `none`, `int4[:C]` (4-bit keys per channel) or
+    /// `sign[:C]` (sign bits, per-channel scales); `ndp-topk`/`ndp-topp` score it and re-score
+    /// the C best candidates per query exactly (default 1024).
     #[arg(long, default_value = "none", value_name = "SKETCH")]
     sketch: String,
 }

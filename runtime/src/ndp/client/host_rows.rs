@@ -73,6 +73,12 @@ impl BlockRows for PulledRows<'_> {
         self.rows_of(r.sketch_off, r.sketch_code_bytes(self.dim), t, f)
     }
 
+    fn sketch_copy(&mut self, b: usize) -> Result<Vec<u8>, DeviceStatus> {
+        let r = self.blocks[b];
+        self.read(r.sketch_off, r.sketch_code_bytes(self.dim))?;
+        Ok(std::mem::take(&mut self.buf))
+    }
+
     fn copy_rows(
         &mut self,
         b: usize,
