@@ -233,6 +233,20 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
         cfg.context,
         t.elapsed()
     );
+    // The backends hold the layers with full attention (all of a Llama; a Gemma 3's global
+    // ones, numbered from 0): a `+denseL` past them fails here, before the prefill.
+    let held = model.attention_shape().layers;
+    if let Some(bad) = specs
+        .iter()
+        .flat_map(|s| s.dense_layers.iter())
+        .find(|&&l| l >= held)
+    {
+        return Err(Error::Usage(format!(
+            "dense layer {bad} does not exist: the attention backends hold {held} layers \
+             (0-{}), the model's layers with full attention",
+            held - 1
+        )));
+    }
     let window = &tokens[..a.context];
     let start = a.context - a.scored - 1;
     let (prefix_tokens, inputs, targets) = (
