@@ -185,18 +185,8 @@ impl Device {
         dim: usize,
         f: impl FnOnce(&KeyRows<'_>, &KeyRows<'_>) -> R,
     ) -> Result<R, DeviceStatus> {
-        let payload = b.block.payload_off..b.block.payload_off + b.block.header.len;
         let len = b.head_bytes;
-        for off in [b.k_off, b.v_off] {
-            if off < payload.start || off.checked_add(len).is_none_or(|e| e > payload.end) {
-                return Err(err(CXLKV_NDP_ERR_RANGE));
-            }
-        }
-        let pin = match self.reader.pin_block(&b.block) {
-            Ok(Some(pin)) => pin,
-            Ok(None) => return Err(err(CXLKV_NDP_ERR_STALE)),
-            Err(_) => return Err(err(CXLKV_NDP_ERR_INTERNAL)),
-        };
+        let pin = self.pin_ranges(b, &[(b.k_off, len), (b.v_off, len)])?;
         let mem = self.mem();
         coherence::acquire(mem, Site::PayloadRead, b.k_off, len);
         coherence::acquire(mem, Site::PayloadRead, b.v_off, len);

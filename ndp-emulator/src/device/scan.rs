@@ -19,6 +19,7 @@ use cxlkv_runtime::ndp::{
     block_mass, encode_list_info, encode_topk_result, gathered_dtype, locate_token, quant,
     read_bounds, read_scales, topk_result_size, DeviceStatus, ResolvedBlock, ScanStats,
 };
+use cxlkv_runtime::PinnedBlock;
 use std::time::{Duration, Instant};
 
 impl Device {
@@ -230,9 +231,23 @@ impl Device {
         blocks: &[ResolvedBlock],
         dtype: DType,
     ) -> Result<(Vec<Vec<Hit>>, PruneStats), DeviceStatus> {
-        let t0 = Instant::now();
-        let dim = queries.dim();
         let mut scan = quant::FoldedTopK::new(self.cfg.kernel, queries, topk);
+        let counts = self.folded_blocks(blocks, queries.dim(), dtype, |keys, base, ks| {
+            scan.block(keys, base, ks)
+        })?;
+        Ok((scan.finish(), counts))
+    }
+
+    /// Every quantized block's key codes in list order, pinned, handed to `score` with the
+    /// block's first token and its key scales; bytes scanned count the codes and the scales.
+    fn folded_blocks(
+        &self,
+        blocks: &[ResolvedBlock],
+        dim: usize,
+        dtype: DType,
+        mut score: impl FnMut(&KeyRows<'_>, u32, &[f32]),
+    ) -> Result<PruneStats, DeviceStatus> {
+        let t0 = Instant::now();
         let mut counts = PruneStats {
             blocks_total: blocks.len(),
             ..Default::default()
@@ -241,14 +256,14 @@ impl Device {
             let (k_scales, _) =
                 read_scales(self.mem(), b, dim).map_err(|_| err(CXLKV_NDP_ERR_RANGE))?;
             self.with_rows(b, b.k_off, b.head_bytes, dtype, dim, |keys| {
-                scan.block(keys, b.base, &k_scales)
+                score(keys, b.base, &k_scales)
             })?;
             self.touch(b);
             counts.blocks_scanned += 1;
             counts.bytes_scanned += b.head_bytes + 4 * dim as u64;
             self.pace(t0, counts.bytes_scanned);
         }
-        Ok((scan.finish(), counts))
+        Ok(counts)
     }
 
     /// [`Device::folded_scan`] on the HLS kernel: its dot unit scores each block's codes with the
@@ -260,24 +275,30 @@ impl Device {
         blocks: &[ResolvedBlock],
         dtype: DType,
     ) -> Result<(Vec<Vec<Hit>>, PruneStats), DeviceStatus> {
-        let t0 = Instant::now();
-        let dim = queries.dim();
-        let mut counts = PruneStats {
-            blocks_total: blocks.len(),
-            ..Default::default()
-        };
-        for b in blocks {
-            let (k_scales, _) =
-                read_scales(self.mem(), b, dim).map_err(|_| err(CXLKV_NDP_ERR_RANGE))?;
-            self.with_rows(b, b.k_off, b.head_bytes, dtype, dim, |keys| {
-                scorer.score_block_q(keys, b.base, &k_scales)
-            })?;
-            self.touch(b);
-            counts.blocks_scanned += 1;
-            counts.bytes_scanned += b.head_bytes + 4 * dim as u64;
-            self.pace(t0, counts.bytes_scanned);
-        }
+        let counts = self.folded_blocks(blocks, queries.dim(), dtype, |keys, base, ks| {
+            scorer.score_block_q(keys, base, ks)
+        })?;
         Ok((scorer.into_lists(), counts))
+    }
+
+    /// Pins block `b` for reads of `ranges` (`(offset, length)`), which must lie inside its
+    /// payload (`ERR_RANGE`); `ERR_STALE` if the block changed since it was resolved.
+    pub(super) fn pin_ranges(
+        &self,
+        b: &ResolvedBlock,
+        ranges: &[(u64, u64)],
+    ) -> Result<PinnedBlock<'_>, DeviceStatus> {
+        let payload = b.block.payload_off..b.block.payload_off + b.block.header.len;
+        for &(off, len) in ranges {
+            if off < payload.start || off.checked_add(len).is_none_or(|e| e > payload.end) {
+                return Err(err(CXLKV_NDP_ERR_RANGE));
+            }
+        }
+        match self.reader.pin_block(&b.block) {
+            Ok(Some(pin)) => Ok(pin),
+            Ok(None) => Err(err(CXLKV_NDP_ERR_STALE)),
+            Err(_) => Err(err(CXLKV_NDP_ERR_INTERNAL)),
+        }
     }
 
     /// Copies `[off, off + len)` of block `b`'s payload out, with the block pinned (a key
@@ -288,15 +309,7 @@ impl Device {
         off: u64,
         len: u64,
     ) -> Result<Vec<u8>, DeviceStatus> {
-        let payload = b.block.payload_off..b.block.payload_off + b.block.header.len;
-        if off < payload.start || off.checked_add(len).is_none_or(|e| e > payload.end) {
-            return Err(err(CXLKV_NDP_ERR_RANGE));
-        }
-        let pin = match self.reader.pin_block(&b.block) {
-            Ok(Some(pin)) => pin,
-            Ok(None) => return Err(err(CXLKV_NDP_ERR_STALE)),
-            Err(_) => return Err(err(CXLKV_NDP_ERR_INTERNAL)),
-        };
+        let pin = self.pin_ranges(b, &[(off, len)])?;
         let mem = self.mem();
         coherence::acquire(mem, Site::PayloadRead, off, len);
         let mut buf = vec![0u8; len as usize];
@@ -320,15 +333,7 @@ impl Device {
         dim: usize,
         f: impl FnOnce(&KeyRows<'_>) -> R,
     ) -> Result<R, DeviceStatus> {
-        let payload = b.block.payload_off..b.block.payload_off + b.block.header.len;
-        if off < payload.start || off.checked_add(len).is_none_or(|e| e > payload.end) {
-            return Err(err(CXLKV_NDP_ERR_RANGE));
-        }
-        let pin = match self.reader.pin_block(&b.block) {
-            Ok(Some(pin)) => pin,
-            Ok(None) => return Err(err(CXLKV_NDP_ERR_STALE)),
-            Err(_) => return Err(err(CXLKV_NDP_ERR_INTERNAL)),
-        };
+        let pin = self.pin_ranges(b, &[(off, len)])?;
         let mem = self.mem();
         coherence::acquire(mem, Site::PayloadRead, off, len);
         let layout_err = |_| err(CXLKV_NDP_ERR_LAYOUT);

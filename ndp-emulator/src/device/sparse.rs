@@ -213,10 +213,7 @@ impl BlockRows for PinnedRows<'_> {
         out: &mut [u8],
     ) -> Result<(), DeviceStatus> {
         let r = &self.blocks[b];
-        let off = match section {
-            Section::Keys => r.k_off,
-            Section::Values => r.v_off,
-        };
+        let off = section.offset(r);
         let row = self.dtype.bytes(self.dim);
         self.dev
             .with_rows(r, off, r.head_bytes, self.dtype, self.dim, |src| {

@@ -174,8 +174,12 @@ pub fn read_sketch_scales(
     if b.sketch == Sketch::None {
         return Ok(Vec::new());
     }
-    let off = b.sketch_off + b.sketch_code_bytes(dim);
-    let mut raw = vec![0u8; 4 * dim];
+    read_f32s(mem, b.sketch_off + b.sketch_code_bytes(dim), dim)
+}
+
+/// `n` little-endian f32 at `off`, read under the coherence protocol's payload acquire.
+fn read_f32s(mem: &dyn SharedMemory, off: u64, n: usize) -> cxlkv_shm::mem::Result<Vec<f32>> {
+    let mut raw = vec![0u8; 4 * n];
     coherence::acquire(mem, Site::PayloadRead, off, raw.len() as u64);
     mem.read(off, &mut raw)?;
     Ok(raw
@@ -194,18 +198,9 @@ pub fn read_scales(
     if !b.quantized() {
         return Ok((Vec::new(), Vec::new()));
     }
-    let read = |off: u64, n: usize| -> cxlkv_shm::mem::Result<Vec<f32>> {
-        let mut raw = vec![0u8; 4 * n];
-        coherence::acquire(mem, Site::PayloadRead, off, raw.len() as u64);
-        mem.read(off, &mut raw)?;
-        Ok(raw
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
-    };
     Ok((
-        read(b.k_scales_off, dim)?,
-        read(b.v_scales_off, b.tokens as usize)?,
+        read_f32s(mem, b.k_scales_off, dim)?,
+        read_f32s(mem, b.v_scales_off, b.tokens as usize)?,
     ))
 }
 

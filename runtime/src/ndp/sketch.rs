@@ -47,6 +47,16 @@ pub enum Section {
     Values,
 }
 
+impl Section {
+    /// Pool offset of the section's rows of the command's head in block `b`.
+    pub fn offset(self, b: &ResolvedBlock) -> u64 {
+        match self {
+            Section::Keys => b.k_off,
+            Section::Values => b.v_off,
+        }
+    }
+}
+
 /// How an engine reads the blocks of a command (indices into its resolved block list).
 pub trait BlockRows {
     /// Calls `f` with every key row of block `b`.

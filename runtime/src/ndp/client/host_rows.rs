@@ -87,10 +87,7 @@ impl BlockRows for PulledRows<'_> {
         out: &mut [u8],
     ) -> Result<(), DeviceStatus> {
         let r = self.blocks[b];
-        let base = match section {
-            Section::Keys => r.k_off,
-            Section::Values => r.v_off,
-        };
+        let base = section.offset(&r);
         let row = self.dtype.bytes(self.dim);
         // One read per run of adjacent rows.
         let mut i = 0;
