@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run --release -p cxlkv-kernels --example qk_once -- \
 //!     [--tokens N] [--dim D] [--dtype f16|bf16|f32] [--group G] [--k K] [--threads T]
-//!     [--repeats R] [--warm] [--keys keys.npy --queries q.npy] [--topk-out idx.npy] [--json]
+//!     [--repeats R] [--warm] [--attend] [--keys keys.npy --queries q.npy] [--topk-out idx.npy] [--json]
 //! ```
 //!
 //! With `--keys`/`--queries` the data come from `.npy` files (`[N, D]` keys of `<f2` or `<f4`,
@@ -36,6 +36,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         if flag == "--warm" {
             cfg.flush = false;
+            continue;
+        }
+        if flag == "--attend" {
+            cfg.attend = true;
             continue;
         }
         let value = args.next().ok_or(format!("{flag} needs a value"))?;

@@ -115,8 +115,14 @@ pub fn attend_block_scaled(
         let vtile = values.slice(r0, r1);
         #[cfg(target_arch = "x86_64")]
         if in_place {
-            // The tile's values stream in while its keys are scored, a few rows at a time.
-            let sub = crate::attend_simd::SCORE_SUB;
+            // The tile's values stream in while its keys are scored, a few rows at a time: at
+            // least one of the AVX-512 score kernel's row blocks (16 keys at G = 1, 8 or fewer
+            // above), so that no key falls to its one-row path.
+            let sub = if g == 1 && kernel.isa() == Isa::Avx512 {
+                2 * crate::attend_simd::SCORE_SUB
+            } else {
+                crate::attend_simd::SCORE_SUB
+            };
             let mut s0 = r0;
             while s0 < r1 {
                 let s1 = (s0 + sub).min(r1);

@@ -8,6 +8,10 @@
 //! shuffles that pair lanes `j + j+8`, `j + j+4`, `j + j+2`, `j + j+1` across registers (the
 //! canonical tree, transposed): 45 instructions per 16 scores instead of about 8 per score for a
 //! horizontal reduction of each pair. Leftover rows (`N % KB`) are reduced one pair at a time.
+//!
+//! With one query (G = 1) the block's rows are read one after the other rather than in step:
+//! sixteen rows read chunk by chunk are sixteen interleaved streams with a stride of a row, which
+//! Zen 4's prefetchers follow badly (see [`PREFETCH_BYTES`]).
 
 use crate::dtype::DType;
 use crate::rows::{KeyRows, QueryGroup, LANES};
@@ -183,6 +187,23 @@ unsafe fn accumulate<const G: usize, const KB: usize, const DT: u8>(
     // loop starting from zeros, rustc 1.95 kept the accumulators in zmm0-15 and spilled four of
     // them to the stack inside the loop at G = 4 (13 ns per key instead of 10, keys in L2).
     let mut acc = [_mm512_setzero_ps(); 16];
+    if G == 1 {
+        // One query: row by row, each row's chunks in turn. The reads are then sequential, which
+        // the hardware prefetchers follow on their own (see `PREFETCH_BYTES`); the query's chunks
+        // come from L1. Each accumulator sees the same operations in the same order as in `step`.
+        for (kb, acc) in acc.iter_mut().take(KB).enumerate() {
+            // SAFETY: row `kb < KB` and the query's `dim` floats lie inside the operands the
+            // caller guarantees; chunk `c < dim / 16` inside each.
+            unsafe {
+                let row = rows.add(kb * row_bytes);
+                for c in 0..dim / LANES {
+                    let qv = _mm512_loadu_ps(q.add(c * LANES));
+                    *acc = _mm512_fmadd_ps(qv, load16::<DT>(row, c), *acc);
+                }
+            }
+        }
+        return acc;
+    }
     step(&mut acc, 0);
     for c in 1..dim / LANES {
         step(&mut acc, c);
@@ -198,6 +219,14 @@ unsafe fn accumulate<const G: usize, const KB: usize, const DT: u8>(
 /// the lines 2 KiB ahead requested in a burst per block, ~90 % spread per chunk; at G = 1 (blocks
 /// of 4 KiB) a fixed 2 KiB ahead gave ~90 %, the next block plus 0.5-1 KiB ~107 %, plus 2 KiB
 /// ~100 %.
+///
+/// On the 2-core Zen 4 VM (AMD EPYC, 2.6 GHz; `cargo run --release -p cxlkv-kernels --example
+/// qk_once -- --tokens 4194304 --dtype f16 --group 1`, three runs each) the same G = 1 loop gave
+/// 0.41-0.48 of the read with these prefetches at any distance tried (the next block, plus 256
+/// bytes, 1 KiB or 4 KiB), 0.66-0.70 without them, and 0.83-0.86 with the rows read one after
+/// the other and no software prefetch, which is what G = 1 does now; at G = 4 the prefetches
+/// stay (0.67-0.70 with, 0.57-0.61 without; reading rows one after the other, reloading the
+/// queries for each row, gave 0.51-0.58).
 const PREFETCH_BYTES: usize = 1024;
 
 /// Reduces 16 accumulators at once, each in the canonical tree, by four rounds of
