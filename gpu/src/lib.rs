@@ -31,6 +31,7 @@
 //!   (kernel launches against the CUDA C signatures); each block says why it is sound.
 
 pub mod attention;
+pub mod bench;
 pub mod device;
 pub mod error;
 mod launch;
