@@ -4,9 +4,11 @@
 //! - **pull**: every K/V row read in place from registered host memory over the link;
 //! - **gather**: only the top-k rows per KV head (exact top-k by the group's largest score,
 //!   chosen on the CPU once) read in place from registered host memory;
-//! - **ndp+merge**: the CPU computes the ATTEND partials over the stored rows with the near-data
-//!   device's kernel (`cxlkv_kernels::attend_block`, one thread per KV head), the GPU attends the
-//!   open block (the last [`OPEN_ROWS`] rows, in GPU memory) and merges the two.
+//! - **ndp+merge**: the stored rows sit in a pool as typed KV blocks of [`BLOCK_TOKENS`] tokens;
+//!   the CPU computes each KV head's ATTEND over them through the runtime's ATTEND path
+//!   (`cxlkv_runtime::ndp::host_attend_with`: the device's computation and block checks, one
+//!   thread per KV head as a device's workers), the GPU attends the open block (the last
+//!   [`OPEN_ROWS`] rows, in GPU memory) and merges the two.
 //!
 //! A step runs every layer; layers cycle over the distinct layer data a workload holds (SmolLM2's
 //! two dumped layers, one random layer of the Llama-3-8B shape), which reads the same bytes per
@@ -17,13 +19,16 @@
 use crate::{link, DeviceKv, Gpu, GpuError, Kind, KvShape, Pass, RegisteredMemory, Result};
 use cxlkv_kernels::rng::SplitMix64;
 use cxlkv_kernels::{attend_block, DType, KeyRows, Partial, QueryGroup, ScoreKernel};
-use cxlkv_runtime::{Region, SharedMemory};
+use cxlkv_runtime::ndp::{host_attend_with, AttendRequest, BlockSpec};
+use cxlkv_runtime::{Key, Pool, PoolConfig, Region, SharedMemory};
 use std::path::Path as FsPath;
 use std::sync::Arc;
 use std::time::Instant;
 
 /// Rows of the open block (the tokens not yet written to the pool) in the ndp+merge path.
 pub const OPEN_ROWS: usize = 256;
+/// Tokens per typed KV block in the ndp+merge path's pool.
+pub const BLOCK_TOKENS: usize = 1024;
 
 /// One model's KV at one length.
 pub struct Workload {
@@ -230,6 +235,106 @@ fn top_rows(w: &Workload, k: usize) -> Vec<u32> {
     sel
 }
 
+/// The stored rows of every distinct layer as typed KV blocks in a pool, and each layer's block
+/// list for its ATTEND requests.
+struct NdpStore {
+    pool: Pool,
+    /// Per distinct layer, its blocks in token order.
+    blocks: Vec<Vec<BlockSpec>>,
+}
+
+impl NdpStore {
+    /// Writes rows `[0, stored)` of each distinct layer of `w` into a fresh anonymous pool.
+    fn new(w: &Workload, stored: usize) -> Result<NdpStore> {
+        let s = w.shape;
+        let ndp = |e: &dyn std::fmt::Display| GpuError::Shape(format!("the ndp+merge pool: {e}"));
+        let block_shape = |layer: usize, t0: usize, t1: usize| cxlkv_runtime::KvShape {
+            dtype: s.dtype,
+            layer: layer as u32,
+            kv_heads: s.heads as u32,
+            head_dim: s.dim as u32,
+            tokens: (t1 - t0) as u32,
+            sequence: 1,
+            token_offset: t0 as u64,
+        };
+        let full = block_shape(0, 0, BLOCK_TOKENS.min(stored))
+            .payload_bytes()
+            .ok_or_else(|| ndp(&"block too large"))? as u64;
+        let block_size = full.div_ceil(4096) * 4096;
+        let count = (stored.div_ceil(BLOCK_TOKENS) * w.data.len()) as u64;
+        let cfg = PoolConfig {
+            block_size,
+            participants: 1,
+            ..PoolConfig::default()
+        };
+        let size = (count + 8) * (block_size + (64 << 10)) + (16 << 20);
+        let region = Region::anonymous(size).map_err(|e| ndp(&e))?;
+        let pool = Pool::create(Arc::new(region), &cfg).map_err(|e| ndp(&e))?;
+        let writer = pool.attach().map_err(|e| ndp(&e))?;
+        let row = s.dtype.bytes(s.dim);
+        let mut blocks = Vec::new();
+        for (layer, (k, v, _)) in w.data.iter().enumerate() {
+            let mut specs = Vec::new();
+            for t0 in (0..stored).step_by(BLOCK_TOKENS) {
+                let t1 = (t0 + BLOCK_TOKENS).min(stored);
+                // [kv_heads][tokens][head_dim], as put_kv takes a block.
+                let slice = |b: &[u8]| -> Vec<u8> {
+                    (0..s.heads)
+                        .flat_map(|h| b[(h * s.rows + t0) * row..(h * s.rows + t1) * row].to_vec())
+                        .collect()
+                };
+                let key = Key::from_bytes(format!("cxlkv-gpu-bench/{layer}/{t0}").as_bytes());
+                writer
+                    .put_kv(key, &block_shape(layer, t0, t1), &slice(k), &slice(v))
+                    .map_err(|e| ndp(&e))?;
+                specs.push(BlockSpec {
+                    key,
+                    token_offset: t0 as u64,
+                });
+            }
+            blocks.push(specs);
+        }
+        Ok(NdpStore { pool, blocks })
+    }
+
+    /// The ATTEND partials of distinct layer `i`, `heads × g`, head-major (one thread per head).
+    fn attend(&self, w: &Workload, i: usize) -> Result<Vec<Partial>> {
+        let s = w.shape;
+        let kernel = ScoreKernel::detect();
+        let q = &w.data[i].2;
+        let per_head: Vec<Result<Vec<Partial>>> = std::thread::scope(|scope| {
+            let hs: Vec<_> = (0..s.heads)
+                .map(|h| {
+                    scope.spawn(move || {
+                        let req = AttendRequest {
+                            queries: &q[h * w.group * s.dim..(h + 1) * w.group * s.dim],
+                            dim: s.dim,
+                            blocks: &self.blocks[i],
+                            sequence: 1,
+                            layer: i as u32,
+                            kv_head: h as u32,
+                            dtype: s.dtype,
+                            scale: Some(w.scale),
+                            sparse: None,
+                        };
+                        host_attend_with(&self.pool, &req, kernel)
+                            .map(|a| a.partials)
+                            .map_err(|e| GpuError::Shape(format!("ATTEND of head {h}: {e}")))
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().expect("ATTEND thread"))
+                .collect()
+        });
+        let mut out = Vec::with_capacity(s.heads * w.group);
+        for p in per_head {
+            out.extend(p?);
+        }
+        Ok(out)
+    }
+}
+
 fn best_of(repeats: usize, mut step: impl FnMut() -> Result<()>) -> Result<f64> {
     step()?; // warm-up
     let mut best = f64::INFINITY;
@@ -332,10 +437,11 @@ pub fn run(gpu: &Gpu, w: &Workload, topk: usize, repeats: usize) -> Result<Repor
     drop(reg);
 
     note(&format!(
-        "ndp+merge (CPU ATTEND over the stored rows, GPU merge with the last {OPEN_ROWS})"
+        "ndp+merge (the runtime's ATTEND over {BLOCK_TOKENS}-token pool blocks on the CPU, GPU merge with the last {OPEN_ROWS} rows)"
     ));
     let open = OPEN_ROWS.min(s.rows - 1).max(1);
     let stored = s.rows - open;
+    let store = NdpStore::new(w, stored)?;
     let open_shape = KvShape::new(s.heads, open, s.dim, s.dtype)?;
     let row = s.dtype.bytes(s.dim);
     let tail = |b: &[u8]| -> Vec<u8> {
@@ -352,7 +458,7 @@ pub fn run(gpu: &Gpu, w: &Workload, topk: usize, repeats: usize) -> Result<Repor
     let mut ndp_step = |layers: usize| -> Result<()> {
         for l in 0..layers {
             let i = l % w.data.len();
-            let parts = cpu_attend(w, i, 0, stored, None);
+            let parts = store.attend(w, i)?;
             passes[i].set_device_partials(gpu, &parts, 1)?;
             passes[i].launch(gpu, &open_rows[i], Kind::Merge)?;
         }
@@ -466,5 +572,33 @@ mod tests {
             .collect();
         assert!(rel_error(&merged, &all) < 1e-5);
         assert!(rel_error(&cpu_attend(&w, 0, 0, 0, Some(&sel)), &all) > 0.0);
+        // The ndp+merge path's device share: the runtime's ATTEND over the pool's blocks.
+        let store = NdpStore::new(&w, 2048 - OPEN_ROWS).unwrap();
+        assert_eq!(
+            store.blocks[1].len(),
+            (2048 - OPEN_ROWS).div_ceil(BLOCK_TOKENS)
+        );
+        for layer in 0..2 {
+            let open = cpu_attend(&w, layer, 2048 - OPEN_ROWS, 2048, None);
+            let mut device = store.attend(&w, layer).unwrap();
+            for (d, o) in device.iter_mut().zip(&open) {
+                d.merge(o);
+            }
+            let err = rel_error(&device, &cpu_attend(&w, layer, 0, 2048, None));
+            assert!(err < 1e-5, "layer {layer}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_llama_shape_is_llama_3_8b() {
+        let w = Workload::llama3_8b(512).unwrap();
+        assert_eq!(
+            (w.layers, w.shape.heads, w.shape.dim, w.group),
+            (32, 8, 128, 4)
+        );
+        assert_eq!(w.shape.dtype, DType::F16);
+        assert_eq!(w.data[0].0.len(), 8 * 512 * 128 * 2);
+        let store = NdpStore::new(&w, 512 - OPEN_ROWS).unwrap();
+        assert_eq!(store.attend(&w, 0).unwrap().len(), 8 * 4);
     }
 }

@@ -27,8 +27,10 @@
 //! - **Nothing the GPU reads is freed or unregistered under it**: [`RegisteredMemory`] holds the
 //!   mapping and waits for the context before unregistering; K/V borrowed by a [`KvRows`] live at
 //!   least as long.
-//! - `unsafe` lives in two modules: `sys` (dlopen, host registration, copies) and `launch`
-//!   (kernel launches against the CUDA C signatures); each block says why it is sound.
+//! - `unsafe` is written in two small modules: `sys` (dlopen, host registration, copies) and
+//!   `launch` (kernel launches against the CUDA C signatures); [`register`] and [`link`] call
+//!   three of `sys`'s unsafe functions, each call with the contract it keeps. Every block says
+//!   why it is sound.
 
 pub mod attention;
 pub mod bench;
