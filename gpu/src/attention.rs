@@ -275,11 +275,22 @@ impl Pass {
             flat.push(p.max);
             flat.push(p.sum);
         }
-        let d = gpu
-            .stream
-            .clone_htod(&flat)
-            .map_err(|e| GpuError::cuda("cuMemcpyHtoD", e))?;
-        self.device_parts = Some((d, count));
+        // A decode step sends new partials every layer: reuse the buffer when they fit.
+        match &mut self.device_parts {
+            Some((d, c)) if d.len() == flat.len() => {
+                gpu.stream
+                    .memcpy_htod(&flat, d)
+                    .map_err(|e| GpuError::cuda("cuMemcpyHtoD", e))?;
+                *c = count;
+            }
+            _ => {
+                let d = gpu
+                    .stream
+                    .clone_htod(&flat)
+                    .map_err(|e| GpuError::cuda("cuMemcpyHtoD", e))?;
+                self.device_parts = Some((d, count));
+            }
+        }
         Ok(())
     }
 
@@ -344,7 +355,7 @@ impl Pass {
         let f = gpu.function(name)?;
         crate::launch::attend(
             gpu,
-            &f,
+            f,
             &args,
             &self.q,
             selection.map(|s| s.0),
@@ -353,7 +364,7 @@ impl Pass {
         let m = gpu.function("cxlkv_merge")?;
         crate::launch::merge(
             gpu,
-            &m,
+            m,
             (&self.parts, chunks as u32),
             device.map(|(d, c)| (d, *c as u32)),
             (self.dim as u32, self.g as u32, self.heads as u32),

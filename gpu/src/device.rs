@@ -8,7 +8,8 @@ use std::sync::Arc;
 pub struct Gpu {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
-    pub(crate) module: Arc<cudarc::driver::CudaModule>,
+    /// Every kernel of [`crate::nvrtc::KERNELS`], looked up once.
+    functions: Vec<(&'static str, CudaFunction)>,
     name: String,
     capability: (i32, i32),
 }
@@ -46,11 +47,20 @@ impl Gpu {
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
             .map_err(|e| GpuError::cuda("cuModuleLoadData", e))?;
+        let functions = crate::nvrtc::KERNELS
+            .iter()
+            .map(|&k| {
+                module
+                    .load_function(k)
+                    .map(|f| (k, f))
+                    .map_err(|e| GpuError::cuda("cuModuleGetFunction", e))
+            })
+            .collect::<Result<Vec<_>>>()?;
         let stream = ctx.default_stream();
         Ok(Gpu {
             ctx,
             stream,
-            module,
+            functions,
             name,
             capability,
         })
@@ -67,10 +77,12 @@ impl Gpu {
     }
 
     /// One of [`crate::nvrtc::KERNELS`].
-    pub(crate) fn function(&self, name: &'static str) -> Result<CudaFunction> {
-        self.module
-            .load_function(name)
-            .map_err(|e| GpuError::cuda("cuModuleGetFunction", e))
+    pub(crate) fn function(&self, name: &'static str) -> Result<&CudaFunction> {
+        self.functions
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, f)| f)
+            .ok_or_else(|| GpuError::Shape(format!("no kernel {name}")))
     }
 
     /// Waits for everything queued on the stream.

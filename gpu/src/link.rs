@@ -41,6 +41,9 @@ pub fn measure(gpu: &Gpu, bytes: u64, repeats: usize) -> Result<LinkBandwidth> {
     for _ in 0..repeats.max(1) {
         let (d, _sync) = dst.device_ptr_mut(&gpu.stream);
         gpu.synchronize()?;
+        gpu.ctx
+            .bind_to_thread()
+            .map_err(|e| GpuError::cuda("cuCtxSetCurrent", e))?;
         let t = Instant::now();
         // SAFETY: `base` maps `bytes` bytes held by `region`; `d` is a device buffer of `bytes`
         // bytes; the context is current (bound by the stream's allocation above).
@@ -58,7 +61,7 @@ pub fn measure(gpu: &Gpu, bytes: u64, repeats: usize) -> Result<LinkBandwidth> {
     for _ in 0..repeats.max(1) {
         gpu.synchronize()?;
         let t = Instant::now();
-        crate::launch::stream(gpu, &f, p, bytes / 16, blocks, &mut sums)?;
+        crate::launch::stream(gpu, f, p, bytes / 16, blocks, &mut sums)?;
         gpu.synchronize()?;
         kernel = kernel.min(t.elapsed().as_secs_f64());
     }
