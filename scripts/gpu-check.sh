@@ -51,6 +51,12 @@ open(os.path.join(bundle, "MANIFEST"), "w").write("\n".join(sorted(tests) + ["cx
 os.remove(os.path.join(bundle, "cargo.json"))
 EOF
     git rev-parse HEAD >"$bundle/COMMIT"
+    # The newest C and C++ runtime symbol versions the binaries need: the GPU machine's glibc and
+    # libstdc++ must have them.
+    for f in $(cat "$bundle/MANIFEST"); do objdump -T "$bundle/$f"; done |
+        grep -oE 'GLIBC(XX)?_[0-9.]+' | sort -uV |
+        awk -F_ '{last[$1] = $0} END {for (k in last) print last[k]}' | sort >"$bundle/REQUIRES"
+    echo "the GPU machine needs $(tr '\n' ' ' <"$bundle/REQUIRES")"
     du -sh "$bundle"
     echo "bundle ready in ${SECONDS} s: $bundle ($(tr '\n' ' ' <"$bundle/MANIFEST"))"
 }
@@ -73,8 +79,12 @@ run_checks() {
     [ -f "$bundle/MANIFEST" ] || { echo "no $bundle/MANIFEST: run 'scripts/gpu-check.sh bundle' on the build machine and carry $bundle" >&2; exit 1; }
     local out="${OUT:-target/gpu-check}"
     mkdir -p "$out"
+    if ! "$bundle/cxlkv" --version >/dev/null; then
+        echo "the bundled binaries do not start here; they need $(tr '\n' ' ' <"$bundle/REQUIRES" 2>/dev/null) (glibc, libstdc++)" >&2
+        exit 1
+    fi
     CXLKV_NVRTC="$(find_nvrtc)"
-    export CXLKV_NVRTC
+    if [ -n "$CXLKV_NVRTC" ]; then export CXLKV_NVRTC; else unset CXLKV_NVRTC; fi
     {
         echo "commit $(cat "$bundle/COMMIT" 2>/dev/null || echo unknown)"
         echo "nvrtc ${CXLKV_NVRTC:-not found}"
