@@ -38,16 +38,62 @@
 
 typedef unsigned short f16_bits;
 
+__device__ __forceinline__ float h2f(unsigned short b) {
+    // f16 -> f32 without cuda_fp16.h (NVRTC has no system headers): the PTX conversion, exact.
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(b));
+    return f;
+}
+
 __device__ __forceinline__ float load_elem(const float *p, bool stream) {
     return stream ? __ldcs(p) : __ldg(p);
 }
 
 __device__ __forceinline__ float load_elem(const f16_bits *p, bool stream) {
-    unsigned short b = stream ? __ldcs(p) : __ldg(p);
-    // f16 -> f32 without cuda_fp16.h (NVRTC has no system headers): the PTX conversion.
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(b));
-    return f;
+    return h2f(stream ? __ldcs(p) : __ldg(p));
+}
+
+// A lane's slice of a row: `per_lane` consecutive elements at `p` into x[0..per_lane), zeros
+// after. Two or four elements are one vector load (8 or 16 bytes for f32, 4 or 8 for f16), so a
+// warp reads a whole row in one request of up to 512 bytes: over the link, large reads are what
+// keep PCIe's per-request overhead small. `p` is aligned to the slice (rows start at multiples of
+// 64 bytes of a 16-byte-aligned base; the host checks the base).
+__device__ __forceinline__ void load_slice(const float *p, int per_lane, bool stream, float *x) {
+    if (per_lane == 4) {
+        float4 u = stream ? __ldcs((const float4 *)p) : __ldg((const float4 *)p);
+        x[0] = u.x;
+        x[1] = u.y;
+        x[2] = u.z;
+        x[3] = u.w;
+    } else if (per_lane == 2) {
+        float2 u = stream ? __ldcs((const float2 *)p) : __ldg((const float2 *)p);
+        x[0] = u.x;
+        x[1] = u.y;
+        x[2] = x[3] = 0.0f;
+    } else {
+#pragma unroll
+        for (int e = 0; e < PER_LANE; e++) x[e] = e < per_lane ? load_elem(p + e, stream) : 0.0f;
+    }
+}
+
+__device__ __forceinline__ void load_slice(const f16_bits *p, int per_lane, bool stream,
+                                           float *x) {
+    if (per_lane == 4) {
+        uint2 u = stream ? __ldcs((const uint2 *)p) : __ldg((const uint2 *)p);
+        x[0] = h2f((unsigned short)(u.x & 0xffffu));
+        x[1] = h2f((unsigned short)(u.x >> 16));
+        x[2] = h2f((unsigned short)(u.y & 0xffffu));
+        x[3] = h2f((unsigned short)(u.y >> 16));
+    } else if (per_lane == 2) {
+        unsigned int u =
+            stream ? __ldcs((const unsigned int *)p) : __ldg((const unsigned int *)p);
+        x[0] = h2f((unsigned short)(u & 0xffffu));
+        x[1] = h2f((unsigned short)(u >> 16));
+        x[2] = x[3] = 0.0f;
+    } else {
+#pragma unroll
+        for (int e = 0; e < PER_LANE; e++) x[e] = e < per_lane ? load_elem(p + e, stream) : 0.0f;
+    }
 }
 
 __device__ __forceinline__ float warp_sum(float x) {
@@ -115,7 +161,7 @@ __device__ void attend_chunk(const T *__restrict__ k, const T *__restrict__ v,
 #pragma unroll
         for (int e = 0; e < PER_LANE; e++) {
             acc[j][e] = 0.0f;
-            qr[j][e] = (j < g && e < per_lane) ? q[j * d + e * 32 + lane] : 0.0f;
+            qr[j][e] = (j < g && e < per_lane) ? q[j * d + lane * per_lane + e] : 0.0f;
         }
     }
     const unsigned long long r0 = (unsigned long long)blockIdx.x * chunk;
@@ -123,14 +169,10 @@ __device__ void attend_chunk(const T *__restrict__ k, const T *__restrict__ v,
     if (r1 > n) r1 = n;
     for (unsigned long long i = r0 + warp; i < r1; i += WARPS) {
         const unsigned long long row = rows ? rows[i] : i;
-        const T *kr = k + row * d;
-        const T *vr = v + row * d;
+        // Lane l holds elements [l * per_lane, (l + 1) * per_lane) of the row.
         float kx[PER_LANE], vx[PER_LANE];
-#pragma unroll
-        for (int e = 0; e < PER_LANE; e++) {
-            kx[e] = e < per_lane ? load_elem(kr + e * 32 + lane, stream) : 0.0f;
-            vx[e] = e < per_lane ? load_elem(vr + e * 32 + lane, stream) : 0.0f;
-        }
+        load_slice(k + row * d + lane * per_lane, per_lane, stream, kx);
+        load_slice(v + row * d + lane * per_lane, per_lane, stream, vx);
 #pragma unroll
         for (int j = 0; j < MAX_G; j++) {
             if (j < g) {
@@ -148,7 +190,7 @@ __device__ void attend_chunk(const T *__restrict__ k, const T *__restrict__ v,
         if (j < g) {
 #pragma unroll
             for (int e = 0; e < PER_LANE; e++)
-                if (e < per_lane) sh_o[warp][j][e * 32 + lane] = acc[j][e];
+                if (e < per_lane) sh_o[warp][j][lane * per_lane + e] = acc[j][e];
             if (lane == 0) {
                 sh_ml[warp][j][0] = m[j];
                 sh_ml[warp][j][1] = l[j];

@@ -116,7 +116,8 @@ impl RegisteredMemory {
     }
 
     /// K/V of `heads` KV heads, `rows` rows of `dim` elements each, stored head-major at `k` and
-    /// `v` (byte offsets in the mapping), as kernels read them in place over the link.
+    /// `v` (byte offsets in the mapping, multiples of 16), as kernels read them in place over the
+    /// link.
     pub fn kv(
         &self,
         k: u64,
@@ -127,6 +128,12 @@ impl RegisteredMemory {
         dtype: DType,
     ) -> Result<crate::KvRows<'_>> {
         let shape = crate::attention::KvShape::new(heads, rows, dim, dtype)?;
+        // The kernels read a row slice per lane with one vector load of up to 16 bytes.
+        if !k.is_multiple_of(16) || !v.is_multiple_of(16) {
+            return Err(GpuError::Shape(format!(
+                "K at {k} and V at {v}: the kernels need 16-byte-aligned offsets"
+            )));
+        }
         let bytes = shape.bytes() as u64;
         Ok(crate::KvRows::host(
             self.device_addr(k, bytes)?,

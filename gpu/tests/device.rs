@@ -149,6 +149,15 @@ fn dense_pull_gather_and_merge_agree_with_the_cpu_attend() {
 
         let reg = registered(&gpu, &k, &v);
         let host = reg.kv(0, k.len() as u64, heads, rows, dim, dtype).unwrap();
+        assert!(
+            reg.kv(8, k.len() as u64, heads, rows, dim, dtype).is_err(),
+            "unaligned K"
+        );
+        assert!(
+            reg.kv(0, k.len() as u64 + 16, heads, rows, dim, dtype)
+                .is_err(),
+            "V past the end"
+        );
         pass.launch(&gpu, &host, Kind::Full).unwrap();
         assert_close(
             &format!("pull {what}"),
