@@ -29,6 +29,10 @@
 //  - cxlkv_stream:   a plain streaming read of registered memory (the link's bandwidth for kernels).
 //
 // Limits (checked by the host code before a launch): d <= MAX_D and d a multiple of 32, g <= MAX_G.
+//
+// The same source also compiles as C++ on the host under gpu/emu/cuda_shim.h (CXLKV_EMULATE), which
+// runs each block's threads as OS threads: gpu/tests/emulated.rs checks the kernels' indexing,
+// loads and merges against the CPU ATTEND without a GPU.
 
 #define MAX_D 128
 #define MAX_G 8
@@ -39,10 +43,14 @@
 typedef unsigned short f16_bits;
 
 __device__ __forceinline__ float h2f(unsigned short b) {
+#ifdef CXLKV_EMULATE
+    return cxlkv_emu_h2f(b);  // gpu/emu/cuda_shim.h: the same exact conversion on the host
+#else
     // f16 -> f32 without cuda_fp16.h (NVRTC has no system headers): the PTX conversion, exact.
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(b));
     return f;
+#endif
 }
 
 __device__ __forceinline__ float load_elem(const float *p, bool stream) {
@@ -161,7 +169,7 @@ __device__ void attend_chunk(const T *__restrict__ k, const T *__restrict__ v,
 #pragma unroll
         for (int e = 0; e < PER_LANE; e++) {
             acc[j][e] = 0.0f;
-            qr[j][e] = (j < g && e < per_lane) ? q[j * d + lane * per_lane + e] : 0.0f;
+            qr[j][e] = (j < (int)g && e < per_lane) ? q[j * d + lane * per_lane + e] : 0.0f;
         }
     }
     const unsigned long long r0 = (unsigned long long)blockIdx.x * chunk;
@@ -175,7 +183,7 @@ __device__ void attend_chunk(const T *__restrict__ k, const T *__restrict__ v,
         load_slice(v + row * d + lane * per_lane, per_lane, stream, vx);
 #pragma unroll
         for (int j = 0; j < MAX_G; j++) {
-            if (j < g) {
+            if (j < (int)g) {
                 float p = 0.0f;
 #pragma unroll
                 for (int e = 0; e < PER_LANE; e++) p += qr[j][e] * kx[e];
@@ -187,7 +195,7 @@ __device__ void attend_chunk(const T *__restrict__ k, const T *__restrict__ v,
     // The warps' partials into shared memory, then warp 0 merges them and writes the block's.
 #pragma unroll
     for (int j = 0; j < MAX_G; j++) {
-        if (j < g) {
+        if (j < (int)g) {
 #pragma unroll
             for (int e = 0; e < PER_LANE; e++)
                 if (e < per_lane) sh_o[warp][j][lane * per_lane + e] = acc[j][e];

@@ -23,7 +23,9 @@
 //!   NVRTC) instead of panicking; [`GpuError::is_no_gpu`] is how tests decide to skip.
 //! - **Same math as the CPU ATTEND**: scores scaled before `exp`, partials unnormalized, merged by
 //!   the log-sum-exp rule. Sums run in another order and `exp` is the GPU's, so results agree
-//!   with `cxlkv_kernels` within rounding (tests/device.rs states the tolerance), not bit for bit.
+//!   with `cxlkv_kernels` within rounding (tests/common states the tolerance), not bit for bit.
+//!   The kernels' source also runs on the host under gpu/emu/cuda_shim.h (tests/emulated.rs), so
+//!   their logic is tested on machines without a GPU.
 //! - **Nothing the GPU reads is freed or unregistered under it**: [`RegisteredMemory`] holds the
 //!   mapping and waits for the context before unregistering; K/V borrowed by a [`KvRows`] live at
 //!   least as long.
