@@ -378,6 +378,9 @@ impl Pass {
             .stream
             .clone_dtoh(&self.out)
             .map_err(|e| GpuError::cuda("cuMemcpyDtoH", e))?;
+        // A copy into pageable memory is complete when the call returns; wait anyway, so the
+        // partials are final whatever memory cudarc stages through.
+        gpu.synchronize()?;
         Ok(flat
             .chunks_exact(self.dim + 2)
             .map(|c| Partial {
