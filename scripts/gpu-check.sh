@@ -67,10 +67,20 @@ find_nvrtc() {
         return
     fi
     local p
-    # PyTorch's CUDA wheels carry nvidia-cuda-nvrtc-cu12; its NVRTC matches the driver torch runs on.
-    p="$(python3 -c 'import nvidia.cuda_nvrtc, os; d = os.path.join(list(nvidia.cuda_nvrtc.__path__)[0], "lib"); print(next(os.path.join(d, f) for f in sorted(os.listdir(d)) if f.startswith("libnvrtc.so")))' 2>/dev/null || true)"
+    # PyTorch's CUDA wheels carry NVRTC (nvidia/cuda_nvrtc/lib or nvidia/cu13/lib); its version
+    # matches the driver torch runs on.
+    p="$(python3 - 2>/dev/null <<'EOF' || true
+import glob, site
+dirs = site.getsitepackages() + [site.getusersitepackages()]
+for d in dirs:
+    for p in sorted(glob.glob(d + "/nvidia/**/libnvrtc.so*", recursive=True)):
+        if "builtins" not in p and ".alt." not in p:
+            print(p)
+            raise SystemExit
+EOF
+)"
     if [ -z "$p" ]; then
-        p="$(ls /usr/local/cuda/lib64/libnvrtc.so* /usr/local/cuda-*/lib64/libnvrtc.so* /usr/lib/x86_64-linux-gnu/libnvrtc.so* 2>/dev/null | head -n 1 || true)"
+        p="$(ls /usr/local/cuda/lib64/libnvrtc.so* /usr/local/cuda-*/lib64/libnvrtc.so* /usr/lib/x86_64-linux-gnu/libnvrtc.so* 2>/dev/null | grep -v builtins | head -n 1 || true)"
     fi
     echo "$p"
 }
@@ -84,7 +94,17 @@ run_checks() {
         exit 1
     fi
     CXLKV_NVRTC="$(find_nvrtc)"
-    if [ -n "$CXLKV_NVRTC" ]; then export CXLKV_NVRTC; else unset CXLKV_NVRTC; fi
+    if [ -n "$CXLKV_NVRTC" ]; then
+        # cudarc opens NVRTC by name (libnvrtc.so first): a link of that name on the loader's
+        # path finds any version; the library's own folder holds its builtins.
+        local links="$out/nvrtc-link"
+        mkdir -p "$links"
+        ln -sf "$(readlink -f "$CXLKV_NVRTC")" "$links/libnvrtc.so"
+        LD_LIBRARY_PATH="$links:$(dirname "$(readlink -f "$CXLKV_NVRTC")")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        export CXLKV_NVRTC LD_LIBRARY_PATH
+    else
+        unset CXLKV_NVRTC
+    fi
     {
         echo "commit $(cat "$bundle/COMMIT" 2>/dev/null || echo unknown)"
         echo "nvrtc ${CXLKV_NVRTC:-not found}"

@@ -22,15 +22,15 @@ pub enum GpuError {
     },
     /// `libnvrtc.so` could not be loaded.
     #[error(
-        "no NVRTC: libnvrtc.so could not be loaded{}; install it with \
-         `pip install nvidia-cuda-nvrtc-cu12` and set CXLKV_NVRTC to its \
-         lib/python3.*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 (or put that folder \
-         on LD_LIBRARY_PATH)",
-        .tried.as_ref().map(|p| format!(" (tried {})", p.display())).unwrap_or_default()
+        "no NVRTC: {detail}; install it with `pip install nvidia-cuda-nvrtc-cu12` and set \
+         CXLKV_NVRTC to its lib/python3.*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 (or \
+         put a folder holding libnvrtc.so on LD_LIBRARY_PATH)"
     )]
     NoNvrtc {
         /// The path given in `CXLKV_NVRTC`, if any.
         tried: Option<PathBuf>,
+        /// What failed.
+        detail: String,
     },
     /// NVRTC refused the kernels' source.
     #[error("NVRTC could not compile the kernels for {arch}: {log}")]

@@ -27,22 +27,40 @@ pub const KERNELS: [&str; 8] = [
 /// The environment variable naming the NVRTC library file.
 pub const NVRTC_ENV: &str = "CXLKV_NVRTC";
 
-/// Makes NVRTC loadable, once per process: loads `CXLKV_NVRTC` if set, else checks cudarc's
-/// library names.
+/// Makes NVRTC loadable, once per process: loads `CXLKV_NVRTC` if set, then checks that cudarc
+/// finds the library by one of its names (`libnvrtc.so`, `libnvrtc.so.12`, ...). A library of
+/// another soname (CUDA 13's `libnvrtc.so.13`) loads but is not found by those names: put a
+/// `libnvrtc.so` link to it on `LD_LIBRARY_PATH` instead (scripts/gpu-check.sh does).
 pub fn ensure_nvrtc() -> Result<()> {
-    static LOADED: OnceLock<std::result::Result<(), Option<PathBuf>>> = OnceLock::new();
+    type Outcome = std::result::Result<(), (Option<PathBuf>, String)>;
+    static LOADED: OnceLock<Outcome> = OnceLock::new();
     let r = LOADED.get_or_init(|| {
-        if let Some(p) = std::env::var_os(NVRTC_ENV).filter(|p| !p.is_empty()) {
-            let p = PathBuf::from(p);
-            return crate::sys::preload(&p).map_err(|_| Some(p));
+        let given = std::env::var_os(NVRTC_ENV)
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from);
+        if let Some(p) = &given {
+            if let Err(e) = crate::sys::preload(p) {
+                let detail = match e {
+                    GpuError::NoNvrtc { detail, .. } => detail,
+                    other => other.to_string(),
+                };
+                return Err((given.clone(), detail));
+            }
         }
         if crate::sys::nvrtc_present() {
-            Ok(())
-        } else {
-            Err(None)
+            return Ok(());
         }
+        let detail = match &given {
+            Some(p) => format!(
+                "{} loaded, but not under a name cudarc opens (libnvrtc.so, libnvrtc.so.12)",
+                p.display()
+            ),
+            None => "libnvrtc.so could not be loaded and CXLKV_NVRTC is not set".into(),
+        };
+        Err((given, detail))
     });
-    r.clone().map_err(|tried| GpuError::NoNvrtc { tried })
+    r.clone()
+        .map_err(|(tried, detail)| GpuError::NoNvrtc { tried, detail })
 }
 
 /// NVRTC's version, `(major, minor)`.

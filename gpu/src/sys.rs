@@ -24,16 +24,27 @@ pub(crate) fn nvrtc_present() -> bool {
 /// Loads the NVRTC library at `path` for the life of the process (`RTLD_GLOBAL`), so that
 /// cudarc's `dlopen` by soname (`libnvrtc.so.12`) finds it already loaded.
 pub(crate) fn preload(path: &Path) -> Result<()> {
-    let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| GpuError::NoNvrtc {
+    let fail = |detail: String| GpuError::NoNvrtc {
         tried: Some(path.to_path_buf()),
-    })?;
+        detail,
+    };
+    let c = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| fail("CXLKV_NVRTC holds a NUL byte".into()))?;
     // SAFETY: `c` is a NUL-terminated path that outlives the call. The handle is deliberately
     // never closed: cudarc keeps function pointers into the library for the process's life.
     let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
     if h.is_null() {
-        return Err(GpuError::NoNvrtc {
-            tried: Some(path.to_path_buf()),
-        });
+        // SAFETY: dlerror returns a NUL-terminated message owned by libc (or NULL), read at once.
+        let e = unsafe { libc::dlerror() };
+        let why = if e.is_null() {
+            "dlopen failed".to_string()
+        } else {
+            // SAFETY: non-NULL, NUL-terminated, valid until the next dl* call on this thread.
+            unsafe { std::ffi::CStr::from_ptr(e) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        return Err(fail(format!("CXLKV_NVRTC={}: {why}", path.display())));
     }
     Ok(())
 }
