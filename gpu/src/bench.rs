@@ -69,6 +69,21 @@ impl Workload {
                     k.shape, q.shape
                 )));
             };
+            use cxlkv_bench_support::npy::NpyDType;
+            let fits = k.dtype == NpyDType::F16
+                && v.dtype == NpyDType::F16
+                && v.shape == k.shape
+                && heads > 0
+                && qheads % heads == 0
+                && qrows > 0
+                && q.shape[2] == dim;
+            if !fits {
+                return Err(GpuError::Shape(format!(
+                    "{layer}: need f16 K and V of one shape [heads, tokens, dim] and queries \
+                     [G × heads, tokens, dim]; found K {:?} {:?}, V {:?} {:?}, Q {:?}",
+                    k.dtype, k.shape, v.dtype, v.shape, q.shape
+                )));
+            }
             group = qheads / heads;
             let qf = q.to_f32().map_err(|e| GpuError::Shape(e.to_string()))?;
             // The last token's query of every query head; query head h uses KV head h / group.
@@ -587,6 +602,25 @@ mod tests {
             let err = rel_error(&device, &cpu_attend(&w, layer, 0, 2048, None));
             assert!(err < 1e-5, "layer {layer}: {err}");
         }
+    }
+
+    #[test]
+    fn a_bad_kv_folder_is_an_error_not_a_panic() {
+        use cxlkv_bench_support::npy::{encode_npy, NpyDType};
+        let dir = std::env::temp_dir().join(format!("cxlkv-gpu-badkv-{}", std::process::id()));
+        let e = Workload::smollm2(&dir).err().expect("a missing folder");
+        assert!(e.to_string().contains("layer04_k.npy"), "{e}");
+        std::fs::create_dir_all(&dir).unwrap();
+        let f32s = encode_npy(NpyDType::F32, &[1, 4, 32], &[0u8; 4 * 4 * 32]);
+        let f16s = encode_npy(NpyDType::F16, &[1, 4, 32], &[0u8; 2 * 4 * 32]);
+        for l in ["layer04", "layer17"] {
+            std::fs::write(dir.join(format!("{l}_k.npy")), &f32s).unwrap();
+            std::fs::write(dir.join(format!("{l}_v.npy")), &f16s).unwrap();
+            std::fs::write(dir.join(format!("{l}_q.npy")), &f32s).unwrap();
+        }
+        let e = Workload::smollm2(&dir).err().expect("f32 keys");
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(e.to_string().contains("need f16 K and V"), "{e}");
     }
 
     #[test]
