@@ -48,13 +48,14 @@ pub fn run(a: &GpuArgs) -> Result<ExitCode> {
             bench::OPEN_ROWS
         )));
     }
-    let gpu = cxlkv_gpu::Gpu::open(a.device).map_err(gpu_err)?;
-    eprintln!("bench gpu: {} (compute {:?})", gpu.name(), gpu.capability());
-    let link = bench::link(&gpu, 256 << 20).map_err(gpu_err)?;
+    // The KV folder first: bad input fails before any GPU work.
     let kv =
         a.kv.clone()
             .unwrap_or_else(super::demo::kv_dir::default_dir);
     let small = Workload::smollm2(&kv).map_err(gpu_err)?;
+    let gpu = cxlkv_gpu::Gpu::open(a.device).map_err(gpu_err)?;
+    eprintln!("bench gpu: {} (compute {:?})", gpu.name(), gpu.capability());
+    let link = bench::link(&gpu, 256 << 20).map_err(gpu_err)?;
     let mut reports = vec![
         bench::run(&gpu, &small, a.topk.min(small.shape.rows / 4), a.repeats).map_err(gpu_err)?,
     ];
