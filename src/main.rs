@@ -64,6 +64,10 @@ enum Command {
 enum BenchCommand {
     /// Q·K scoring + top-k on cold keys against a plain streaming read of the same bytes.
     Qk(QkArgs),
+    /// Attention on a GPU over the same KV four ways (dense in HBM, pull over the link, gather
+    /// of the top-k rows, CPU-device ATTEND with a GPU merge), the host-to-GPU bandwidth and the
+    /// crossovers. Needs an NVIDIA GPU, its driver and NVRTC (docs/GPU.md).
+    Gpu(cli::gpu::GpuArgs),
 }
 
 #[derive(Args)]
@@ -114,6 +118,9 @@ fn main() -> ExitCode {
         Command::Bench {
             command: BenchCommand::Qk(a),
         } => bench_qk(&a),
+        Command::Bench {
+            command: BenchCommand::Gpu(a),
+        } => cli::gpu::run(&a),
     };
     match r {
         Ok(code) => code,

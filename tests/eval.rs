@@ -74,6 +74,9 @@ fn bad_input_without_a_model() {
     );
     fails_with(&base(&["--scored", "0"]), &["--scored"]);
     fails_with(&base(&["--passkey", "0"]), &["--passkey"]);
+    fails_with(&base(&["--link-gbps", "0"]), &["--link-gbps 0"]);
+    fails_with(&base(&["--link-gbps", "inf"]), &["--link-gbps inf"]);
+    fails_with(&base(&["--link-latency-us=-1"]), &["--link-latency-us -1"]);
     fails_with(&base(&[]), &["/nonexistent.gguf"]);
     let corrupt = temp(
         "nomodel",

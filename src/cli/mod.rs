@@ -3,6 +3,7 @@
 pub mod demo;
 pub mod eval;
 pub mod generate;
+pub mod gpu;
 pub mod pool;
 pub mod replay;
 pub mod sim;

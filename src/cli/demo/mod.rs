@@ -15,7 +15,7 @@
 //! fails (exit 1) when the pool checks unclean or a mode's tokens differ from dense's.
 
 mod decode;
-mod kv_dir;
+pub(crate) mod kv_dir;
 mod sharing;
 mod sweep;
 

@@ -85,6 +85,29 @@ pub struct EvalArgs {
     /// the C best candidates per query exactly (default 1024).
     #[arg(long, default_value = "none", value_name = "SKETCH")]
     sketch: String,
+    /// The cost model's link bandwidth in GB/s (default: PCIe 5.0 x8's datasheet 31.5; a
+    /// measured figure, e.g. from `cxlkv bench gpu`, goes here).
+    #[arg(long, value_name = "GB/S", default_value_t = report::LINK_BYTES_PER_S / 1e9)]
+    link_gbps: f64,
+    /// The cost model's round trip of one device command across the link, in microseconds
+    /// (default: the datasheet-based 1 = 4 CXL.mem accesses of 250 ns).
+    #[arg(long, value_name = "US", default_value_t = report::COMMAND_ROUND_TRIP_S * 1e6)]
+    link_latency_us: f64,
+}
+
+/// The cost model's link from the command line.
+fn link(a: &EvalArgs) -> Result<report::Link> {
+    let ok = |x: f64| x.is_finite() && x >= 0.0;
+    if !ok(a.link_gbps) || a.link_gbps == 0.0 || !ok(a.link_latency_us) {
+        return Err(Error::Usage(format!(
+            "--link-gbps {} must be positive and --link-latency-us {} not negative",
+            a.link_gbps, a.link_latency_us
+        )));
+    }
+    Ok(report::Link {
+        bytes_per_s: a.link_gbps * 1e9,
+        round_trip_s: a.link_latency_us * 1e-6,
+    })
 }
 
 /// The pool modes' environment from the command line (as `cxlkv generate` takes it).
@@ -157,6 +180,7 @@ fn decode_err(e: cxlkv::decode::Error) -> Error {
 /// Runs `cxlkv eval`.
 pub fn run(a: &EvalArgs) -> Result<ExitCode> {
     // Everything that needs no model is checked first.
+    let link = link(a)?;
     let usage = |e: cxlkv::decode::Error| Error::Usage(e.to_string());
     let mut specs = ModeSpec::parse_list(&a.modes).map_err(usage)?;
     if let Some(l) = &a.dense_layers {
@@ -350,6 +374,7 @@ pub fn run(a: &EvalArgs) -> Result<ExitCode> {
         scored: a.scored,
         prefill: start,
         environment: backends.describe(),
+        link,
     };
     if let Some(path) = &a.plot {
         std::fs::write(path, report::plot(&setting, &results, dense_ppl))

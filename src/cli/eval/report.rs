@@ -18,6 +18,52 @@ pub const COMMAND_ROUND_TRIP_S: f64 = 1.0e-6;
 /// issue's 0.8 of read bandwidth.
 pub const DEVICE_SCAN_BYTES_PER_S: f64 = 0.8 * 76.8e9;
 
+/// The link the cost model charges: bandwidth and a device command's round trip. The defaults
+/// are the datasheet figures above; `cxlkv eval --link-gbps --link-latency-us` replaces them with
+/// measured ones (`cxlkv bench gpu` measures a host-to-GPU link; docs/EVAL.md).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Link {
+    /// Bytes per second, both directions charged serially.
+    pub bytes_per_s: f64,
+    /// One device command's round trip, seconds.
+    pub round_trip_s: f64,
+}
+
+impl Default for Link {
+    fn default() -> Self {
+        Link {
+            bytes_per_s: LINK_BYTES_PER_S,
+            round_trip_s: COMMAND_ROUND_TRIP_S,
+        }
+    }
+}
+
+impl Link {
+    /// True if these are the datasheet figures.
+    fn is_datasheet(&self) -> bool {
+        *self == Link::default()
+    }
+
+    /// The cost model in words, with this link's figures.
+    pub fn note(&self) -> String {
+        let (gbps, us) = (self.bytes_per_s / 1e9, self.round_trip_s * 1e6);
+        let what = if self.is_datasheet() {
+            "CXL x8, datasheet".to_string()
+        } else {
+            format!(
+                "given link; the datasheet's is {} GB/s, {} us",
+                LINK_BYTES_PER_S / 1e9,
+                COMMAND_ROUND_TRIP_S * 1e6
+            )
+        };
+        format!(
+            "modeled ms/token ({what}) = dense's measured host ms/token + link bytes / {gbps} GB/s \
+             + device commands × {us} us + device scan bytes / 61.4 GB/s (0.8 × 2 DDR5-4800 \
+             channels), serially"
+        )
+    }
+}
+
 /// One mode's results.
 pub struct ModeResult {
     /// The mode as given (`topk:256+dense0`).
@@ -48,18 +94,19 @@ impl ModeResult {
     pub fn ms_per_token(&self) -> f64 {
         self.scored.wall.as_secs_f64() * 1e3 / self.scored.steps.max(1) as f64
     }
-    /// The CXL x8 model: host compute (dense's measured ms/token) + link bytes at
-    /// [`LINK_BYTES_PER_S`] + commands × [`COMMAND_ROUND_TRIP_S`] + device scan bytes at
-    /// [`DEVICE_SCAN_BYTES_PER_S`], serially. Modes without the pool: their measured time.
-    pub fn modeled_ms_per_token(&self, dense_ms: f64) -> f64 {
+    /// The link model: host compute (dense's measured ms/token) + link bytes at the link's
+    /// bandwidth ([`LINK_BYTES_PER_S`] by default) + commands × its round trip
+    /// ([`COMMAND_ROUND_TRIP_S`]) + device scan bytes at [`DEVICE_SCAN_BYTES_PER_S`], serially.
+    /// Modes without the pool: their measured time.
+    pub fn modeled_ms_per_token(&self, dense_ms: f64, link: &Link) -> f64 {
         if !self.uses_pool {
             return self.ms_per_token();
         }
         let s = &self.scored.stats;
         dense_ms
             + 1e3
-                * (self.link_bytes_per_token() / LINK_BYTES_PER_S
-                    + self.per_token(s.device_commands) * COMMAND_ROUND_TRIP_S
+                * (self.link_bytes_per_token() / link.bytes_per_s
+                    + self.per_token(s.device_commands) * link.round_trip_s
                     + self.per_token(s.device_scan_bytes) / DEVICE_SCAN_BYTES_PER_S)
     }
     /// Fraction of pass-key prompts answered right, if any ran.
@@ -87,11 +134,9 @@ pub struct Setting {
     pub prefill: usize,
     /// Where pool modes keep K/V and which device serves them.
     pub environment: String,
+    /// The link the cost model charges.
+    pub link: Link,
 }
-
-const MODEL_NOTE: &str = "modeled ms/token (CXL x8) = dense's measured host ms/token + link \
-                          bytes / 31.5 GB/s (PCIe 5.0 x8) + device commands × 1 us + device scan \
-                          bytes / 61.4 GB/s (0.8 × 2 DDR5-4800 channels), serially";
 
 /// The table for stdout.
 pub fn table(setting: &Setting, results: &[ModeResult], dense_ms: f64, dense_ppl: f64) -> String {
@@ -149,7 +194,7 @@ pub fn table(setting: &Setting, results: &[ModeResult], dense_ms: f64, dense_ppl
             r.per_token(st.device_scan_bytes),
             r.per_token(st.device_commands),
             r.ms_per_token(),
-            r.modeled_ms_per_token(dense_ms),
+            r.modeled_ms_per_token(dense_ms, &setting.link),
             st.left_out_mass()
                 .map_or_else(|| "-".to_string(), |m| format!("{m:.2e}"))
         );
@@ -159,7 +204,7 @@ pub fn table(setting: &Setting, results: &[ModeResult], dense_ms: f64, dense_ppl
         }
         s.push('\n');
     }
-    let _ = writeln!(s, "{MODEL_NOTE}");
+    let _ = writeln!(s, "{}", setting.link.note());
     s
 }
 
@@ -186,7 +231,7 @@ pub fn json(setting: &Setting, results: &[ModeResult], dense_ms: f64, dense_ppl:
                 "device_commands_per_token": r.per_token(st.device_commands),
                 "device_ms_per_token": r.per_token(st.device_ns) / 1e6,
                 "ms_per_token": r.ms_per_token(),
-                "modeled_ms_per_token": r.modeled_ms_per_token(dense_ms),
+                "modeled_ms_per_token": r.modeled_ms_per_token(dense_ms, &setting.link),
             });
             if let Some(acc) = r.passkey_accuracy() {
                 let mut depths: Vec<f64> = r.passkey.iter().map(|p| p.0).collect();
@@ -219,7 +264,8 @@ pub fn json(setting: &Setting, results: &[ModeResult], dense_ms: f64, dense_ppl:
         "scored": setting.scored,
         "prefill": setting.prefill,
         "environment": setting.environment,
-        "cost_model": MODEL_NOTE,
+        "cost_model": setting.link.note(),
+        "link": {"bytes_per_s": setting.link.bytes_per_s, "round_trip_s": setting.link.round_trip_s},
         "modes": modes,
     })
 }
@@ -403,10 +449,20 @@ mod tests {
         assert_eq!(r.link_bytes_per_token(), 31_500_000.0);
         assert_eq!(r.ms_per_token(), 20.0);
         // 5 ms of host + 1 ms of link + 1000 × 1 us + 1 ms of device scan.
-        assert!((r.modeled_ms_per_token(5.0) - 8.0).abs() < 1e-9);
+        let datasheet = Link::default();
+        assert!((r.modeled_ms_per_token(5.0, &datasheet) - 8.0).abs() < 1e-9);
+        // A measured link of half the bandwidth and twice the round trip: 2 ms of link, 2 ms of
+        // commands.
+        let measured = Link {
+            bytes_per_s: 15.75e9,
+            round_trip_s: 2e-6,
+        };
+        assert!((r.modeled_ms_per_token(5.0, &measured) - 10.0).abs() < 1e-9);
+        assert!(datasheet.note().contains("31.5 GB/s") && datasheet.note().contains("datasheet"));
+        assert!(measured.note().contains("15.75 GB/s") && measured.note().contains("2 us"));
         let dense = result("dense", false, AttentionStats::default(), 9.0);
         assert_eq!(
-            dense.modeled_ms_per_token(5.0),
+            dense.modeled_ms_per_token(5.0, &measured),
             20.0,
             "measured, not modeled"
         );
@@ -423,6 +479,7 @@ mod tests {
             scored: 2,
             prefill: 5,
             environment: "e".into(),
+            link: Link::default(),
         };
         let mut link = AttentionStats {
             link_read_bytes: 5000,
