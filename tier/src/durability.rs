@@ -86,13 +86,15 @@ impl std::str::FromStr for SyncPolicy {
 /// The crash points of a spill (`CXLKV_CRASH_AT=SITE:N` with the runtime's test-only
 /// `crash-points` feature; nothing in a normal build), in the order a write call reaches them,
 /// then the removal's:
+/// - `spill:begin`: a write call has started, before it has submitted any record;
 /// - `spill:record`: one more record of the batch is on the file (reached once per record);
 /// - `spill:written`: every record of the batch is on the file, before the batch's sync;
 /// - `spill:synced`: after the sync (where the policy has one), before the index takes the
 ///   records and the records they supersede are retired;
 /// - `spill:retired`: the superseded records are retired, before the call returns;
 /// - `remove:zeroed`: a removed record's first page is zeroed, before the removal's sync.
-pub const SPILL_CRASH_SITES: [&str; 5] = [
+pub const SPILL_CRASH_SITES: [&str; 6] = [
+    "spill:begin",
     "spill:record",
     "spill:written",
     "spill:synced",

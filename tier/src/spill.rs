@@ -644,6 +644,7 @@ impl SpillFile {
                 max: self.opts.max_payload,
             });
         }
+        crash_point("spill:begin");
         self.ring.usable().map_err(|e| self.io_error(e))?;
         // Compression only shrinks a record, so raw sizes bound the pages this call appends.
         self.reserve(
