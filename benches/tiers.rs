@@ -143,6 +143,7 @@ fn spill_round(
             queue_depth: SPILL_QD,
             compress,
             direct: true,
+            ..Default::default()
         },
     )
     .unwrap();

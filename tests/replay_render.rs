@@ -26,6 +26,7 @@ fn replay_report_renders_as_table_and_svg() {
         spill_dir: dir.clone(),
         with_ssd: false,
         dram_blocks: None,
+        ..Default::default()
     };
     let report = run_replay(&opts, &mut |_, _| {}).unwrap();
     let svg = cxlkv::render::replay_svg(&report);

@@ -5,7 +5,7 @@ use crate::errors::Fail;
 use crate::keys::{key_of, keys_of};
 use crate::participant::PyParticipant;
 use cxlkv_runtime::api::Code;
-use cxlkv_runtime::region::{Backend, RegionOptions};
+use cxlkv_runtime::region::{group_id, user_id, Access, Backend, RegionOptions, PRIVATE_MODE};
 use cxlkv_runtime::{Pool, PoolConfig, Region};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -18,6 +18,22 @@ use std::time::Duration;
 pub struct PyPool {
     pool: RwLock<Option<Pool>>,
     spec: String,
+}
+
+/// A user or group as Python gives it: a name or a number.
+#[derive(FromPyObject)]
+enum Id {
+    Number(u32),
+    Name(String),
+}
+
+impl Id {
+    fn resolve(self, lookup: fn(&str) -> cxlkv_runtime::region::Result<u32>) -> Result<u32, Fail> {
+        match self {
+            Id::Number(n) => Ok(n),
+            Id::Name(s) => lookup(&s).map_err(|e| Fail::bad(e.to_string())),
+        }
+    }
 }
 
 fn backend(spec: &str) -> Result<Backend, Fail> {
@@ -41,9 +57,12 @@ impl PyPool {
     /// Creates a pool of `size` bytes on `spec` (`shm:NAME`, `file:PATH`, `dax:PATH`,
     /// `numa:N[:NAME]`); `block_size` (a multiple of 4096, default 256 KiB), `participants`
     /// (default 8), `lease_ms` (default 2000) and `pins` (pins each participant can hold at once,
-    /// 1..=65536, default 64) as `cxlkv pool create`.
+    /// 1..=65536, default 64) as `cxlkv pool create`; so are `mode` (permission bits of the
+    /// created file, default 0o600: its owner alone), `owner` and `group` (a name or a number;
+    /// default: the creating process's), docs/SECURITY.md.
     #[staticmethod]
-    #[pyo3(signature = (spec, size, block_size=None, participants=None, lease_ms=None, pins=None))]
+    #[pyo3(signature = (spec, size, block_size=None, participants=None, lease_ms=None, pins=None, mode=None, owner=None, group=None))]
+    #[allow(clippy::too_many_arguments)]
     fn create(
         py: Python<'_>,
         spec: String,
@@ -52,8 +71,16 @@ impl PyPool {
         participants: Option<u32>,
         lease_ms: Option<u64>,
         pins: Option<u32>,
+        mode: Option<u32>,
+        owner: Option<Id>,
+        group: Option<Id>,
     ) -> PyResult<PyPool> {
         let b = backend(&spec)?;
+        let access = Access {
+            mode: mode.unwrap_or(PRIVATE_MODE),
+            owner: owner.map(|o| o.resolve(user_id)).transpose()?,
+            group: group.map(|g| g.resolve(group_id)).transpose()?,
+        };
         let mut cfg = PoolConfig::default();
         if let Some(bs) = block_size {
             cfg.block_size = bs;
@@ -68,7 +95,8 @@ impl PyPool {
             cfg.pins_per_participant = n;
         }
         let pool = py.detach(|| {
-            Pool::create_on(&b, size, &cfg, &RegionOptions::default()).map_err(Fail::from)
+            Pool::create_on_with(&b, size, &cfg, &RegionOptions::default(), &access)
+                .map_err(Fail::from)
         })?;
         Ok(PyPool {
             pool: RwLock::new(Some(pool)),

@@ -317,6 +317,28 @@ def test_errors_are_exceptions_with_code_and_message(spec, tmp_path):
             pool.unlink()
 
 
+def test_pool_create_is_private_by_default_and_takes_mode_owner_group(tmp_path):
+    """Pool.create gives the file it creates mode 0600 unless told otherwise (docs/SECURITY.md);
+    mode, owner and group are the options of `cxlkv pool create`, and bad ones raise."""
+    import stat
+
+    private = tmp_path / "private.pool"
+    cxlkv.Pool.create("file:%s" % private, 8 << 20, block_size=4096).close()
+    assert stat.S_IMODE(os.stat(private).st_mode) == 0o600
+    shared = tmp_path / "shared.pool"
+    cxlkv.Pool.create(
+        "file:%s" % shared, 8 << 20, block_size=4096, mode=0o640, group=os.getgid()
+    ).close()
+    st = os.stat(shared)
+    assert stat.S_IMODE(st.st_mode) == 0o640 and st.st_gid == os.getgid()
+    bad = tmp_path / "bad.pool"
+    with pytest.raises(cxlkv.BadInputError):
+        cxlkv.Pool.create("file:%s" % bad, 8 << 20, block_size=4096, mode=0o4755)
+    with pytest.raises(cxlkv.BadInputError):
+        cxlkv.Pool.create("file:%s" % bad, 8 << 20, block_size=4096, owner="no-such-user-cxlkv")
+    assert not bad.exists()
+
+
 def test_lmcache_shaped_backend(spec):
     with make_pool(spec) as pool:
         b = cxlkv.CxlkvBackend(pool)

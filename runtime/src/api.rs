@@ -135,13 +135,16 @@ impl From<&PoolError> for Code {
     fn from(e: &PoolError) -> Code {
         match e {
             PoolError::Region(r) => match r {
-                RegionError::BadSpec(_) | RegionError::BadSize { .. } => Code::InvalidArg,
+                RegionError::BadSpec(_)
+                | RegionError::BadSize { .. }
+                | RegionError::BadAccess(_) => Code::InvalidArg,
                 RegionError::Unavailable { .. } => Code::Unavailable,
                 RegionError::Misaligned { .. }
                 | RegionError::OutOfRange { .. }
                 | RegionError::Misplaced { .. }
                 | RegionError::Os { .. } => Code::Io,
             },
+            PoolError::Mem(MemError::ReadOnly { .. }) => Code::InvalidArg,
             PoolError::Mem(MemError::OutOfBounds { .. } | MemError::Misaligned { .. })
             | PoolError::Truncated { .. }
             | PoolError::BadMagic { .. }

@@ -22,7 +22,7 @@ use crate::sync::{fence, spin_loop, Ordering};
 use crate::watch::Watch;
 use cxlkv_shm::mem::read_obj;
 use cxlkv_shm::mem::{MemError, Result as MemResult, SharedMemory};
-use cxlkv_shm::region::{Backend, Region, RegionError, RegionOptions};
+use cxlkv_shm::region::{Access, Backend, Region, RegionError, RegionOptions};
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
@@ -598,16 +598,31 @@ impl Pool {
         })
     }
 
-    /// Creates memory on `backend` of `size` bytes and formats a pool in it.
+    /// Creates memory on `backend` of `size` bytes and formats a pool in it. What it creates is
+    /// private to its owner (mode 0600): [`Pool::create_on_with`] with [`Access::default`].
     pub fn create_on(
         backend: &Backend,
         size: u64,
         cfg: &PoolConfig,
         opts: &RegionOptions,
     ) -> Result<Pool> {
+        Self::create_on_with(backend, size, cfg, opts, &Access::default())
+    }
+
+    /// [`Pool::create_on`] giving the backing file the owner, group and mode of `access` before
+    /// the pool is formatted in it ([`Region::create_with`]; a device-DAX device must already
+    /// grant no more than `access`). Who can open the file can read and write every block of
+    /// the pool: the pool is the trust boundary (docs/SECURITY.md).
+    pub fn create_on_with(
+        backend: &Backend,
+        size: u64,
+        cfg: &PoolConfig,
+        opts: &RegionOptions,
+        access: &Access,
+    ) -> Result<Pool> {
         // Plan first so a bad configuration creates no file.
         plan(size, cfg)?;
-        let region = Region::create(backend, size, opts)?;
+        let region = Region::create_with(backend, size, opts, access)?;
         match Pool::create(Arc::new(region), cfg) {
             Ok(mut pool) => {
                 Arc::get_mut(&mut pool.inner).expect("fresh pool").backend = Some(backend.clone());
@@ -622,7 +637,17 @@ impl Pool {
 
     /// Maps the pool on `backend` and opens it.
     pub fn open_on(backend: &Backend, opts: &RegionOptions) -> Result<Pool> {
-        let region = Region::open(backend, opts)?;
+        Self::open_region(backend, Region::open(backend, opts)?)
+    }
+
+    /// Maps the pool on `backend` for reading only ([`Region::open_read_only`]) and opens it:
+    /// enough to inspect it (superblock, statistics, check) with read permission alone. Anything
+    /// that writes (attaching, puts) fails with `MemError::ReadOnly`.
+    pub fn open_on_read_only(backend: &Backend, opts: &RegionOptions) -> Result<Pool> {
+        Self::open_region(backend, Region::open_read_only(backend, opts)?)
+    }
+
+    fn open_region(backend: &Backend, region: Region) -> Result<Pool> {
         let mut pool = Pool::open(Arc::new(region))?;
         Arc::get_mut(&mut pool.inner).expect("fresh pool").backend = Some(backend.clone());
         Ok(pool)

@@ -37,6 +37,14 @@ pub enum MemError {
         /// Required alignment.
         align: u64,
     },
+    /// A write to memory mapped for reading only (`Region::open_read_only`).
+    #[error("write of {len} bytes at offset {offset} to memory opened read-only")]
+    ReadOnly {
+        /// Start of the write.
+        offset: u64,
+        /// Length of the write.
+        len: u64,
+    },
 }
 
 /// Result alias of this module.

@@ -3,7 +3,9 @@
 use super::{human, parse_size, Error, Result};
 use clap::Subcommand;
 use cxlkv::runtime::metrics::pool::encode_pool;
-use cxlkv::runtime::region::{Backend, HugePages, Region, RegionOptions};
+use cxlkv::runtime::region::{
+    group_id, user_id, Access, Backend, HugePages, Region, RegionError, RegionOptions,
+};
 use cxlkv::runtime::watch::{beat_period_ns, Liveness};
 use cxlkv::runtime::{check, pool_stats, Pool, PoolConfig, PoolStats};
 use std::process::ExitCode;
@@ -41,6 +43,18 @@ pub enum PoolCommand {
         /// Huge pages: none, thp or explicit.
         #[arg(long, default_value = "none")]
         huge_pages: String,
+        /// Permission bits of the created file, in octal (default 0600: its owner alone). Whoever
+        /// can open the pool reads and writes every block in it (docs/SECURITY.md). For device DAX,
+        /// which cxlkv does not create, the device node must grant no more than this.
+        #[arg(long, default_value = "0600", value_name = "OCTAL")]
+        mode: String,
+        /// Owner of the created file: a user name or uid (giving it away takes root).
+        #[arg(long, value_name = "USER|UID")]
+        owner: Option<String>,
+        /// Group of the created file: a group name or gid (with --mode 0640 or 0660, its members
+        /// may open the pool).
+        #[arg(long, value_name = "GROUP|GID")]
+        group: Option<String>,
     },
     /// Print a pool's superblock and geometry.
     Info {
@@ -72,6 +86,48 @@ pub enum PoolCommand {
         /// The pool.
         pool: String,
     },
+}
+
+/// The owner, group and mode `pool create` was asked for.
+fn access(mode: &str, owner: Option<&str>, group: Option<&str>) -> Result<Access> {
+    let digits = mode.strip_prefix("0o").unwrap_or(mode);
+    let mode = u32::from_str_radix(digits, 8).map_err(|_| {
+        Error::Usage(format!(
+            "--mode {mode:?}: use octal permission bits, e.g. 0600"
+        ))
+    })?;
+    let usage = |e: cxlkv::runtime::region::RegionError| Error::Usage(e.to_string());
+    let access = Access {
+        mode,
+        owner: owner.map(user_id).transpose().map_err(usage)?,
+        group: group.map(group_id).transpose().map_err(usage)?,
+    };
+    access.check().map_err(usage)?;
+    Ok(access)
+}
+
+/// Opens the pool on `spec` to inspect it: read-write, or read-only where the user may only read
+/// it. Permission denied names what decides who may open a pool.
+fn open_to_inspect(spec: &str) -> Result<Pool> {
+    let b = backend(spec)?;
+    let opts = RegionOptions::default();
+    let denied = |e: &cxlkv::runtime::PoolError| {
+        matches!(e, cxlkv::runtime::PoolError::Region(RegionError::Os { source, .. })
+            if source.kind() == std::io::ErrorKind::PermissionDenied)
+    };
+    match Pool::open_on(&b, &opts) {
+        Err(e) if denied(&e) => Pool::open_on_read_only(&b, &opts).map_err(|e| {
+            if denied(&e) {
+                Error::Other(format!(
+                    "{e}: the pool's owner, group and mode (cxlkv pool create --mode, --owner, \
+                     --group) decide who may open it (docs/SECURITY.md)"
+                ))
+            } else {
+                e.into()
+            }
+        }),
+        r => Ok(r?),
+    }
 }
 
 fn backend(spec: &str) -> Result<Backend> {
@@ -107,8 +163,19 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
             pins,
             prefault,
             huge_pages,
+            mode,
+            owner,
+            group,
         } => {
             let b = backend(&b)?;
+            let access = access(&mode, owner.as_deref(), group.as_deref())?;
+            if access.world_accessible() {
+                eprintln!(
+                    "warning: --mode {:04o} lets every user on this machine open the pool: read \
+                     (and, with o+w, write) every block in it (docs/SECURITY.md)",
+                    access.mode
+                );
+            }
             let size = parse_size(&size).map_err(Error::Usage)?;
             let block_size = parse_size(&block_size).map_err(Error::Usage)?;
             let huge_pages = match huge_pages.as_str() {
@@ -128,7 +195,7 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
                 pins_per_participant: pins,
                 ..Default::default()
             };
-            let pool = Pool::create_on(
+            let pool = Pool::create_on_with(
                 &b,
                 size,
                 &cfg,
@@ -136,6 +203,7 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
                     prefault,
                     huge_pages,
                 },
+                &access,
             )?;
             let sb = pool.superblock();
             println!(
@@ -152,7 +220,7 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
         }
         PoolCommand::Info { pool } => {
             let b = backend(&pool)?;
-            let pool = Pool::open_on(&b, &RegionOptions::default())?;
+            let pool = open_to_inspect(&pool)?;
             let sb = pool.superblock();
             let uuid: String = sb.uuid.iter().map(|b| format!("{b:02x}")).collect();
             println!("pool            {b}");
@@ -207,8 +275,7 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
             watch_ms,
             prometheus,
         } => {
-            let b = backend(&pool)?;
-            let pool = Pool::open_on(&b, &RegionOptions::default())?;
+            let pool = open_to_inspect(&pool)?;
             let lease_ms = pool.superblock().lease_ns / 1_000_000;
             let watch = Duration::from_millis(watch_ms.unwrap_or(lease_ms / 2));
             let st = watched_stats(&pool, watch)?;
@@ -298,8 +365,7 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         PoolCommand::Check { pool } => {
-            let b = backend(&pool)?;
-            let pool = Pool::open_on(&b, &RegionOptions::default())?;
+            let pool = open_to_inspect(&pool)?;
             let report = check(&pool)?;
             println!("{report}");
             Ok(if report.ok() {

@@ -26,6 +26,11 @@ pub struct ReplayArgs {
     /// Directory for SSD spill files.
     #[arg(long)]
     spill_dir: Option<PathBuf>,
+    /// When the spill files are flushed to stable storage: none (a process crash loses no
+    /// acknowledged spill, a power loss may), on-batch (one fdatasync per spilled batch and per
+    /// removal: acknowledged spills survive a power loss) or always (every write O_DSYNC).
+    #[arg(long, default_value = "none")]
+    spill_sync: String,
     /// Drop blocks evicted from the pool instead of spilling them to SSD.
     #[arg(long)]
     no_ssd: bool,
@@ -42,6 +47,10 @@ pub fn run(a: &ReplayArgs) -> Result<ExitCode> {
     let mut opts = ReplayOptions {
         trace: a.trace.clone(),
         with_ssd: !a.no_ssd,
+        spill_sync: a
+            .spill_sync
+            .parse()
+            .map_err(|e: cxlkv::tier::TierError| Error::Usage(e.to_string()))?,
         ..Default::default()
     };
     if !a.capacity.is_empty() {

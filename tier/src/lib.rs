@@ -28,13 +28,19 @@
 //!
 //! - [`tiers`]: [`Tiers`], the moves and their crash rules; [`dram`], [`spill`] (spill-file
 //!   format, recovery), [`uring`] (io_uring with registered buffers and `O_DIRECT`).
+//! - [`durability`]: the [`SyncPolicy`] of a spill file (`none`, `on-batch`, `always`), the
+//!   order of its writes and syncs, what each policy promises against a process crash and a
+//!   power loss, and the crash points of a spill.
+//! - `record`: a spill record's header, versions and decoding (re-exported by [`spill`]).
 //! - `slots`: the id ↔ policy-slot map shared by the tiers and both replay drivers.
 //!
 //! A new eviction policy goes into `cxlkv_runtime::policy` (the pool, the tiers and the replay
 //! all run the same code); a new tier is a new [`Tier`] variant with its moves in [`Tiers::step`].
 
 pub mod dram;
+pub mod durability;
 pub mod error;
+mod record;
 pub mod replay;
 mod slots;
 pub mod spill;
@@ -42,6 +48,7 @@ pub mod tiers;
 pub mod uring;
 
 pub use dram::DramCache;
+pub use durability::{SyncPolicy, SPILL_CRASH_SITES};
 pub use error::{Result, TierError};
 pub use spill::{SpillFile, SpillOptions, SpillRecovery, SpillStats};
 pub use tiers::{

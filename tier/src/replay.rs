@@ -14,6 +14,7 @@
 //!   pool partition, SSD spill files), scaled block payloads and per-tier accounting, producing a
 //!   [`ReplayReport`] (text, JSON, SVG).
 
+use crate::durability::SyncPolicy;
 use crate::slots::SlotMap;
 use cxlkv_runtime::policy::PolicyKind;
 use serde::{Deserialize, Serialize};
@@ -242,6 +243,8 @@ pub struct ReplayOptions {
     pub with_ssd: bool,
     /// DRAM cache entries (`None`: capacity / 16, at least 16).
     pub dram_blocks: Option<usize>,
+    /// Sync policy of the spill files ([`crate::durability`]).
+    pub spill_sync: SyncPolicy,
 }
 
 impl Default for ReplayOptions {
@@ -255,6 +258,7 @@ impl Default for ReplayOptions {
             spill_dir: std::env::temp_dir().join("cxlkv-replay"),
             with_ssd: true,
             dram_blocks: None,
+            spill_sync: SyncPolicy::None,
         }
     }
 }
@@ -373,6 +377,7 @@ pub fn run_replay(
                 spill: SpillOptions {
                     max_payload: opts.block_bytes,
                     queue_depth: 64,
+                    sync: opts.spill_sync,
                     ..Default::default()
                 },
                 step_budget,

@@ -17,9 +17,11 @@
 //! retired after its successor is on the file, so a crash in between leaves both, and the scan
 //! picks the successor by sequence number; `open` retires the loser. Without this, a removed
 //! key's record would validate again at the next open. Against a crash of the process, a write or
-//! remove is final when its call returns; against a crash of the system, once [`SpillFile::sync`]
-//! has returned (docs/FORMAT.md, "Crashes"). Records of formats 1.0 and 1.1, whose writers did
-//! not retire, are not recovered.
+//! remove is final when its call returns; against a crash of the system, when its call returns
+//! under the [`SyncPolicy`] `on-batch` or `always`, else once [`SpillFile::sync`] has returned
+//! ([`crate::durability`] gives the order of writes and syncs and what each policy promises;
+//! docs/FORMAT.md, "Crashes"). Records of formats 1.0 and 1.1, whose writers did not retire, are
+//! not recovered.
 //!
 //! I/O is a pipeline over a [`Ring`] of `queue_depth` registered buffers: while up to
 //! `queue_depth` reads or writes are in flight, the next record is encoded (copy or LZ4, CRC)
@@ -32,9 +34,16 @@
 //! make the next write there an allocating one, serialized the same way).
 
 use super::uring::{self, Completion, Op, Ring, ALIGN};
+use crate::durability::SyncPolicy;
 use crate::error::{Result, TierError};
-use cxlkv_runtime::format::{as_bytes, crc32c, from_bytes, Plain};
+use crate::record::{decode, RecordVersion};
+pub use crate::record::{
+    lz4_compress, lz4_decompress, SpillCodec, SpillHeader, SPILL_HEADER_SIZE, SPILL_MAGIC,
+    SPILL_MIN_MINOR, SPILL_VERSION,
+};
+use cxlkv_runtime::format::{as_bytes, crc32c, from_bytes};
 use cxlkv_runtime::key::Key;
+use cxlkv_runtime::participant::crash_point;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -42,89 +51,9 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// Magic of a spill record header.
-pub const SPILL_MAGIC: [u8; 8] = *b"CXLKVSP1";
-/// Format version this code writes (major, minor); it recovers records of major 1 from minor
-/// [`SPILL_MIN_MINOR`] on.
-pub const SPILL_VERSION: (u16, u16) = (1, 2);
-/// Oldest minor of major 1 whose records are recovered: writers of 1.0 and 1.1 left removed and
-/// superseded records valid on the file, so such a record may be a version its key no longer has.
-pub const SPILL_MIN_MINOR: u16 = 2;
-/// Bytes of a record header.
-pub const SPILL_HEADER_SIZE: usize = 64;
 const PAGE: u64 = ALIGN as u64;
 /// Granularity of file growth (pages): a write call grows the file to a multiple of 16 MiB.
 const GROW_PAGES: u64 = (16 << 20) / PAGE;
-
-/// Payload codec of a spill record.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SpillCodec {
-    /// Stored as is.
-    Raw = 0,
-    /// LZ4 block format (lz4_flex), decompressing to `raw_len` bytes.
-    Lz4 = 1,
-}
-
-/// Header of one spill record (64 bytes, little-endian).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SpillHeader {
-    /// [`SPILL_MAGIC`].
-    pub magic: [u8; 8],
-    /// Low 64 bits of the key.
-    pub key_lo: u64,
-    /// High 64 bits of the key.
-    pub key_hi: u64,
-    /// Sequence number (per file, increasing): the newest record of a key wins.
-    pub seq: u64,
-    /// Payload bytes after decoding.
-    pub raw_len: u32,
-    /// Payload bytes stored after the header.
-    pub stored_len: u32,
-    /// [`SpillCodec`] code.
-    pub codec: u32,
-    /// CRC-32C of the stored bytes.
-    pub payload_crc: u32,
-    /// Format major version ([`SPILL_VERSION`]; 0 in records of format 1.0, which had zeros here).
-    pub version_major: u16,
-    /// Format minor version.
-    pub version_minor: u16,
-    /// Zero.
-    pub reserved: [u32; 2],
-    /// CRC-32C of the 60 bytes before this field.
-    pub header_crc: u32,
-}
-// SAFETY: repr(C), integers and a byte array laid out without padding (layout test), every bit
-// pattern valid.
-unsafe impl Plain for SpillHeader {}
-
-impl SpillHeader {
-    fn compute_crc(&self) -> u32 {
-        crc32c(&as_bytes(self)[..60])
-    }
-
-    /// What this code makes of the header's version.
-    fn version(&self) -> RecordVersion {
-        match (self.version_major, self.version_minor) {
-            (1, m) if m >= SPILL_MIN_MINOR => RecordVersion::Current,
-            // 0.0: format 1.0, which left zeros where the version is now.
-            (1, _) | (0, 0) => RecordVersion::Older,
-            _ => RecordVersion::Other,
-        }
-    }
-}
-
-/// How a record's format version is treated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum RecordVersion {
-    /// Major 1 from [`SPILL_MIN_MINOR`] on: read.
-    Current,
-    /// Formats 1.0 and 1.1: the layout is known, but the record may be one its writer removed.
-    Older,
-    /// Another major: nothing in it is trusted.
-    Other,
-}
 
 /// Where a record lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,6 +106,9 @@ pub struct SpillStats {
     /// Nanoseconds the caller spent in io_uring calls (submitting and waiting for completions;
     /// encoding and decoding overlap the I/O and are not counted).
     pub io_ns: u64,
+    /// `fdatasync` calls made: by the policy `on-batch` (one per write call and removal) and by
+    /// [`SpillFile::sync`]. Writes under `always` are `O_DSYNC` instead ([`SpillFile::dsync`]).
+    pub syncs: u64,
 }
 
 /// Options of [`SpillFile::open`].
@@ -191,6 +123,8 @@ pub struct SpillOptions {
     /// Open with `O_DIRECT` (falls back to buffered I/O if the file system cannot do it; see
     /// [`SpillFile::buffered_reason`]).
     pub direct: bool,
+    /// When written data is flushed to stable storage ([`crate::durability`]; default `none`).
+    pub sync: SyncPolicy,
 }
 
 impl Default for SpillOptions {
@@ -200,6 +134,7 @@ impl Default for SpillOptions {
             queue_depth: 32,
             compress: true,
             direct: true,
+            sync: SyncPolicy::None,
         }
     }
 }
@@ -228,6 +163,8 @@ pub struct SpillFile {
     /// Scratch for LZ4 decoding.
     decoded: Vec<u8>,
     stats: SpillStats,
+    /// The error of a removal's `fdatasync` (`remove` returns no error): [`Self::sync`] reports it.
+    sync_failed: Option<std::io::Error>,
 }
 
 impl std::fmt::Debug for SpillFile {
@@ -257,16 +194,27 @@ struct Written {
     file_len: usize,
 }
 
-/// Opens `path` read-write, with `O_DIRECT` if asked and the file system can do it; returns the
-/// file and, if it is buffered though `O_DIRECT` was asked, why.
-fn open_file(path: &Path, direct: bool) -> std::io::Result<(File, Option<String>)> {
+/// Opens `path` read-write (`O_DSYNC` under the policy `always`), with `O_DIRECT` if asked and
+/// the file system can do it; returns the file and, if it is buffered though `O_DIRECT` was
+/// asked, why. A file it creates is private to its owner (mode 0600).
+fn open_file(
+    path: &Path,
+    direct: bool,
+    sync: SyncPolicy,
+) -> std::io::Result<(File, Option<String>)> {
+    let dsync = if sync == SyncPolicy::Always {
+        libc::O_DSYNC
+    } else {
+        0
+    };
     let open = |flags: i32| {
         OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
-            .custom_flags(flags)
+            .mode(0o600)
+            .custom_flags(flags | dsync)
             .open(path)
     };
     if !direct {
@@ -310,7 +258,7 @@ impl SpillFile {
             path: path.to_path_buf(),
             source: e,
         };
-        let (file, buffered_reason) = open_file(path, opts.direct).map_err(io)?;
+        let (file, buffered_reason) = open_file(path, opts.direct, opts.sync).map_err(io)?;
         let max_pages = pages_for(max_stored(opts.max_payload));
         let ring = Ring::new(opts.queue_depth, max_pages as usize * ALIGN).map_err(io)?;
         let mut sf = SpillFile {
@@ -329,6 +277,7 @@ impl SpillFile {
             next_seq: 1,
             decoded: Vec::new(),
             stats: SpillStats::default(),
+            sync_failed: None,
         };
         let rec = sf.recover().map_err(io)?;
         sf.retire()?;
@@ -426,6 +375,25 @@ impl SpillFile {
     /// Why the file uses buffered I/O though [`SpillOptions::direct`] asked for `O_DIRECT`.
     pub fn buffered_reason(&self) -> Option<&str> {
         self.buffered_reason.as_deref()
+    }
+
+    /// The sync policy the file was opened with.
+    pub fn sync_policy(&self) -> SyncPolicy {
+        self.opts.sync
+    }
+
+    /// True when the file descriptor has `O_DSYNC` (as the kernel reports it): every write is
+    /// durable on completion. Set under the policy `always`.
+    pub fn dsync(&self) -> bool {
+        // SAFETY: F_GETFL on a descriptor this file owns only reads its status flags.
+        let flags = unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_GETFL) };
+        flags >= 0 && flags & libc::O_DSYNC == libc::O_DSYNC
+    }
+
+    /// `fdatasync`, counted.
+    fn fdatasync(&mut self) -> std::io::Result<()> {
+        self.stats.syncs += 1;
+        self.file.sync_data()
     }
 
     /// True when the ring's buffers are registered with the kernel.
@@ -676,6 +644,7 @@ impl SpillFile {
                 max: self.opts.max_payload,
             });
         }
+        crash_point("spill:begin");
         self.ring.usable().map_err(|e| self.io_error(e))?;
         // Compression only shrinks a record, so raw sizes bound the pages this call appends.
         self.reserve(
@@ -722,7 +691,19 @@ impl SpillFile {
                         result: c.result,
                     });
                 }
+                crash_point("spill:record");
             }
+        }
+        if failed.is_none() {
+            crash_point("spill:written");
+            // Durable before the index takes the records, before what they supersede is retired,
+            // and before the caller is told (crate::durability, rules 1 and 2).
+            if self.opts.sync == SyncPolicy::OnBatch {
+                if let Err(e) = self.fdatasync() {
+                    failed = Some(self.io_error(e));
+                }
+            }
+            crash_point("spill:synced");
         }
         if let Some(e) = failed {
             // Some of them may be on the file, newer than the records the index keeps.
@@ -743,6 +724,7 @@ impl SpillFile {
             self.stats.compressed += u64::from(w.codec == SpillCodec::Lz4);
         }
         self.retire_or_defer();
+        crash_point("spill:retired");
         Ok(())
     }
 
@@ -835,13 +817,21 @@ impl SpillFile {
     }
 
     /// Forgets `key`'s record and retires it (module docs): when this returns, a reopen after a
-    /// crash of the process does not find the key (unless zeroing the page failed: then it is
-    /// tried again by later calls, and [`Self::sync`] reports the error). True if it had one.
+    /// crash of the process does not find the key, nor after a crash of the system under the
+    /// policies `on-batch` (which syncs here) and `always` (unless zeroing the page or the sync
+    /// failed: zeroing is tried again by later calls, and [`Self::sync`] reports the error).
+    /// True if it had one.
     pub fn remove(&mut self, key: Key) -> bool {
         match self.index.remove(&key) {
             Some(ext) => {
                 self.retiring.push(ext);
                 self.retire_or_defer();
+                crash_point("remove:zeroed");
+                if self.opts.sync == SyncPolicy::OnBatch {
+                    if let Err(e) = self.fdatasync() {
+                        self.sync_failed.get_or_insert(e);
+                    }
+                }
                 true
             }
             None => false,
@@ -856,107 +846,13 @@ impl SpillFile {
 
     /// Retires what earlier calls could not, then flushes written data to stable storage
     /// (fdatasync): records written and removed before this call stay so across a crash of the
-    /// system. Returns the first error of either.
+    /// system. Returns the first error of either, or of a removal's sync since the last call.
     pub fn sync(&mut self) -> Result<()> {
         let retired = self.retire();
-        self.file.sync_data().map_err(|e| self.io_error(e))?;
+        self.fdatasync().map_err(|e| self.io_error(e))?;
+        if let Some(e) = self.sync_failed.take() {
+            return Err(self.io_error(e));
+        }
         retired
-    }
-}
-
-impl SpillCodec {
-    /// Decodes the header field.
-    pub fn from_code(c: u32) -> Option<SpillCodec> {
-        match c {
-            0 => Some(SpillCodec::Raw),
-            1 => Some(SpillCodec::Lz4),
-            _ => None,
-        }
-    }
-}
-
-/// LZ4-compresses `data` as spill records do (lz4_flex block format).
-pub fn lz4_compress(data: &[u8]) -> Vec<u8> {
-    lz4_flex::block::compress(data)
-}
-
-/// Decompresses what [`lz4_compress`] made of `raw_len` bytes; `None` if it is not that.
-pub fn lz4_decompress(stored: &[u8], raw_len: usize) -> Option<Vec<u8>> {
-    let mut out = vec![0u8; raw_len];
-    let n = lz4_flex::block::decompress_into(stored, &mut out).ok()?;
-    (n == raw_len).then_some(out)
-}
-
-/// Validates a record read back (header, version, key, sequence, CRC) and decodes its payload:
-/// a raw payload is returned in place, an LZ4 one decompressed into `scratch`.
-fn decode<'a>(
-    record: &'a [u8],
-    key: Key,
-    seq: u64,
-    max_payload: usize,
-    scratch: &'a mut Vec<u8>,
-) -> Option<&'a [u8]> {
-    let h: SpillHeader = from_bytes(record.get(..SPILL_HEADER_SIZE)?);
-    if h.magic != SPILL_MAGIC
-        || h.header_crc != h.compute_crc()
-        || h.version() != RecordVersion::Current
-        || Key::from_parts(h.key_lo, h.key_hi) != key
-        || h.seq != seq
-    {
-        return None;
-    }
-    let stored = record.get(SPILL_HEADER_SIZE..SPILL_HEADER_SIZE + h.stored_len as usize)?;
-    if crc32c(stored) != h.payload_crc || h.raw_len as usize > max_payload {
-        return None;
-    }
-    match SpillCodec::from_code(h.codec)? {
-        SpillCodec::Raw => (h.stored_len == h.raw_len).then_some(stored),
-        SpillCodec::Lz4 => {
-            scratch.resize(h.raw_len as usize, 0);
-            let n = lz4_flex::block::decompress_into(stored, scratch).ok()?;
-            (n == scratch.len()).then_some(&scratch[..])
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::mem::{offset_of, size_of};
-
-    #[test]
-    fn header_layout() {
-        assert_eq!(size_of::<SpillHeader>(), SPILL_HEADER_SIZE);
-        assert_eq!(offset_of!(SpillHeader, key_lo), 8);
-        assert_eq!(offset_of!(SpillHeader, key_hi), 16);
-        assert_eq!(offset_of!(SpillHeader, seq), 24);
-        assert_eq!(offset_of!(SpillHeader, raw_len), 32);
-        assert_eq!(offset_of!(SpillHeader, stored_len), 36);
-        assert_eq!(offset_of!(SpillHeader, codec), 40);
-        assert_eq!(offset_of!(SpillHeader, payload_crc), 44);
-        assert_eq!(offset_of!(SpillHeader, version_major), 48);
-        assert_eq!(offset_of!(SpillHeader, version_minor), 50);
-        assert_eq!(offset_of!(SpillHeader, reserved), 52);
-        assert_eq!(offset_of!(SpillHeader, header_crc), 60);
-    }
-
-    #[test]
-    fn versions_recovered() {
-        let v = |major, minor| {
-            SpillHeader {
-                version_major: major,
-                version_minor: minor,
-                ..Default::default()
-            }
-            .version()
-        };
-        assert_eq!(v(SPILL_VERSION.0, SPILL_VERSION.1), RecordVersion::Current);
-        assert_eq!(v(1, 7), RecordVersion::Current, "a later minor is read");
-        for (major, minor) in [(1, 1), (1, 0), (0, 0)] {
-            assert_eq!(v(major, minor), RecordVersion::Older, "{major}.{minor}");
-        }
-        for (major, minor) in [(2, 0), (0, 1)] {
-            assert_eq!(v(major, minor), RecordVersion::Other, "{major}.{minor}");
-        }
     }
 }

@@ -100,6 +100,7 @@ fn real_tiers_replay_matches_the_simulator() {
         spill_dir: dir.clone(),
         with_ssd: true,
         dram_blocks: None,
+        spill_sync: cxlkv_tier::SyncPolicy::OnBatch,
     };
     let mut calls = 0;
     let report = cxlkv_tier::replay::run_replay(&opts, &mut |done, total| {

@@ -22,7 +22,8 @@
 //! - `object`: multi-block objects (put, replacement and eviction as a unit) and
 //!   [`Participant::put_if_absent`] ([`PutOutcome`]).
 //! - `read` and `pin`: counted reads, and pins that keep a block in place ([`PinnedBlock`]).
-//! - `crash`: the crash points of the write protocol ([`CRASH_SITES`]).
+//! - `crash`: the crash points of the write protocol ([`CRASH_SITES`]) and [`crash_point`], which
+//!   the SSD tier's spill calls too.
 
 mod beat;
 mod claim;
@@ -38,7 +39,7 @@ mod reservation;
 pub(crate) mod state;
 mod write;
 
-pub use crash::{CRASH_SITES, OBJECT_CRASH_SITES};
+pub use crash::{crash_point, CRASH_SITES, OBJECT_CRASH_SITES};
 #[cfg(loom)]
 pub(crate) use index::write_slot_at;
 pub use liveness::{participant_dead, participant_liveness};

@@ -63,6 +63,9 @@ pub enum RegionError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// An owner, group or mode that cannot be given (unknown name, bits outside 0777).
+    #[error("bad access: {0}")]
+    BadAccess(String),
     /// The backend is not available on this machine (no such node, no DAX device, ...).
     #[error("{backend} is not available here: {why}")]
     Unavailable {

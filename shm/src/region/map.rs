@@ -2,6 +2,7 @@
 //! backend (the checks each backend demands first), the `mmap` itself, what follows it (huge-page
 //! advice, NUMA binding, prefaulting, placement checks), and the `munmap` on drop.
 
+use super::access::Access;
 use super::dax::{dax_target, DaxTarget, DAX_ALIGN};
 use super::error::{check_aligned, check_window, os, too_big, unavailable, RegionError, Result};
 use super::huge;
@@ -45,14 +46,32 @@ pub struct Region {
     /// Coherence of publish/acquire: 0 = hardware (fences), else `1 + FlushKind` (software);
     /// written by `set_coherence` and read by `flush_kind` (both in `shared.rs`).
     pub(super) coherence: AtomicU8,
+    /// Mapped `PROT_READ` only ([`Region::open_read_only`]): every write is refused with
+    /// `MemError::ReadOnly` before it reaches the mapping (`shared.rs`).
+    pub(super) read_only: bool,
 }
 
 impl Region {
     /// Creates fresh memory of `size` bytes. For file-backed backends (shm, file, fake DAX, NUMA)
     /// the file is created and must not exist yet (so a pool is never overwritten by accident).
     /// On a device-DAX device, which always exists, the first `size` bytes are mapped as they are
-    /// (not cleared); `size` must be aligned to the device and no larger than it.
+    /// (not cleared); `size` must be aligned to the device and no larger than it. What it creates
+    /// is private to its owner (mode 0600): [`Region::create_with`] with [`Access::default`].
     pub fn create(backend: &Backend, size: u64, opts: &RegionOptions) -> Result<Region> {
+        Self::create_with(backend, size, opts, &Access::default())
+    }
+
+    /// [`Region::create`] giving a created file the owner, group and mode of `access`, with no
+    /// moment where it is open to more (module `access`). A device-DAX device is not changed: it
+    /// must already grant no more than `access` asks, else the creation is refused with the
+    /// udev or chown/chmod recipe. Anonymous memory has no file and ignores `access`.
+    pub fn create_with(
+        backend: &Backend,
+        size: u64,
+        opts: &RegionOptions,
+        access: &Access,
+    ) -> Result<Region> {
+        access.check()?;
         if size == 0 {
             return Err(RegionError::BadSize {
                 size,
@@ -62,22 +81,23 @@ impl Region {
         match backend {
             Backend::Anonymous => Self::map(backend, Kind::Anonymous, None, 0, size, opts),
             Backend::Shm(_) | Backend::File(_) => {
-                Self::create_file(backend, Kind::Shared, size, opts)
+                Self::create_file(backend, Kind::Shared, size, opts, access)
             }
             Backend::Numa { node, .. } => {
                 numa::check_node(backend, *node)?;
-                Self::create_file(backend, Kind::Numa(*node), size, opts)
+                Self::create_file(backend, Kind::Numa(*node), size, opts, access)
             }
             Backend::Dax(path) => match dax_target(backend, path)? {
                 DaxTarget::Device(info) => {
                     check_aligned("device-DAX mapping length", size, info.align)?;
                     check_window(0, size, info.size)?;
+                    access.check_device(backend, path)?;
                     let file = Self::open_rw(path)?;
                     Self::map(backend, Kind::DeviceDax, Some(file), 0, size, opts)
                 }
                 DaxTarget::Fake | DaxTarget::Missing => {
                     check_aligned("fake-DAX mapping length", size, DAX_ALIGN)?;
-                    Self::create_file(backend, Kind::Shared, size, opts)
+                    Self::create_file(backend, Kind::Shared, size, opts, access)
                 }
             },
         }
@@ -86,7 +106,20 @@ impl Region {
     /// Maps existing memory: the whole file for file-backed backends, the whole device for device
     /// DAX.
     pub fn open(backend: &Backend, opts: &RegionOptions) -> Result<Region> {
-        Self::open_window(backend, 0, None, opts)
+        Self::open_window(backend, 0, None, opts, true)
+    }
+
+    /// Maps existing memory for reading only (`O_RDONLY`, `PROT_READ`), as [`Region::open`]
+    /// does for reading and writing: what a user whose permission on the pool is read-only can
+    /// open (inspection: `cxlkv pool info|stat|check`). Every write through it fails with
+    /// `MemError::ReadOnly`; the mapping is never written, so it never faults. Prefaulting reads.
+    pub fn open_read_only(backend: &Backend, opts: &RegionOptions) -> Result<Region> {
+        Self::open_window(backend, 0, None, opts, false)
+    }
+
+    /// True when the region was opened with [`Region::open_read_only`].
+    pub fn read_only(&self) -> bool {
+        self.read_only
     }
 
     /// Maps the window `[offset, offset + len)` of existing memory (a file, shared-memory file or
@@ -104,7 +137,7 @@ impl Region {
                 why: "must be positive",
             });
         }
-        Self::open_window(backend, offset, Some(len), opts)
+        Self::open_window(backend, offset, Some(len), opts, true)
     }
 
     /// Anonymous private memory of `size` bytes, zero-filled.
@@ -147,11 +180,14 @@ impl Region {
             .map_err(os("open", path.display()))
     }
 
+    /// Creates the backing file: private from the moment it has a name (`O_EXCL`, mode 0600),
+    /// then given `access` on the open descriptor while still empty (module `access`).
     fn create_file(
         backend: &Backend,
         kind: Kind,
         size: u64,
         opts: &RegionOptions,
+        access: &Access,
     ) -> Result<Region> {
         let path = backend.path().expect("file-backed");
         let file = OpenOptions::new()
@@ -161,9 +197,9 @@ impl Region {
             .mode(0o600)
             .open(&path)
             .map_err(os("create", path.display()))?;
-        let r = file
-            .set_len(size)
-            .map_err(os("ftruncate", path.display()))
+        let r = access
+            .apply(&file, &path)
+            .and_then(|()| file.set_len(size).map_err(os("ftruncate", path.display())))
             .and_then(|()| Self::map(backend, kind, Some(file), 0, size, opts));
         if r.is_err() {
             let _ = std::fs::remove_file(&path);
@@ -176,6 +212,7 @@ impl Region {
         offset: u64,
         len: Option<u64>,
         opts: &RegionOptions,
+        writable: bool,
     ) -> Result<Region> {
         let (kind, align, what_off, what_len) = match backend {
             Backend::Anonymous => {
@@ -206,7 +243,11 @@ impl Region {
             },
         };
         let path = backend.path().expect("file-backed");
-        let file = Self::open_rw(&path)?;
+        let file = if writable {
+            Self::open_rw(&path)?
+        } else {
+            File::open(&path).map_err(os("open", path.display()))?
+        };
         let total = match (kind, align) {
             (Kind::DeviceDax, Some((_, dev_size))) => dev_size,
             _ => file.metadata().map_err(os("stat", path.display()))?.len(),
@@ -226,7 +267,7 @@ impl Region {
             None => check_aligned("mapping offset", offset, page_size())?,
         }
         check_window(offset, len, total)?;
-        Self::map(backend, kind, Some(file), offset, len, opts)
+        Self::map_as(backend, kind, Some(file), offset, len, opts, writable)
     }
 
     fn map(
@@ -236,6 +277,19 @@ impl Region {
         offset: u64,
         size: u64,
         opts: &RegionOptions,
+    ) -> Result<Region> {
+        Self::map_as(backend, kind, file, offset, size, opts, true)
+    }
+
+    /// [`Self::map`], read-only unless `writable`.
+    fn map_as(
+        backend: &Backend,
+        kind: Kind,
+        file: Option<File>,
+        offset: u64,
+        size: u64,
+        opts: &RegionOptions,
+        writable: bool,
     ) -> Result<Region> {
         use std::os::fd::AsRawFd;
         let mut map_len = usize::try_from(size).map_err(|_| too_big(size))?;
@@ -271,7 +325,11 @@ impl Region {
             libc::mmap(
                 std::ptr::null_mut(),
                 map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
+                if writable {
+                    libc::PROT_READ | libc::PROT_WRITE
+                } else {
+                    libc::PROT_READ
+                },
                 flags,
                 fd,
                 off,
@@ -296,6 +354,7 @@ impl Region {
             backend: backend.clone(),
             _file: file,
             coherence: AtomicU8::new(0),
+            read_only: !writable,
         };
         if opts.huge_pages == HugePages::Transparent && kind != Kind::DeviceDax {
             region
@@ -334,7 +393,12 @@ impl Region {
     /// Faults every page in writable without changing contents (MADV_POPULATE_WRITE, Linux 5.14);
     /// on kernels or mappings that refuse it, reads one byte of every page instead.
     fn populate(&self) -> Result<()> {
-        match self.madvise(libc::MADV_POPULATE_WRITE) {
+        let advice = if self.read_only {
+            libc::MADV_POPULATE_READ
+        } else {
+            libc::MADV_POPULATE_WRITE
+        };
+        match self.madvise(advice) {
             Ok(()) => Ok(()),
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 let page = page_size();

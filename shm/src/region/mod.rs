@@ -26,11 +26,16 @@
 //! changing their contents) and huge pages (transparent through `madvise(MADV_HUGEPAGE)`, explicit
 //! through `MAP_HUGETLB`, which fails with [`RegionError::Unavailable`] when none are reserved).
 //!
+//! [`Access`] gives what a region creates its owner, group and mode, private (0600) by default,
+//! with no moment where the file is open to more than asked ([`Region::create_with`]).
+//!
 //! Every backend that cannot work on this machine says why through [`RegionError::Unavailable`];
 //! none falls back silently to another.
 //!
 //! ## Files
 //!
+//! - `access.rs`: [`Access`]: owner, group and mode of created files, the device-DAX check, user
+//!   and group names.
 //! - `spec.rs`: [`Backend`] and its spec strings, [`RegionOptions`], [`HugePages`].
 //! - `error.rs`: [`RegionError`], [`Result`], and the window and alignment checks.
 //! - `map.rs`: [`Region`]: creating, opening and mapping memory of every backend, and unmapping it.
@@ -43,6 +48,7 @@
 //! - `temp.rs`: [`TempBackend`], a backend removed when its guard is dropped (private and test
 //!   pools).
 
+mod access;
 mod dax;
 mod error;
 mod huge;
@@ -53,6 +59,7 @@ mod spec;
 mod sys;
 mod temp;
 
+pub use access::{group_id, user_id, Access, PRIVATE_MODE};
 pub use dax::DAX_ALIGN;
 pub use error::{RegionError, Result};
 pub use map::Region;

@@ -19,6 +19,14 @@ impl Region {
         }
     }
 
+    /// Refuses a write to a read-only region before it reaches the mapping (where it would fault).
+    fn writable(&self, offset: u64, len: u64) -> mem::Result<()> {
+        if self.read_only {
+            return Err(mem::MemError::ReadOnly { offset, len });
+        }
+        Ok(())
+    }
+
     /// The coherence this region's publish and acquire implement.
     pub fn coherence(&self) -> Coherence {
         self.flush_kind()
@@ -34,15 +42,18 @@ impl SharedMemory for Region {
         self.mem.read(offset, dst)
     }
     fn write(&self, offset: u64, src: &[u8]) -> mem::Result<()> {
+        self.writable(offset, src.len() as u64)?;
         self.mem.write(offset, src)
     }
     fn fill(&self, offset: u64, len: u64, byte: u8) -> mem::Result<()> {
+        self.writable(offset, len)?;
         self.mem.fill(offset, len, byte)
     }
     fn load_u64(&self, offset: u64, order: Ordering) -> mem::Result<u64> {
         self.mem.load_u64(offset, order)
     }
     fn store_u64(&self, offset: u64, value: u64, order: Ordering) -> mem::Result<()> {
+        self.writable(offset, 8)?;
         self.mem.store_u64(offset, value, order)
     }
     fn compare_exchange_u64(
@@ -51,6 +62,7 @@ impl SharedMemory for Region {
         current: u64,
         new: u64,
     ) -> mem::Result<std::result::Result<u64, u64>> {
+        self.writable(offset, 8)?;
         self.mem.compare_exchange_u64(offset, current, new)
     }
     fn publish(&self, offset: u64, len: u64) {
@@ -82,6 +94,7 @@ impl SharedMemory for Region {
         }
     }
     fn write_published(&self, offset: u64, src: &[u8]) -> mem::Result<()> {
+        self.writable(offset, src.len() as u64)?;
         match self.flush_kind() {
             None => {
                 self.mem.write(offset, src)?;
