@@ -500,7 +500,10 @@ fn random_flips_are_reported_and_never_return_wrong_bytes() {
     // nothing in proportion to the cases.
     let after = resources();
     let crashes = failures.iter().filter(|f| f.contains("PANICKED")).count();
-    let wrong = failures.iter().filter(|f| f.contains("wrong bytes")).count();
+    let wrong = failures
+        .iter()
+        .filter(|f| f.contains("wrong bytes"))
+        .count();
     let leaked_fds = after.1.saturating_sub(before.1);
     let leaked_maps = after.2.saturating_sub(before.2);
     let rss_growth_mib = after.0.saturating_sub(before.0) / 1024;
