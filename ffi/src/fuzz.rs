@@ -563,7 +563,7 @@ fn malformed_calls_never_crash_misread_or_leak() {
     // Found by this loop: a block size so large that the "cannot hold" message's arithmetic
     // overflowed panicked inside `cxlkv_pool_create` instead of refusing the config.
     let mut huge = cfg;
-    huge.block_size = u64::MAX / 3 & !4095;
+    huge.block_size = (u64::MAX / 3) & !4095;
     let mut out = null_mut();
     let absent = c"shm:cxlkv-ffi-fuzz-huge";
     assert_eq!(
