@@ -36,6 +36,13 @@
 // has filled starts with `struct_size` (docs/C-ABI.md, "How structs grow").
 #define CXLKV_ABI_VERSION 2
 
+// `cxlkv_pool_config::access_flags`: `owner` is set (else the creating process's user owns the
+// pool).
+#define CXLKV_ACCESS_OWNER 1
+
+// `cxlkv_pool_config::access_flags`: `group` is set (else the creating process's group).
+#define CXLKV_ACCESS_GROUP 2
+
 // Element types (`cxlkv_kv_shape::dtype`, `cxlkv_score_request::dtype`).
 #define CXLKV_DTYPE_F16 1
 
@@ -147,6 +154,18 @@ typedef struct cxlkv_pool_config {
   // Size of each participant's pin table (pins it may hold at once); 0 = the default (64).
   // More pins make each participant slot larger (docs/FORMAT.md §3).
   uint32_t pins_per_participant;
+  // Permission bits of the file the pool creates (`0001`..`0777`, e.g. `0660`); 0 = the
+  // default, `0600` (owner only). Applied as given, whatever the umask (docs/SECURITY.md).
+  uint32_t mode;
+  // Owning user id, used when `access_flags` has `CXLKV_ACCESS_OWNER` (giving a file to
+  // another user takes root).
+  uint32_t owner;
+  // Owning group id, used when `access_flags` has `CXLKV_ACCESS_GROUP` (an ordinary user may
+  // name only one of its own groups).
+  uint32_t group;
+  // `CXLKV_ACCESS_OWNER` | `CXLKV_ACCESS_GROUP`: which of `owner` and `group` are set (0: the
+  // creator's user and group). Other bits are refused.
+  uint32_t access_flags;
 } cxlkv_pool_config;
 
 // What `cxlkv_pool_describe` reports. The first layout ends before `map_base` (40 bytes).

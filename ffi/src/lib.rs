@@ -121,4 +121,6 @@ pub mod tickets;
 pub mod metrics;
 
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod tests;

@@ -8,10 +8,16 @@ use crate::errors::{fail, guard, map_err};
 use crate::handles::{borrow, register, unregister, Kind};
 use crate::keys::{cxlkv_key, key_slice};
 use crate::sized::{check_out, read_in, sized, write_out};
-use cxlkv_runtime::region::{Backend, RegionError, RegionOptions};
+use cxlkv_runtime::region::{Access, Backend, RegionError, RegionOptions};
 use cxlkv_runtime::{Pool, PoolConfig};
 use std::ffi::{c_char, c_void};
 use std::time::Duration;
+
+/// `cxlkv_pool_config::access_flags`: `owner` is set (else the creating process's user owns the
+/// pool).
+pub const CXLKV_ACCESS_OWNER: u32 = 1;
+/// `cxlkv_pool_config::access_flags`: `group` is set (else the creating process's group).
+pub const CXLKV_ACCESS_GROUP: u32 = 2;
 
 /// Parameters of `cxlkv_pool_create`; start from `cxlkv_pool_config_default` (which sets
 /// `struct_size`). The first layout ends before `pins_per_participant` (20 bytes).
@@ -30,8 +36,43 @@ pub struct cxlkv_pool_config {
     /// Size of each participant's pin table (pins it may hold at once); 0 = the default (64).
     /// More pins make each participant slot larger (docs/FORMAT.md §3).
     pub pins_per_participant: u32,
+    /// Permission bits of the file the pool creates (`0001`..`0777`, e.g. `0660`); 0 = the
+    /// default, `0600` (owner only). Applied as given, whatever the umask (docs/SECURITY.md).
+    pub mode: u32,
+    /// Owning user id, used when `access_flags` has `CXLKV_ACCESS_OWNER` (giving a file to
+    /// another user takes root).
+    pub owner: u32,
+    /// Owning group id, used when `access_flags` has `CXLKV_ACCESS_GROUP` (an ordinary user may
+    /// name only one of its own groups).
+    pub group: u32,
+    /// `CXLKV_ACCESS_OWNER` | `CXLKV_ACCESS_GROUP`: which of `owner` and `group` are set (0: the
+    /// creator's user and group). Other bits are refused.
+    pub access_flags: u32,
 }
 sized!(cxlkv_pool_config, 20);
+
+impl cxlkv_pool_config {
+    /// The permissions this config asks for: `Access::default()` (0600) where it says nothing.
+    fn access(&self) -> Result<Access, cxlkv_result> {
+        if self.access_flags & !(CXLKV_ACCESS_OWNER | CXLKV_ACCESS_GROUP) != 0 {
+            return Err(fail(
+                CXLKV_ERR_INVALID_ARG,
+                format!(
+                    "config->access_flags {:#x} has bits other than CXLKV_ACCESS_OWNER | CXLKV_ACCESS_GROUP",
+                    self.access_flags
+                ),
+            ));
+        }
+        let mut a = Access::default();
+        if self.mode != 0 {
+            a = Access::with_mode(self.mode)
+                .map_err(|e| fail(CXLKV_ERR_INVALID_ARG, format!("config->mode: {e}")))?;
+        }
+        a.owner = (self.access_flags & CXLKV_ACCESS_OWNER != 0).then_some(self.owner);
+        a.group = (self.access_flags & CXLKV_ACCESS_GROUP != 0).then_some(self.group);
+        Ok(a)
+    }
+}
 
 /// What `cxlkv_pool_describe` reports. The first layout ends before `map_base` (40 bytes).
 #[repr(C)]
@@ -103,6 +144,10 @@ pub extern "C" fn cxlkv_pool_config_default() -> cxlkv_pool_config {
         block_size: d.block_size,
         lease_ms: d.lease.as_millis() as u32,
         pins_per_participant: 0,
+        mode: 0,
+        owner: 0,
+        group: 0,
+        access_flags: 0,
     }
 }
 
@@ -138,7 +183,9 @@ pub extern "C" fn cxlkv_pool_create(
             pins_per_participant: c.pins_per_participant,
             ..Default::default()
         };
-        let pool = Pool::create_on(&b, size, &cfg, &RegionOptions::default()).map_err(map_err)?;
+        let access = c.access()?;
+        let pool = Pool::create_on_with(&b, size, &cfg, &RegionOptions::default(), &access)
+            .map_err(map_err)?;
         put_out(out, register(Box::new(cxlkv_pool { pool }), Kind::Pool));
         Ok(())
     })

@@ -85,7 +85,7 @@ fn sized_structs_have_no_padding() {
     use crate::pool::{cxlkv_pool_config, cxlkv_pool_info};
     use std::mem::size_of;
     // Sum of the field sizes = the struct size: no padding anywhere.
-    assert_eq!(size_of::<cxlkv_pool_config>(), 4 + 4 + 8 + 4 + 4);
+    assert_eq!(size_of::<cxlkv_pool_config>(), 4 + 4 + 8 + 4 + 4 + 4 * 4);
     assert_eq!(
         size_of::<cxlkv_pool_info>(),
         4 + 4 + 8 + 8 + 4 + 4 + 2 + 2 + 4 + 8 + 8 + 4 + 4
@@ -120,6 +120,9 @@ fn sized_structs_have_no_padding() {
         std::mem::offset_of!(cxlkv_pool_config, pins_per_participant),
         20
     );
+    // mode, owner, group and access_flags were appended after `pins_per_participant`.
+    assert_eq!(std::mem::offset_of!(cxlkv_pool_config, mode), 24);
+    assert_eq!(std::mem::offset_of!(cxlkv_pool_config, access_flags), 36);
     assert_eq!(std::mem::offset_of!(cxlkv_pool_info, map_base), 40);
 }
 

@@ -173,6 +173,16 @@ fn metrics_follow_known_operations() {
     let _ = std::fs::remove_file(bin);
 }
 
+/// The mode, group and flags of `cxlkv_pool_config` reach the file the pool creates (stat),
+/// defaults and an older caller's config give 0600, and bad values are refused with no file left.
+#[test]
+fn pool_config_sets_the_mode_of_the_file() {
+    let bin = compile("tests/access.c", "access");
+    let text = run(&mut Command::new(&bin), "access");
+    assert!(text.contains(" passed, 0 failed"), "{text}");
+    let _ = std::fs::remove_file(bin);
+}
+
 /// A handle released on one thread while another is inside a call on it: the call finishes on a
 /// live object and later calls get `CXLKV_ERR_INVALID_HANDLE`, for participants, pools and
 /// devices; and two threads releasing one pin or reservation at once: one succeeds. Valgrind sees

@@ -19,12 +19,14 @@ struct Held {
     /// Address of the payload (the pin keeps it in place and unchanged).
     addr: usize,
     len: usize,
+    /// Its participant, kept attached while the pin is held and let go when it is released
+    /// (not when the Python object is collected: a released pin must not hold the slot).
+    participant: Arc<Participant>,
 }
 
 /// A pinned block (`Participant.pin(key)`).
 #[pyclass(frozen, name = "Pin", module = "cxlkv")]
 pub struct PyPin {
-    participant: Arc<Participant>,
     held: Mutex<Option<Held>>,
     exports: Mutex<usize>,
 }
@@ -48,8 +50,12 @@ impl PyPin {
         };
         let len = raw.info().len as usize;
         Ok(Some(PyPin {
-            participant: me,
-            held: Mutex::new(Some(Held { raw, addr, len })),
+            held: Mutex::new(Some(Held {
+                raw,
+                addr,
+                len,
+                participant: me,
+            })),
             exports: Mutex::new(0),
         }))
     }
@@ -135,7 +141,7 @@ impl PyPin {
             )));
         }
         if let Some(h) = held.take() {
-            self.participant.unpin_raw(h.raw);
+            h.participant.unpin_raw(h.raw);
         }
         Ok(())
     }
@@ -198,7 +204,7 @@ impl Drop for PyPin {
             .unwrap_or_else(|e| e.into_inner())
             .take()
         {
-            self.participant.unpin_raw(h.raw);
+            h.participant.unpin_raw(h.raw);
         }
     }
 }

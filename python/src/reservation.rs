@@ -22,12 +22,14 @@ struct Held {
     /// Address of the reserved payload (only this reservation writes it until commit).
     addr: usize,
     len: usize,
+    /// Its participant, kept attached while the reservation is held and let go when it is released
+    /// (not when the Python object is collected: a released reservation must not hold the slot).
+    participant: Arc<Participant>,
 }
 
 /// A reserved block awaiting its commit (`Participant.reserve(key, length)`).
 #[pyclass(frozen, name = "Reservation", module = "cxlkv")]
 pub struct PyReservation {
-    participant: Arc<Participant>,
     held: Mutex<Option<Held>>,
     exports: Mutex<usize>,
 }
@@ -48,11 +50,11 @@ impl PyReservation {
             }
         };
         Ok(PyReservation {
-            participant: me,
             held: Mutex::new(Some(Held {
                 raw,
                 addr,
                 len: len as usize,
+                participant: me,
             })),
             exports: Mutex::new(0),
         })
@@ -141,15 +143,19 @@ impl PyReservation {
         let Some(h) = self.finish()? else {
             return Err(Fail::new(Code::InvalidHandle, "the reservation was finished").into());
         };
-        let p = self.participant.clone();
-        py.detach(|| p.commit_raw(h.raw).map(drop).map_err(Fail::from))?;
+        py.detach(|| {
+            h.participant
+                .commit_raw(h.raw)
+                .map(drop)
+                .map_err(Fail::from)
+        })?;
         Ok(())
     }
 
     /// Frees the reserved block unpublished. BufferError while views are exported. Idempotent.
     fn abort(&self) -> PyResult<()> {
         if let Some(h) = self.finish()? {
-            self.participant.abort_raw(h.raw);
+            h.participant.abort_raw(h.raw);
         }
         Ok(())
     }
@@ -219,7 +225,7 @@ impl Drop for PyReservation {
             .unwrap_or_else(|e| e.into_inner())
             .take()
         {
-            self.participant.abort_raw(h.raw);
+            h.participant.abort_raw(h.raw);
         }
     }
 }

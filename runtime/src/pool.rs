@@ -271,8 +271,11 @@ pub fn plan(size: u64, cfg: &PoolConfig) -> Result<Superblock> {
         }
     }
     if lo == 0 {
-        let need = partition_off
-            + u64::from(partitions) * partition_layout(1, cfg.block_size).map_or(0, |l| l.4);
+        // Saturating: a huge block size must get this message, not an overflow panic.
+        let need = partition_layout(1, cfg.block_size)
+            .map_or(0, |l| l.4)
+            .saturating_mul(u64::from(partitions))
+            .saturating_add(partition_off);
         return bad(format!(
             "{size} bytes cannot hold {partitions} partitions of at least one {}-byte block (need about {need})",
             cfg.block_size

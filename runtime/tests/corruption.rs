@@ -6,7 +6,10 @@
 //!
 //! Every case runs on a fresh anonymous region loaded with an image, from a seed of the project's
 //! SplitMix64 generator; a failing case prints its seed. `CXLKV_FUZZ_CASES` sets the number of
-//! random mutation cases (default 5000), `CXLKV_FUZZ_SEED` the base seed.
+//! random mutation cases (default 5000; the long run of `scripts/fuzz-long.sh` runs 1,000,000),
+//! `CXLKV_FUZZ_SEED` the base seed. The random run prints its counts: cases, crashes (panics),
+//! wrong reads (a read path returning bytes that were never put) and leaks (file descriptors,
+//! memory mappings and resident memory the process holds after the run against before it).
 
 mod image;
 
@@ -415,6 +418,19 @@ fn panic_text(e: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_default()
 }
 
+/// What the process holds: (resident KiB, open file descriptors, memory mappings).
+fn resources() -> (u64, u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64);
+    let maps = std::fs::read_to_string("/proc/self/maps").map_or(0, |m| m.lines().count() as u64);
+    (rss, fds, maps)
+}
+
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
@@ -430,6 +446,7 @@ fn random_flips_are_reported_and_never_return_wrong_bytes() {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(4) as u64;
+    let before = resources();
     let start = Instant::now();
     let results: Vec<(Tally, Vec<String>)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
@@ -478,6 +495,24 @@ fn random_flips_are_reported_and_never_return_wrong_bytes() {
         total.cases,
         start.elapsed()
     );
+    // Leaks: every case maps a fresh region and opens a pool on it; all of it must go away. A
+    // few mappings and some resident memory may stay with the allocator's per-thread arenas,
+    // nothing in proportion to the cases.
+    let after = resources();
+    let crashes = failures.iter().filter(|f| f.contains("PANICKED")).count();
+    let wrong = failures
+        .iter()
+        .filter(|f| f.contains("wrong bytes"))
+        .count();
+    let leaked_fds = after.1.saturating_sub(before.1);
+    let leaked_maps = after.2.saturating_sub(before.2);
+    let rss_growth_mib = after.0.saturating_sub(before.0) / 1024;
+    println!(
+        "cases {}, crashes {crashes}, wrong reads {wrong}, leaks: fds +{leaked_fds}, mappings \
+         +{leaked_maps}, resident memory +{rss_growth_mib} MiB (before {} MiB)",
+        total.cases,
+        before.0 / 1024
+    );
     assert!(
         failures.is_empty(),
         "{} failing case(s):\n{}",
@@ -485,6 +520,10 @@ fn random_flips_are_reported_and_never_return_wrong_bytes() {
         failures.join("\n")
     );
     assert_eq!(total.cases, cases);
+    assert!(
+        leaked_fds == 0 && leaked_maps < 64 && rss_growth_mib < 256,
+        "resources leaked: fds +{leaked_fds}, mappings +{leaked_maps}, RSS +{rss_growth_mib} MiB"
+    );
     // The run must have exercised what it claims: damage to detect, hits, takeovers, fresh writes.
     assert!(total.damage_expected > cases / 4 && total.hits > 0 && total.takeovers > cases);
     assert!(
