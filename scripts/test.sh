@@ -54,14 +54,14 @@ CXLKV_MODEL_GEMMA="$(./scripts/fetch-model.sh gemma3-270m)"
 export CXLKV_MODEL_GEMMA
 echo "$CXLKV_MODEL_GEMMA (${SECONDS}s)"
 
-step "NVRTC (PyPI wheel nvidia-cuda-nvrtc-cu12, cached under the target dir) and the PTX test: every GPU kernel compiled, no GPU needed"
+step "NVRTC (PyPI wheel nvidia-cuda-nvrtc-cu12, cached under the target dir) and the PTX test: every GPU kernel compiled, no GPU needed; the GPU tests, which skip saying why where there is none"
 SECONDS=0
 nvrtc_venv="$target_dir/nvrtc/venv"
 [ -x "$nvrtc_venv/bin/python" ] || python3 -m venv "$nvrtc_venv"
 "$nvrtc_venv/bin/pip" install -q --disable-pip-version-check "nvidia-cuda-nvrtc-cu12==12.9.86"
 CXLKV_NVRTC="$(ls "$nvrtc_venv"/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12)"
 export CXLKV_NVRTC
-cargo test -p cxlkv-gpu --features cxlkv-runtime/hwloc --test ptx -- --nocapture
+cargo test -p cxlkv-gpu --features cxlkv-runtime/hwloc --test ptx --test device -- --nocapture   # the GPU tests say why they skip
 echo "NVRTC and the PTX test: ${SECONDS} s"
 
 step "cargo test (workspace, hwloc topology; coherence simulator: 500 seeds x 2/3/5/8 hosts, NDP rings: 20 seeds)"
