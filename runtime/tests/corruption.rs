@@ -7,7 +7,8 @@
 //! Every case runs on a fresh anonymous region loaded with an image, from a seed of the project's
 //! SplitMix64 generator; a failing case prints its seed. `CXLKV_FUZZ_CASES` sets the number of
 //! random mutation cases (default 5000; the long run of `scripts/fuzz-long.sh` runs 1,000,000),
-//! `CXLKV_FUZZ_SEED` the base seed. The random run prints its counts: cases, crashes (panics),
+//! `CXLKV_FUZZ_SEED` the base seed, `CXLKV_FUZZ_FIRST` the number of the first case (to rerun one
+//! case of a long run: `CXLKV_FUZZ_FIRST=N CXLKV_FUZZ_CASES=1`). The random run prints its counts: cases, crashes (panics),
 //! wrong reads (a read path returning bytes that were never put) and leaks (file descriptors,
 //! memory mappings and resident memory the process holds after the run against before it).
 
@@ -15,7 +16,7 @@ mod image;
 
 use cxlkv_kernels::rng::SplitMix64;
 use cxlkv_runtime::format::{
-    self, decode_entry, IndexSlot, BLOCK_HEADER_SIZE, INDEX_SLOT_SIZE, PIN_SIZE,
+    self, decode_entry, slot_version, IndexSlot, BLOCK_HEADER_SIZE, INDEX_SLOT_SIZE, PIN_SIZE,
 };
 use cxlkv_runtime::kv::KvBlock;
 use cxlkv_runtime::{check, Codec, Key, Participant, Pool, PoolError};
@@ -146,11 +147,27 @@ fn damage_expected(img: &Image, bytes: &[u8]) -> Option<String> {
         if new.version & 1 == 1 {
             continue; // mid-update: readers skip it and check notes it; no damage claim
         }
+        if slot_version::quarantined(new.version) {
+            // A flip set the quarantine flag: readers and writers skip the slot like a tombstone
+            // (a miss, never wrong bytes) and check counts it; nothing tells it from a real
+            // quarantine, so no damage claim.
+            continue;
+        }
         if (new.key_lo, new.key_hi, new.entry) != (old.key_lo, old.key_hi, old.entry) {
             if decode_entry(new.entry).is_some() {
                 return Some(format!(
-                    "live index slot {}/{} changed",
-                    l.partition, l.slot
+                    "live index slot {}/{} changed (version {:#x} key {:#x}/{:#x} entry {:#x} -> \
+                     version {:#x} key {:#x}/{:#x} entry {:#x})",
+                    l.partition,
+                    l.slot,
+                    old.version,
+                    old.key_lo,
+                    old.key_hi,
+                    old.entry,
+                    new.version,
+                    new.key_lo,
+                    new.key_hi,
+                    new.entry
                 ));
             }
             continue;
@@ -443,6 +460,7 @@ fn random_flips_are_reported_and_never_return_wrong_bytes() {
     let imgs = images();
     let cases = env_u64("CXLKV_FUZZ_CASES", 5000);
     let base = env_u64("CXLKV_FUZZ_SEED", 0x00c0_ffee);
+    let first = env_u64("CXLKV_FUZZ_FIRST", 0);
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(4) as u64;
@@ -455,7 +473,7 @@ fn random_flips_are_reported_and_never_return_wrong_bytes() {
                     let mut tally = Tally::default();
                     let mut failures = Vec::new();
                     let mut scratch: Vec<Vec<u8>> = imgs.iter().map(|i| i.bytes.clone()).collect();
-                    for i in (th..cases).step_by(threads as usize) {
+                    for i in (first + th..first + cases).step_by(threads as usize) {
                         let seed = base.wrapping_mul(0x1_0000_0001).wrapping_add(i);
                         let which = (i % imgs.len() as u64) as usize;
                         let img = &imgs[which];
@@ -524,12 +542,15 @@ fn random_flips_are_reported_and_never_return_wrong_bytes() {
         leaked_fds == 0 && leaked_maps < 64 && rss_growth_mib < 256,
         "resources leaked: fds +{leaked_fds}, mappings +{leaked_maps}, RSS +{rss_growth_mib} MiB"
     );
-    // The run must have exercised what it claims: damage to detect, hits, takeovers, fresh writes.
-    assert!(total.damage_expected > cases / 4 && total.hits > 0 && total.takeovers > cases);
-    assert!(
-        total.new_put_hits > total.new_puts / 2,
-        "fresh puts after takeover mostly read back: {total:?}"
-    );
+    // The run must have exercised what it claims: damage to detect, hits, takeovers, fresh writes
+    // (over enough cases for the proportions to mean something; a rerun of one case skips this).
+    if cases >= 100 {
+        assert!(total.damage_expected > cases / 4 && total.hits > 0 && total.takeovers > cases);
+        assert!(
+            total.new_put_hits > total.new_puts / 2,
+            "fresh puts after takeover mostly read back: {total:?}"
+        );
+    }
 }
 
 #[test]
