@@ -19,7 +19,7 @@ export CXLKV_NDP_FUZZ_CASES="${CXLKV_NDP_FUZZ_CASES:-100000}"
 export CXLKV_FFI_FUZZ_CALLS="${CXLKV_FFI_FUZZ_CALLS:-100000}"
 export CXLKV_PY_FUZZ_CALLS="${CXLKV_PY_FUZZ_CALLS:-100000}"
 PYTHON="${PYTHON:-python3}"
-log_dir="$(mktemp -d /tmp/cxlkv-fuzz-long.XXXXXX)"
+log_dir="$(mktemp -d)"   # one folder per run, kept for its logs
 failed=0
 summary=()
 
