@@ -11,10 +11,11 @@
 //! work.
 
 use cxlkv::runtime::region::{Backend, Region, RegionOptions};
-use cxlkv::runtime::{check, Key, Participant, Pool, PoolConfig, PoolError};
+use cxlkv::runtime::{check, Key, Pool, PoolConfig};
+use cxlkv_test_support::attach_once_dead;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const BLOCK: u64 = 16 << 10;
 /// Two full parts and a short third.
@@ -55,21 +56,6 @@ fn objects_crash_worker_entry() {
         .unwrap();
     drop(me);
     std::process::exit(0);
-}
-
-/// Attaches through `pool`, retrying while every slot is held (a dead holder's heartbeat must
-/// stand still for a lease first).
-fn attach_once_dead(pool: &Pool) -> Participant {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match pool.attach() {
-            Ok(p) => return p,
-            Err(PoolError::NoFreeParticipant(_)) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(5))
-            }
-            Err(e) => panic!("attach: {e}"),
-        }
-    }
 }
 
 /// One run: a pool holding version 1 of the replaced object, a child that crashes at `site:n`.

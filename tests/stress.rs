@@ -14,6 +14,7 @@
 use cxlkv::kernels::rng::SplitMix64;
 use cxlkv::runtime::region::{Backend, Region, RegionOptions};
 use cxlkv::runtime::{check, CoherenceMode, Key, Pool, PoolConfig, PoolError};
+use cxlkv_test_support::attach_once_dead;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -174,22 +175,6 @@ fn committed_keys(text: &str) -> Vec<Key> {
             })
         })
         .collect()
-}
-
-/// Attaches through `pool`, retrying while every slot is held: the first attempt starts the
-/// handle's watch of the holders, and a holder is dead to it once its heartbeat stood still for a
-/// lease.
-fn attach_once_dead(pool: &Pool) -> cxlkv::runtime::Participant {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match pool.attach() {
-            Ok(p) => return p,
-            Err(PoolError::NoFreeParticipant(_)) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(10))
-            }
-            Err(e) => panic!("attach: {e}"),
-        }
-    }
 }
 
 /// Kills a writer at every step of the write protocol (payload written, header written, index slot

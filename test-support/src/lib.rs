@@ -12,6 +12,8 @@
 //!   kernels' generator, which the simulator also runs on).
 //! - [`smollm2`]: the SmolLM2 GGUF the model tests run on (`$CXLKV_MODEL`, else the cache that
 //!   `scripts/fetch-model.sh` fills), or `None` with a printed reason, so a test skips clearly.
+//! - [`attach_once_dead`]: attach to a pool whose slots a killed process still holds, waiting for
+//!   its heartbeat to stand still a lease (the crash tests' heir).
 //! - [`median`]: the upper median of measurements, as the benches report them (defined in
 //!   `cxlkv-bench-support`, whose `cxlkv bench qk` harness reports it too).
 //!
@@ -22,8 +24,9 @@
 #![warn(unreachable_pub)]
 
 use cxlkv_ndp::daemon::{find_ndpd, Daemon};
-use cxlkv_runtime::{Backend, Pool, PoolConfig, RegionOptions};
+use cxlkv_runtime::{Backend, Participant, Pool, PoolConfig, PoolError, RegionOptions};
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 pub use cxlkv_bench_support::median;
 pub use cxlkv_kernels::rng::{push_elem, SplitMix64};
@@ -92,6 +95,21 @@ pub fn smollm2(test: &str) -> Option<PathBuf> {
             path.display()
         );
         None
+    }
+}
+
+/// Attaches through `pool`, retrying while every slot is held (a dead holder's heartbeat must
+/// stand still for a lease first); panics after 20 s.
+pub fn attach_once_dead(pool: &Pool) -> Participant {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match pool.attach() {
+            Ok(p) => return p,
+            Err(PoolError::NoFreeParticipant(_)) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Err(e) => panic!("attach: {e}"),
+        }
     }
 }
 

@@ -21,6 +21,7 @@
 //! `CXLKV_SPILL_SYNC_MIB` (default 256) and `CXLKV_SPILL_SYNC_ROUNDS` (default 3) size the run.
 
 use cxlkv_bench_support::median;
+use cxlkv_kernels::rng::SplitMix64;
 use cxlkv_runtime::Key;
 use cxlkv_tier::spill::{SpillFile, SpillOptions};
 use cxlkv_tier::SyncPolicy;
@@ -39,15 +40,11 @@ fn env_or(var: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// One block of incompressible bytes from the project's seeded generator.
 fn random_block(seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
+    let mut rng = SplitMix64::new(seed);
     (0..BLOCK / 8)
-        .flat_map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x.to_le_bytes()
-        })
+        .flat_map(|_| rng.next_u64().to_le_bytes())
         .collect()
 }
 

@@ -17,7 +17,8 @@
 //! syncs that `cxlkv_tier::durability` documents and `syncs_follow_the_policy` checks is issued.
 
 use cxlkv_runtime::region::{Backend, Region, RegionOptions};
-use cxlkv_runtime::{Key, Participant, Pool, PoolConfig, PoolError};
+use cxlkv_runtime::{Key, Pool, PoolConfig};
+use cxlkv_test_support::attach_once_dead;
 use cxlkv_tier::spill::{SpillFile, SpillOptions};
 use cxlkv_tier::{SyncPolicy, TierConfig, Tiers, SPILL_CRASH_SITES};
 use std::collections::BTreeMap;
@@ -25,7 +26,7 @@ use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const MAX_PAYLOAD: usize = 64 << 10;
 /// Every key the operations name.
@@ -317,21 +318,6 @@ fn tier_crash_worker_entry() {
         t.step().unwrap();
     }
     std::process::exit(0);
-}
-
-/// Attaches through `pool`, retrying while the dead worker's slot is held (its heartbeat must
-/// stand still for a lease first).
-fn attach_once_dead(pool: &Pool) -> Participant {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match pool.attach() {
-            Ok(p) => return p,
-            Err(PoolError::NoFreeParticipant(_)) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(5))
-            }
-            Err(e) => panic!("attach: {e}"),
-        }
-    }
 }
 
 /// One tier run killed at the `n`-th hit of `site`; false when the worker finished first.
