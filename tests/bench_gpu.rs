@@ -4,6 +4,7 @@
 //! On a machine with a GPU the bench itself is run by scripts/gpu-check.sh, not here (it takes
 //! minutes).
 
+use cxlkv_test_support::fails_with;
 use std::process::{Command, Output};
 
 fn cxlkv(args: &[&str]) -> Output {
@@ -11,15 +12,6 @@ fn cxlkv(args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap()
-}
-
-fn fails_with(out: &Output, needles: &[&str]) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
-    for n in needles {
-        assert!(err.contains(n), "{n:?} not in: {err}");
-    }
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! run whose dense perplexity equals the model's own teacher-forced perplexity computed here.
 
 use cxlkv::model::{Dense, Model, WeightFormat};
+use cxlkv_test_support::fails_with;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -36,15 +37,6 @@ fn temp(test: &str, name: &str, contents: &[u8]) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, contents).unwrap();
     p
-}
-
-fn fails_with(out: &Output, needles: &[&str]) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
-    for n in needles {
-        assert!(err.contains(n), "{n:?} not in: {err}");
-    }
 }
 
 fn s(p: &Path) -> &str {

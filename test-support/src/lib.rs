@@ -14,6 +14,7 @@
 //!   `scripts/fetch-model.sh` fills), or `None` with a printed reason, so a test skips clearly.
 //! - [`attach_once_dead`]: attach to a pool whose slots a killed process still holds, waiting for
 //!   its heartbeat to stand still a lease (the crash tests' heir).
+//! - [`fails_with`]: a command's exit 2 with a clear error (no panic), as bad input must end.
 //! - [`median`]: the upper median of measurements, as the benches report them (defined in
 //!   `cxlkv-bench-support`, whose `cxlkv bench qk` harness reports it too).
 //!
@@ -110,6 +111,17 @@ pub fn attach_once_dead(pool: &Pool) -> Participant {
             }
             Err(e) => panic!("attach: {e}"),
         }
+    }
+}
+
+/// Asserts that a command failed as a bad input should: exit status 2, no panic, and each of
+/// `needles` in its stderr.
+pub fn fails_with(out: &std::process::Output, needles: &[&str]) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "{n:?} not in: {err}");
     }
 }
 
