@@ -286,6 +286,9 @@ pub mod slot {
     pub const HEARTBEAT: u64 = 24;
     /// Partition the holder owns, plus one (0 = none).
     pub const PARTITION: u64 = 32;
+    /// Tenant the holder attached as (format 3.2; 0 = none). Written by the holder before its
+    /// first heartbeat; the device reads it to check the blocks a queue's commands name.
+    pub const TENANT: u64 = 40;
     /// Published counters start here (line 1): see [`super::counters`].
     pub const COUNTERS: u64 = 64;
     /// Pin entries start here (line 2 onward); the pool's [`super::SlotLayout`] places what follows
@@ -357,6 +360,9 @@ pub mod partition {
     /// the owner writes it, while a successor writes `OWNER` (one writer per line, which
     /// non-coherent memory needs: a stale dirty line written back would undo a takeover).
     pub const NEXT_SEQ: u64 = 64;
+    /// Tenant whose blocks the partition holds (format 3.2; 0 = none), in its own cache line,
+    /// written by the owner.
+    pub const TENANT: u64 = 128;
 }
 
 /// Index slot (32 bytes): a seqlock-protected mapping key → block. Accessed word by word as
@@ -426,8 +432,10 @@ pub struct BlockHeader {
     /// The claim word ([`claim`]): which owner generation took the block for writing, and whether
     /// its write committed. Changed only by compare-and-swap; not covered by `header_crc`.
     pub claim: u64,
-    /// Zero.
-    pub reserved: u32,
+    /// Tenant the block belongs to (format 3.2; 0 = no tenant, the pool's public space, and every
+    /// block written before 3.2). Written with the header, before the claim word commits; not
+    /// covered by `header_crc`, like the claim word.
+    pub tenant: u32,
     /// CRC-32C of the first 48 bytes (key to `owner_generation`).
     pub header_crc: u32,
 }
@@ -713,7 +721,7 @@ mod tests {
         assert_eq!(offset_of!(BlockHeader, payload_crc), 36);
         assert_eq!(offset_of!(BlockHeader, owner_generation), 40);
         assert_eq!(offset_of!(BlockHeader, claim), 48);
-        assert_eq!(offset_of!(BlockHeader, reserved), 56);
+        assert_eq!(offset_of!(BlockHeader, tenant), 56);
         assert_eq!(offset_of!(BlockHeader, header_crc), 60);
     }
 
