@@ -73,9 +73,7 @@ impl Daemon {
         for spec in pool_specs {
             cmd.args(["--pool", spec]);
         }
-        cmd.args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped());
+        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped());
         // SAFETY: the closure runs in the child between fork and exec and calls only prctl(2),
         // which is async-signal-safe; it touches no memory of the parent.
         unsafe {
