@@ -627,3 +627,86 @@ fn daemon(engine: &str) {
     drop(d);
     scene.check_host_fallback();
 }
+
+#[test]
+fn fuzz_style_mixed_tenant_lists_rust_engine() {
+    mixed_tenant_lists(Engine::Rust);
+}
+
+#[test]
+fn fuzz_style_mixed_tenant_lists_hls_engine() {
+    mixed_tenant_lists(Engine::Hls);
+}
+
+/// Random block lists (a random subset of a layer's blocks in random order), each block of a
+/// random tenant (0, 1 or 2), submitted by a random tenant's client as SCORE_TOPK or ATTEND: the
+/// device refuses exactly the lists holding a foreign block, naming the first, and answers the
+/// others as the host does; its refusal counter counts each refusal.
+fn mixed_tenant_lists(engine: Engine) {
+    const CASES: usize = 300;
+    let backend = shm_backend(&format!("tenants-mixed-{engine}"));
+    let pool = create_pool(backend.backend(), 16 << 20, 64 << 10);
+    let dev = Device::start(
+        pool.clone(),
+        DeviceConfig {
+            engine,
+            ..DeviceConfig::default()
+        },
+    )
+    .unwrap();
+    let (p1, p2) = (pool.attach().unwrap(), pool.attach().unwrap());
+    attach_as(&pool, &p1, T1);
+    attach_as(&pool, &p2, T2);
+    let layer = store(&p1, 301, DType::F16);
+    let mut clients = [
+        NdpDevice::open(Arc::new(p1), NdpOptions::default()).unwrap(),
+        NdpDevice::open(Arc::new(p2), NdpOptions::default()).unwrap(),
+    ];
+    let mut rng = SplitMix64::new(27);
+    let mut below = |n: usize| rng.below(n as u64) as usize;
+    let (mut refused, mut served) = (0u64, 0u64);
+    for case in 0..CASES {
+        let tenants: Vec<u32> = layer.blocks.iter().map(|_| below(3) as u32).collect();
+        for (b, &t) in layer.blocks.iter().zip(&tenants) {
+            give(&pool, std::slice::from_ref(b), t);
+        }
+        let mut order: Vec<usize> = (0..layer.blocks.len()).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, below(i + 1));
+        }
+        order.truncate(1 + below(order.len()));
+        let l = Layer {
+            blocks: order.iter().map(|&i| layer.blocks[i]).collect(),
+            dtype: layer.dtype,
+            sequence: layer.sequence,
+        };
+        let c = below(2);
+        let tenant = [T1, T2][c];
+        let kind = [Kind::Score, Kind::Attend][below(2)];
+        let q = SplitMix64::new(case as u64).normal_vec(2 * DIM);
+        let (got, _) = on_device(&mut clients[c], kind, &l, &q);
+        let first_foreign = order
+            .iter()
+            .position(|&i| tenants[i] != 0 && u64::from(tenants[i]) != tenant);
+        let what = format!("case {case}: {kind:?} as {tenant} over {order:?} of {tenants:?}");
+        match first_foreign {
+            Some(i) => {
+                let want = DeviceStatus::at(CXLKV_NDP_ERR_ACCESS, i);
+                assert_eq!(got, Err(want), "{what}");
+                refused += 1;
+            }
+            None => {
+                let host = on_host(&pool, tenant, kind, &l, &q).unwrap();
+                assert_eq!(got, host, "{what}");
+                assert!(got.is_ok(), "{what}");
+                served += 1;
+            }
+        }
+    }
+    // Both outcomes were drawn often.
+    assert!(
+        refused > 50 && served > 50,
+        "{refused} refused, {served} served"
+    );
+    assert_eq!(dev.device().counter(CXLKV_NDP_CTR_REFUSED), refused);
+}
