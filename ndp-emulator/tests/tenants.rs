@@ -624,6 +624,13 @@ fn daemon(engine: &str) {
     assert_eq!(sample(&addr, "cxlkv_ndp_refused_total", &b), 0.0);
     assert!(sample(&addr, "cxlkv_ndp_commands_total", &a) > refused as f64);
     assert!(sample(&addr, "cxlkv_ndp_commands_total", &b) > 0.0);
+    // One family each, both pools' samples under it (the pool metrics' too).
+    let body = http_get(&addr, "/metrics");
+    for family in ["cxlkv_ndp_commands counter", "cxlkv_pool_participant_live gauge"] {
+        let announced = body.matches(&format!("# TYPE {family}\n")).count();
+        assert_eq!(announced, 1, "{family} in {body}");
+    }
+    assert_eq!(body.matches("# EOF").count(), 1);
     drop(d);
     scene.check_host_fallback();
 }

@@ -52,7 +52,7 @@ struct Args {
     /// counters and each partition's fill, as `cxlkv pool stat --prometheus`), over HTTP at
     /// `GET /metrics` on this address (`127.0.0.1:PORT`; port 0 picks a free one). The bound
     /// address is printed on stdout. With several pools every sample carries the label
-    /// `pool="SPEC"`.
+    /// `pool="BACKEND"`, the pool's backend as the `serving` line names it.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
 }
@@ -164,7 +164,8 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     if served.is_empty() {
         return Err(format!("none of the {} pools can be served", args.pool.len()).into());
     }
-    if let [one] = &served[..] {
+    // One pool named: the line it always printed. Several: each served pool, and the others.
+    if let ([one], [_]) = (&served[..], &args.pool[..]) {
         println!(
             "cxlkv-ndpd: serving {} (generation {}, {} worker(s), engine {})",
             one.name,
@@ -196,8 +197,10 @@ fn run(args: &Args) -> Result<(), Box<dyn Error>> {
             .iter()
             .map(|s| (s.name.clone(), s.handle.shared(), s.stat_pool.clone()))
             .collect();
+        // Labelled by pool whenever several were named, even if only one of them is served.
+        let several = args.pool.len() > 1;
         let addr = cxlkv_ndp::metrics_http::serve(listener, move || match &pools[..] {
-            [(_, device, pool)] => metrics_of(device, pool),
+            [(_, device, pool)] if !several => metrics_of(device, pool),
             many => {
                 let parts: Vec<(&str, String)> = many
                     .iter()
