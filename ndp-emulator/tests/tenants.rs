@@ -626,7 +626,10 @@ fn daemon(engine: &str) {
     assert!(sample(&addr, "cxlkv_ndp_commands_total", &b) > 0.0);
     // One family each, both pools' samples under it (the pool metrics' too).
     let body = http_get(&addr, "/metrics");
-    for family in ["cxlkv_ndp_commands counter", "cxlkv_pool_participant_live gauge"] {
+    for family in [
+        "cxlkv_ndp_commands counter",
+        "cxlkv_pool_participant_live gauge",
+    ] {
         let announced = body.matches(&format!("# TYPE {family}\n")).count();
         assert_eq!(announced, 1, "{family} in {body}");
     }
