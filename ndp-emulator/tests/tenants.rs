@@ -9,9 +9,9 @@
 //! offsets, beyond A's geometry: `ERR_RANGE`). Each scenario runs with in-process devices and with
 //! one `cxlkv-ndpd` serving both pools (and skipping a corrupt third it reports), on both engines.
 //!
-//! Test setup: until attaching as a tenant lands in the runtime, [`attach_as`] writes a slot's
-//! `tenant` word and [`give`] the blocks' header `tenant` word (format 3.2), as the runtime will;
-//! the device trusts nothing else.
+//! Test setup: until attaching as a tenant lands in the runtime, `attach_as` writes a slot's
+//! `tenant` word and `give` the blocks' header `tenant` word (format 3.2; tests/common), as the
+//! runtime will; the device trusts nothing else.
 
 mod common;
 use common::*;
@@ -19,7 +19,6 @@ use cxlkv_kernels::attention::default_scale;
 use cxlkv_kernels::{rng::SplitMix64, DType, GroupMode, Partial};
 use cxlkv_ndp::daemon::Daemon;
 use cxlkv_ndp::{Device, DeviceConfig, Engine};
-use cxlkv_runtime::format::{self, BlockHeader};
 use cxlkv_runtime::kv::{chunk_kv, Sketch};
 use cxlkv_runtime::ndp::abi::*;
 use cxlkv_runtime::ndp::sparse::Sparse;
@@ -29,7 +28,6 @@ use cxlkv_runtime::ndp::{
     ScoreRequest, Select,
 };
 use cxlkv_runtime::{Key, KvShape, Participant, Pool};
-use std::mem::offset_of;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -39,33 +37,6 @@ const T2: u64 = 2;
 const DIM: usize = 32;
 const TOKENS: usize = 400;
 const PER_BLOCK: usize = 100;
-
-/// Test setup: participant `p` attached as `tenant` (its slot's `tenant` word, format 3.2, which
-/// the holder writes when it attaches).
-fn attach_as(pool: &Pool, p: &Participant, tenant: u64) {
-    let off = pool.superblock().participant_table_off
-        + u64::from(p.id()) * pool.slot_layout().size
-        + format::slot::TENANT;
-    pool.memory()
-        .store_u64(off, tenant, Ordering::Release)
-        .unwrap();
-}
-
-/// Test setup: `blocks` belong to `tenant` (their header's `tenant` word, offset 56, not covered
-/// by `header_crc`, which a put of that tenant writes).
-fn give(pool: &Pool, blocks: &[BlockSpec], tenant: u32) {
-    let sb = pool.superblock();
-    for b in blocks {
-        let r = pool.block_ref(b.key).unwrap().expect("a stored block");
-        let off = pool.partition_offset(r.location.partition).unwrap()
-            + sb.block_headers_off
-            + u64::from(r.location.block) * format::BLOCK_HEADER_SIZE
-            + offset_of!(BlockHeader, tenant) as u64;
-        pool.memory().write(off, &tenant.to_le_bytes()).unwrap();
-        let now = pool.block_ref(b.key).unwrap().expect("still valid");
-        assert_eq!(now.header.tenant, tenant);
-    }
-}
 
 /// One layer of one sequence: 2 KV heads of `TOKENS` tokens in blocks of `PER_BLOCK`, each with
 /// an int4 key sketch.
