@@ -5,8 +5,8 @@
 //! served on A's blocks and on tenant 0's, equal to the host's answer, and refused with
 //! `ERR_ACCESS` (detail: the index of the first foreign block) on a block of tenant B, by the
 //! device and by the host fallback alike; the device keeps serving and counts each refusal. A
-//! command on pool A's queue built from pool B's real blocks is refused too (`ERR_BLOCK`; B's
-//! offsets, beyond A's geometry: `ERR_RANGE`). Each scenario runs with in-process devices and with
+//! command on pool A's queue built from pool B's real blocks is refused too (`ERR_BLOCK`; keys A
+//! also holds, for another sequence: `ERR_LAYOUT`; B's offsets, beyond A's geometry: `ERR_RANGE`). Each scenario runs with in-process devices and with
 //! one `cxlkv-ndpd` serving both pools (and skipping a corrupt third it reports), on both engines.
 //!
 //! Test setup: until attaching as a tenant lands in the runtime, `attach_as` writes a slot's
@@ -47,6 +47,11 @@ struct Layer {
 }
 
 fn store(p: &Participant, sequence: u64, dtype: DType) -> Layer {
+    store_keyed(p, sequence, dtype, sequence)
+}
+
+/// [`store`] under the keys that [`store`] gives sequence `keys_of`.
+fn store_keyed(p: &Participant, sequence: u64, dtype: DType, keys_of: u64) -> Layer {
     // Quantized blocks take f32 elements; the others their stored type.
     let input = if dtype.is_quantized() {
         DType::F32
@@ -65,7 +70,7 @@ fn store(p: &Participant, sequence: u64, dtype: DType) -> Layer {
             sequence,
             token_offset: range.start as u64,
         };
-        let key = Key::from_bytes(format!("tenants/{sequence}/{}", range.start).as_bytes());
+        let key = Key::from_bytes(format!("tenants/{keys_of}/{}", range.start).as_bytes());
         p.put_kv_with(key, &shape, &bk, &bv, Sketch::Int4).unwrap();
         blocks.push(BlockSpec {
             key,
@@ -321,8 +326,10 @@ struct Scene {
     public: Layer,
     mixed: Layer,
     quant1: Layer,
-    /// Pool B: tenant 1's, in a partition that lies beyond pool A's end.
+    /// Pool B: tenant 1's, in a partition that lies beyond pool A's end; and tenant 1's whose keys
+    /// pool A also holds, for another sequence (`twin`).
     in_b: Layer,
+    in_b_twin: Layer,
     /// Participants kept attached so that their partitions stay theirs.
     _others: Vec<Participant>,
 }
@@ -353,6 +360,10 @@ impl Scene {
         attach_as(pool_b, &b, T1);
         let in_b = store(&b, 201, DType::F16);
         give(pool_b, &in_b.blocks, T1 as u32);
+        let in_b_twin = store(&b, 202, DType::F16);
+        give(pool_b, &in_b_twin.blocks, T1 as u32);
+        let twin = store_keyed(&p1, 203, DType::F16, 202);
+        give(pool_a, &twin.blocks, T1 as u32);
         Scene {
             pool_a: pool_a.clone(),
             pool_b: pool_b.clone(),
@@ -365,6 +376,7 @@ impl Scene {
             mixed,
             quant1,
             in_b,
+            in_b_twin,
             _others: vec![other],
         }
     }
@@ -407,8 +419,12 @@ impl Scene {
         // Pool B's real blocks named on pool A's queue: not in A, refused; never read.
         let missing = Expect::Refused(CXLKV_NDP_ERR_BLOCK, 0);
         check(&mut self.a1, a, T1, &self.in_b, &f16, missing, &path);
+        // Keys that pool A holds too, but for another sequence: A's blocks, which do not match.
+        let mismatch = Expect::Refused(CXLKV_NDP_ERR_LAYOUT, 0);
+        check(&mut self.a1, a, T1, &self.in_b_twin, &f16, mismatch, &path);
         self.refuses_offsets_of_pool_b();
         check(&mut self.b1, b, T1, &self.in_b, &f16, served, &path);
+        check(&mut self.b1, b, T1, &self.in_b_twin, &f16, served, &path);
         refused
     }
 
