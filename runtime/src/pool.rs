@@ -23,6 +23,7 @@ use crate::watch::Watch;
 use cxlkv_shm::mem::read_obj;
 use cxlkv_shm::mem::{MemError, Result as MemResult, SharedMemory};
 use cxlkv_shm::region::{Access, Backend, Region, RegionError, RegionOptions};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
@@ -132,6 +133,24 @@ pub enum PoolError {
     /// A typed KV block whose layout does not fit its payload.
     #[error("bad KV block: {0}")]
     BadKvBlock(String),
+    /// A put of a tenant at its quota, with none of its own blocks left to evict.
+    #[error(
+        "tenant {tenant} is at its quota of {quota} blocks and has no unpinned block of its own          to evict (raise it with `cxlkv pool tenant set NAME --quota BLOCKS`)"
+    )]
+    QuotaExceeded {
+        /// The tenant's id.
+        tenant: u32,
+        /// Its quota in blocks.
+        quota: u64,
+    },
+    /// A tenant that is not declared where it must be.
+    #[error(
+        "tenant {0:?} is not declared in this pool; a software-coherent pool registers no tenant          on attach: declare it at create (`cxlkv pool create --tenant NAME`)"
+    )]
+    UnknownTenant(String),
+    /// The pool's tenant table has no free entry.
+    #[error("the pool's tenant table is full (all {0} entries declared)")]
+    TenantTableFull(u32),
 }
 
 /// Result alias of this module.
@@ -479,6 +498,10 @@ pub struct BlockRef {
     pub payload_off: u64,
 }
 
+fn probe_counters(partitions: u32) -> Box<[AtomicU64]> {
+    (0..partitions).map(|_| AtomicU64::new(0)).collect()
+}
+
 /// Destination of an optimistic read: hands out a buffer of exactly the payload's length.
 pub(crate) trait ReadBuf {
     /// A buffer of `len` bytes, or [`PoolError::BufferTooSmall`].
@@ -505,10 +528,14 @@ impl ReadBuf for SliceBuf<'_> {
     }
 }
 
-/// A handle on a pool. Cheap to clone; all clones share one mapping.
+/// A handle on a pool. Cheap to clone; all clones share one mapping. A handle reads as one
+/// tenant (format 3.2, [`crate::tenant`]): 0, the pool's public space, unless scoped with
+/// [`Pool::for_tenant`] or held by a participant that attached as a tenant.
 #[derive(Clone)]
 pub struct Pool {
     pub(crate) inner: Arc<PoolInner>,
+    /// The tenant whose blocks this handle reads, besides tenant 0's (0: tenant 0's only).
+    pub(crate) tenant: u32,
 }
 
 pub(crate) struct PoolInner {
@@ -520,6 +547,9 @@ pub(crate) struct PoolInner {
     pub(crate) clock: Arc<dyn Clock>,
     /// This handle's watch of the participants' heartbeat counters ([`crate::watch`]).
     pub(crate) watch: Watch,
+    /// Index probes of each partition through this mapping (all its handles), for
+    /// [`Pool::partition_probes`].
+    pub(crate) probes: Box<[AtomicU64]>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -563,7 +593,9 @@ impl Pool {
                 backend: None,
                 clock: Arc::new(SystemClock),
                 watch: Watch::default(),
+                probes: probe_counters(sb.partitions),
             }),
+            tenant: 0,
         })
     }
 
@@ -597,7 +629,9 @@ impl Pool {
                 backend: None,
                 clock,
                 watch: Watch::default(),
+                probes: probe_counters(sb.partitions),
             }),
+            tenant: 0,
         })
     }
 
@@ -783,11 +817,15 @@ impl Pool {
         Ok(Probe::Absent)
     }
 
-    /// Finds `key` in any partition.
+    /// Finds `key` in any partition this handle's tenant may read (tagged with it or 0).
     pub fn locate(&self, key: Key) -> Result<Option<Location>> {
         for _ in 0..READ_RETRIES {
             let mut busy = false;
             for p in 0..self.inner.sb.partitions {
+                if !self.reads_partition(p)? {
+                    continue;
+                }
+                self.inner.probes[p as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 match self.probe(p, key)? {
                     Probe::Found(loc) => return Ok(Some(loc)),
                     Probe::Absent => {}
@@ -801,8 +839,65 @@ impl Pool {
         Ok(None)
     }
 
-    /// Reads and validates a block header for `loc`; `None` if it does not match the index entry.
+    /// True when this handle's tenant may read partition `p`: it is tagged with that tenant or
+    /// with 0 (format 3.2). Other tenants' partitions are never probed.
+    pub(crate) fn reads_partition(&self, p: u32) -> Result<bool> {
+        let (tag, _) = crate::tenant::partition_tag(self, p)?;
+        Ok(tag == 0 || tag == self.tenant)
+    }
+
+    /// True when this handle's tenant may read a block of tenant `block_tenant`: its own, or
+    /// tenant 0's.
+    pub fn reads_tenant(&self, block_tenant: u32) -> bool {
+        block_tenant == 0 || block_tenant == self.tenant
+    }
+
+    /// The tenant this handle reads as (0: tenant 0's blocks only).
+    pub fn tenant(&self) -> u32 {
+        self.tenant
+    }
+
+    /// A handle on the same mapping that reads as tenant id `tenant` (0: the public space).
+    pub fn scoped(&self, tenant: u32) -> Pool {
+        Pool {
+            inner: self.inner.clone(),
+            tenant,
+        }
+    }
+
+    /// A handle on the same mapping that reads as the declared tenant `name`: it locates only in
+    /// that tenant's and tenant 0's partitions and accepts only their blocks. Looks the name up
+    /// only ([`PoolError::UnknownTenant`] if it is not declared); it registers nothing.
+    pub fn for_tenant(&self, name: &str) -> Result<Pool> {
+        let t = crate::tenant::find(self, name)?
+            .ok_or_else(|| PoolError::UnknownTenant(name.to_owned()))?;
+        Ok(self.scoped(t.id))
+    }
+
+    /// How many index probes each partition has had through this mapping (every handle on it,
+    /// whatever its tenant), in partition order: shows which partitions a tenant's lookups touch.
+    pub fn partition_probes(&self) -> Vec<u64> {
+        self.inner
+            .probes
+            .iter()
+            .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Reads and validates a block header for `loc`; `None` if it does not match the index entry
+    /// or belongs to a tenant this handle does not read.
     pub(crate) fn checked_header(&self, key: Key, loc: &Location) -> Result<Option<BlockHeader>> {
+        Ok(self
+            .checked_header_any(key, loc)?
+            .filter(|h| self.reads_tenant(h.tenant)))
+    }
+
+    /// [`Pool::checked_header`] whatever the block's tenant (recovery keeps every tenant's blocks).
+    pub(crate) fn checked_header_any(
+        &self,
+        key: Key,
+        loc: &Location,
+    ) -> Result<Option<BlockHeader>> {
         let off = self.header_off(loc.partition, loc.block);
         // Pairs with the publish of the header in the owner's commit.
         coherence::acquire(self.mem(), Site::HeaderRead, off, BLOCK_HEADER_SIZE);
