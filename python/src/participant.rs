@@ -9,6 +9,7 @@ use crate::errors::Fail;
 use crate::keys::{key_of, keys_of};
 use crate::kv::{dtype_arg, kv_block, shape_arg, PyKvBlock};
 use crate::pin::PyPin;
+use crate::pool::PyPool;
 use crate::reservation::PyReservation;
 use cxlkv_runtime::api::Code;
 use cxlkv_runtime::{Key, Participant, PoolError};
@@ -55,6 +56,28 @@ fn get_into(me: &Participant, key: Key, dst: &mut [u8]) -> Result<Option<usize>,
 
 #[pymethods]
 impl PyParticipant {
+    /// Attaches to `pool` (as `pool.attach()`); with `tenant` (a name declared in the pool, or on
+    /// a hardware-coherent pool registered now) and `salt` (the tenant's secret bytes, which stay
+    /// in this process), as that tenant: it writes its tenant's blocks under its quota and reads
+    /// only its tenant's and tenant 0's. Form its keys with `key_chain(..., salt=salt)` and
+    /// `Key.from_bytes(name, salt=salt)` (docs/PYTHON.md, "Tenants").
+    #[staticmethod]
+    #[pyo3(signature = (pool, tenant=None, salt=None))]
+    fn attach(
+        py: Python<'_>,
+        pool: &PyPool,
+        tenant: Option<String>,
+        salt: Option<Vec<u8>>,
+    ) -> PyResult<PyParticipant> {
+        crate::pool::attach(py, &pool.get()?, tenant, salt)
+    }
+
+    /// The tenant id it attached as (0: none, the pool's public space).
+    #[getter]
+    fn tenant(&self) -> PyResult<u32> {
+        Ok(self.inner()?.tenant_id())
+    }
+
     /// This participant's slot number.
     #[getter]
     fn id(&self) -> PyResult<u32> {
