@@ -9,7 +9,6 @@ use crate::errors::Fail;
 use crate::keys::{key_of, keys_of};
 use crate::kv::{dtype_arg, kv_block, shape_arg, PyKvBlock};
 use crate::pin::PyPin;
-use crate::pool::PyPool;
 use crate::reservation::PyReservation;
 use cxlkv_runtime::api::Code;
 use cxlkv_runtime::{Key, Participant, PoolError};
@@ -42,6 +41,30 @@ impl PyParticipant {
     }
 }
 
+/// Attaches to `pool`, as `tenant` with `salt` when a tenant is named (both or neither).
+pub fn attach(
+    py: Python<'_>,
+    pool: &cxlkv_runtime::Pool,
+    tenant: Option<String>,
+    salt: Option<Vec<u8>>,
+) -> PyResult<PyParticipant> {
+    let tenant = match (tenant, salt) {
+        (None, None) => None,
+        (Some(name), Some(salt)) => {
+            Some(cxlkv_runtime::Tenant::new(&name, &salt).map_err(Fail::from)?)
+        }
+        _ => return Err(Fail::bad("tenant and salt go together: give both or neither").into()),
+    };
+    let me = py.detach(|| {
+        match &tenant {
+            Some(t) => Participant::attach_as(pool, t),
+            None => pool.attach(),
+        }
+        .map_err(Fail::from)
+    })?;
+    Ok(PyParticipant::new(Arc::new(me)))
+}
+
 /// `get_into` with the library's miss and too-small rules.
 fn get_into(me: &Participant, key: Key, dst: &mut [u8]) -> Result<Option<usize>, Fail> {
     match me.get_into(key, dst) {
@@ -63,13 +86,13 @@ impl PyParticipant {
     /// `Key.from_bytes(name, salt=salt)` (docs/PYTHON.md, "Tenants").
     #[staticmethod]
     #[pyo3(signature = (pool, tenant=None, salt=None))]
-    fn attach(
-        py: Python<'_>,
-        pool: &PyPool,
+    fn attach<'py>(
+        pool: &Bound<'py, PyAny>,
         tenant: Option<String>,
         salt: Option<Vec<u8>>,
-    ) -> PyResult<PyParticipant> {
-        crate::pool::attach(py, &pool.get()?, tenant, salt)
+    ) -> PyResult<Bound<'py, PyAny>> {
+        // Through the pool's own method, which owns the Rust pool handle.
+        pool.call_method1("attach", (tenant, salt))
     }
 
     /// The tenant id it attached as (0: none, the pool's public space).

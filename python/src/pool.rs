@@ -9,7 +9,7 @@ use crate::participant::PyParticipant;
 use cxlkv_runtime::api::Code;
 use cxlkv_runtime::region::{group_id, user_id, Access, Backend, RegionOptions, PRIVATE_MODE};
 use cxlkv_runtime::tenant::{self, Tenant};
-use cxlkv_runtime::{Participant, Pool, PoolConfig, Region};
+use cxlkv_runtime::{Pool, PoolConfig, Region};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::sync::{Arc, RwLock};
@@ -42,28 +42,6 @@ impl Id {
 fn backend(spec: &str) -> Result<Backend, Fail> {
     spec.parse()
         .map_err(|e: cxlkv_runtime::region::RegionError| Fail::bad(e.to_string()))
-}
-
-/// Attaches to `pool`, as `tenant` with `salt` when a tenant is named (both or neither).
-pub fn attach(
-    py: Python<'_>,
-    pool: &Pool,
-    tenant: Option<String>,
-    salt: Option<Vec<u8>>,
-) -> PyResult<PyParticipant> {
-    let tenant = match (tenant, salt) {
-        (None, None) => None,
-        (Some(name), Some(salt)) => Some(Tenant::new(&name, &salt).map_err(Fail::from)?),
-        _ => return Err(Fail::bad("tenant and salt go together: give both or neither").into()),
-    };
-    let me = py.detach(|| {
-        match &tenant {
-            Some(t) => Participant::attach_as(pool, t),
-            None => pool.attach(),
-        }
-        .map_err(Fail::from)
-    })?;
-    Ok(PyParticipant::new(Arc::new(me)))
 }
 
 impl PyPool {
@@ -179,7 +157,7 @@ impl PyPool {
         tenant: Option<String>,
         salt: Option<Vec<u8>>,
     ) -> PyResult<PyParticipant> {
-        attach(py, &self.get()?, tenant, salt)
+        crate::participant::attach(py, &self.get()?, tenant, salt)
     }
 
     /// Declares tenant `name` with `quota` blocks (0 = unlimited) and returns its id; a tenant

@@ -839,51 +839,6 @@ impl Pool {
         Ok(None)
     }
 
-    /// True when this handle's tenant may read partition `p`: it is tagged with that tenant or
-    /// with 0 (format 3.2). Other tenants' partitions are never probed.
-    pub(crate) fn reads_partition(&self, p: u32) -> Result<bool> {
-        let (tag, _) = crate::tenant::partition_tag(self, p)?;
-        Ok(tag == 0 || tag == self.tenant)
-    }
-
-    /// True when this handle's tenant may read a block of tenant `block_tenant`: its own, or
-    /// tenant 0's.
-    pub fn reads_tenant(&self, block_tenant: u32) -> bool {
-        block_tenant == 0 || block_tenant == self.tenant
-    }
-
-    /// The tenant this handle reads as (0: tenant 0's blocks only).
-    pub fn tenant(&self) -> u32 {
-        self.tenant
-    }
-
-    /// A handle on the same mapping that reads as tenant id `tenant` (0: the public space).
-    pub fn scoped(&self, tenant: u32) -> Pool {
-        Pool {
-            inner: self.inner.clone(),
-            tenant,
-        }
-    }
-
-    /// A handle on the same mapping that reads as the declared tenant `name`: it locates only in
-    /// that tenant's and tenant 0's partitions and accepts only their blocks. Looks the name up
-    /// only ([`PoolError::UnknownTenant`] if it is not declared); it registers nothing.
-    pub fn for_tenant(&self, name: &str) -> Result<Pool> {
-        let t = crate::tenant::find(self, name)?
-            .ok_or_else(|| PoolError::UnknownTenant(name.to_owned()))?;
-        Ok(self.scoped(t.id))
-    }
-
-    /// How many index probes each partition has had through this mapping (every handle on it,
-    /// whatever its tenant), in partition order: shows which partitions a tenant's lookups touch.
-    pub fn partition_probes(&self) -> Vec<u64> {
-        self.inner
-            .probes
-            .iter()
-            .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
-            .collect()
-    }
-
     /// Reads and validates a block header for `loc`; `None` if it does not match the index entry
     /// or belongs to a tenant this handle does not read.
     pub(crate) fn checked_header(&self, key: Key, loc: &Location) -> Result<Option<BlockHeader>> {

@@ -35,6 +35,53 @@ use crate::pool::{Pool, PoolError, Result};
 use std::sync::atomic::Ordering;
 use xxhash_rust::xxh3::xxh3_64;
 
+/// Tenant scoping of pool handles: which partitions and blocks a handle reads.
+impl Pool {
+    /// True when this handle's tenant may read partition `p`: it is tagged with that tenant or
+    /// with 0 (format 3.2). Other tenants' partitions are never probed.
+    pub(crate) fn reads_partition(&self, p: u32) -> Result<bool> {
+        let (tag, _) = partition_tag(self, p)?;
+        Ok(tag == 0 || tag == self.tenant)
+    }
+
+    /// True when this handle's tenant may read a block of tenant `block_tenant`: its own, or
+    /// tenant 0's.
+    pub fn reads_tenant(&self, block_tenant: u32) -> bool {
+        block_tenant == 0 || block_tenant == self.tenant
+    }
+
+    /// The tenant this handle reads as (0: tenant 0's blocks only).
+    pub fn tenant(&self) -> u32 {
+        self.tenant
+    }
+
+    /// A handle on the same mapping that reads as tenant id `tenant` (0: the public space).
+    pub fn scoped(&self, tenant: u32) -> Pool {
+        Pool {
+            inner: self.inner.clone(),
+            tenant,
+        }
+    }
+
+    /// A handle on the same mapping that reads as the declared tenant `name`: it locates only in
+    /// that tenant's and tenant 0's partitions and accepts only their blocks. Looks the name up
+    /// only ([`PoolError::UnknownTenant`] if it is not declared); it registers nothing.
+    pub fn for_tenant(&self, name: &str) -> Result<Pool> {
+        let t = find(self, name)?.ok_or_else(|| PoolError::UnknownTenant(name.to_owned()))?;
+        Ok(self.scoped(t.id))
+    }
+
+    /// How many index probes each partition has had through this mapping (every handle on it,
+    /// whatever its tenant), in partition order: shows which partitions a tenant's lookups touch.
+    pub fn partition_probes(&self) -> Vec<u64> {
+        self.inner
+            .probes
+            .iter()
+            .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+            .collect()
+    }
+}
+
 /// A tenant a participant attaches as: its name (declared in the pool) and its secret salt (never
 /// stored in the pool; only the keys it salts are).
 #[derive(Clone)]
@@ -385,7 +432,6 @@ pub fn usage(pool: &Pool) -> Result<Vec<TenantUse>> {
 mod tests {
     use super::*;
     use crate::pool::PoolConfig;
-    use crate::Participant;
     use cxlkv_shm::region::Region;
     use std::sync::Arc;
 
@@ -441,95 +487,6 @@ mod tests {
             declare(&pool, "one-more", 0),
             Err(PoolError::TenantTableFull(59))
         ));
-    }
-
-    #[test]
-    fn a_block_of_another_tenant_is_refused_even_in_a_readable_partition() {
-        let pool = pool();
-        let public = pool.attach().unwrap();
-        let key = Key::from_bytes(b"k");
-        let loc = public.put(key, b"public bytes").unwrap();
-        assert_eq!(pool.get(key).unwrap().unwrap().0, b"public bytes");
-        // Forge the block's tenant word (outside the header CRC): tenant 0's readers refuse it,
-        // tenant 5's accept it, since its partition is tagged 0.
-        let off = pool.header_off(loc.partition, loc.block) + 56;
-        pool.mem().write(off, &5u32.to_le_bytes()).unwrap();
-        assert!(pool.get(key).unwrap().is_none());
-        assert!(public.get(key).unwrap().is_none());
-        assert!(public.pin(key).unwrap().is_none());
-        assert_eq!(pool.scoped(5).get(key).unwrap().unwrap().0, b"public bytes");
-        assert!(pool.scoped(6).get(key).unwrap().is_none());
-        let report = crate::check(&pool).unwrap();
-        assert!(
-            report.errors.iter().any(|e| e.what.contains("tenant 5")),
-            "{report}"
-        );
-    }
-
-    #[test]
-    fn quotas_evict_only_the_tenants_own_and_refuse_when_all_are_pinned() {
-        let pool = pool();
-        declare(&pool, "a", 3).unwrap();
-        let other = Participant::attach_as(&pool, &Tenant::new("b", b"sb").unwrap()).unwrap();
-        for i in 0..5u8 {
-            other.put(Key::from_bytes(&[b'b', i]), &[i; 100]).unwrap();
-        }
-        let a = Participant::attach_as(&pool, &Tenant::new("a", b"sa").unwrap()).unwrap();
-        assert_ne!(a.partition(), other.partition());
-        let keys: Vec<Key> = (0..3u8).map(|i| Key::from_bytes(&[b'a', i])).collect();
-        for (i, &k) in keys.iter().enumerate() {
-            a.put(k, &[i as u8; 100]).unwrap();
-        }
-        assert_eq!(use_of(&pool, 1).unwrap(), 3);
-        // At the quota: the put evicts a's least recently used block, never b's.
-        a.put(Key::from_bytes(b"a3"), &[3; 100]).unwrap();
-        assert_eq!(use_of(&pool, 1).unwrap(), 3);
-        assert!(a.get(keys[0]).unwrap().is_none());
-        assert_eq!(a.stats().evictions, 1);
-        for i in 0..5u8 {
-            let k = Key::from_bytes(&[b'b', i]);
-            assert_eq!(other.get(k).unwrap().unwrap().0, vec![i; 100]);
-        }
-        // Every block of a pinned: nothing of its own to evict.
-        let pins: Vec<_> = [keys[1], keys[2], Key::from_bytes(b"a3")]
-            .iter()
-            .map(|&k| a.pin(k).unwrap().unwrap())
-            .collect();
-        assert!(matches!(
-            a.put(Key::from_bytes(b"a4"), b"x"),
-            Err(PoolError::QuotaExceeded {
-                tenant: 1,
-                quota: 3
-            })
-        ));
-        drop(pins);
-        a.put(Key::from_bytes(b"a4"), b"x").unwrap();
-        let rows = usage(&pool).unwrap();
-        let row = rows.iter().find(|r| r.name == "a").unwrap();
-        assert_eq!((row.partitions, row.blocks, row.quota), (1, 3, 3));
-    }
-
-    #[test]
-    fn nobody_takes_a_partition_holding_another_tenants_blocks() {
-        let pool = pool();
-        let a = Participant::attach_as(&pool, &Tenant::new("a", b"sa").unwrap()).unwrap();
-        let pa = a.partition().unwrap();
-        a.put(Key::from_bytes(b"x"), b"a's").unwrap();
-        drop(a); // detached: the partition is free, tagged a, with one live block
-        let mut others = Vec::new();
-        for _ in 0..3 {
-            let b = Participant::attach_as(&pool, &Tenant::new("b", b"sb").unwrap()).unwrap();
-            assert_ne!(b.partition(), Some(pa));
-            others.push(b);
-        }
-        // Tenant-less participants take none of a's either: the pool's 4 partitions are all
-        // taken but a's, so this one gets no partition at all.
-        let none = pool.attach().unwrap();
-        assert_eq!(none.partition(), None);
-        drop(none);
-        let a = Participant::attach_as(&pool, &Tenant::new("a", b"sa").unwrap()).unwrap();
-        assert_eq!(a.partition(), Some(pa));
-        assert_eq!(a.get(Key::from_bytes(b"x")).unwrap().unwrap().0, b"a's");
     }
 
     #[test]
