@@ -12,7 +12,7 @@ use cxlkv_runtime::tenant::{self, Tenant};
 use cxlkv_runtime::{Pool, PoolConfig, Region};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use std::sync::{Arc, RwLock};
+use std::sync::RwLock;
 use std::time::Duration;
 
 /// An open pool. `Pool.create(spec, size, ...)` or `Pool.open(spec)`; `close()` (or a `with`

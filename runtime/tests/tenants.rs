@@ -6,7 +6,7 @@
 
 use cxlkv_runtime::region::Region;
 use cxlkv_runtime::tenant::{self, Tenant};
-use cxlkv_runtime::{Key, Participant, Pool, PoolConfig, PoolError, SharedMemory};
+use cxlkv_runtime::{Key, Participant, Pool, PoolConfig, PoolError};
 use std::sync::Arc;
 
 fn pool() -> Pool {
