@@ -83,7 +83,7 @@ impl PyParticipant {
     /// a hardware-coherent pool registered now) and `salt` (the tenant's secret bytes, which stay
     /// in this process), as that tenant: it writes its tenant's blocks under its quota and reads
     /// only its tenant's and tenant 0's. Form its keys with `key_chain(..., salt=salt)` and
-    /// `Key.from_bytes(name, salt=salt)` (docs/PYTHON.md, "Tenants").
+    /// `Key.from_bytes(name, salt=salt)` (docs/PYTHON.md, the Tenants item).
     #[staticmethod]
     #[pyo3(signature = (pool, tenant=None, salt=None))]
     fn attach<'py>(

@@ -1,4 +1,4 @@
-"""Tenants inside one pool from Python (format 3.2; docs/PYTHON.md, "Tenants"): a tenant reads,
+"""Tenants inside one pool from Python (format 3.2; docs/PYTHON.md, the Tenants item): a tenant reads,
 pins and finds only its own blocks and tenant 0's, even given another tenant's keys; salted keys
 depend on the salt; a put past the quota evicts the tenant's own blocks, and with all of them
 pinned raises FullError naming the quota; `pool.tenants()` shows use and quota. Tenant B runs in
