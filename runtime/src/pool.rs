@@ -135,7 +135,8 @@ pub enum PoolError {
     BadKvBlock(String),
     /// A put of a tenant at its quota, with none of its own blocks left to evict.
     #[error(
-        "tenant {tenant} is at its quota of {quota} blocks and has no unpinned block of its own          to evict (raise it with `cxlkv pool tenant set NAME --quota BLOCKS`)"
+        "tenant {tenant} is at its quota of {quota} blocks and has no unpinned block of its own \
+         to evict (raise it with `cxlkv pool tenant set POOL NAME --quota BLOCKS`)"
     )]
     QuotaExceeded {
         /// The tenant's id.
@@ -145,7 +146,8 @@ pub enum PoolError {
     },
     /// A tenant that is not declared where it must be.
     #[error(
-        "tenant {0:?} is not declared in this pool; a software-coherent pool registers no tenant          on attach: declare it at create (`cxlkv pool create --tenant NAME`)"
+        "tenant {0:?} is not declared in this pool: declare it (`cxlkv pool create --tenant NAME`, \
+         `cxlkv pool tenant add`); a software-coherent pool registers no tenant on attach"
     )]
     UnknownTenant(String),
     /// The pool's tenant table has no free entry.
