@@ -1,7 +1,8 @@
 //! Tenants inside one pool (format 3.2), in one process: a block whose tenant word differs from
 //! the reader's is refused even in a partition the reader may probe; quotas evict only the
 //! tenant's own blocks and refuse a put when all of them are pinned; no participant takes over a
-//! partition holding another tenant's blocks. `tests/tenants.rs` (root crate) shows the same
+//! partition holding another tenant's blocks; a software-coherent pool attaches only declared
+//! tenants, a hardware-coherent one registers others. `tests/tenants.rs` (root crate) shows the same
 //! across processes.
 
 use cxlkv_runtime::region::Region;
@@ -119,4 +120,41 @@ fn nobody_takes_a_partition_holding_another_tenants_blocks() {
     let a = Participant::attach_as(&pool, &Tenant::new("a", b"sa").unwrap()).unwrap();
     assert_eq!(a.partition(), Some(pa));
     assert_eq!(a.get(Key::from_bytes(b"x")).unwrap().unwrap().0, b"a's");
+}
+
+#[test]
+fn a_software_coherent_pool_attaches_only_declared_tenants() {
+    let mem = Region::anonymous(16 << 20).unwrap();
+    let cfg = PoolConfig {
+        block_size: 64 << 10,
+        participants: 4,
+        coherence: cxlkv_runtime::CoherenceMode::Software,
+        ..PoolConfig::default()
+    };
+    let pool = Pool::create(Arc::new(mem), &cfg).unwrap();
+    let carol = Tenant::new("carol", b"sc").unwrap();
+    assert!(matches!(
+        Participant::attach_as(&pool, &carol),
+        Err(PoolError::UnknownTenant(name)) if name == "carol"
+    ));
+    assert!(
+        tenant::list(&pool).unwrap().is_empty(),
+        "nothing registered"
+    );
+    tenant::declare(&pool, "carol", 0).unwrap();
+    let p = Participant::attach_as(&pool, &carol).unwrap();
+    assert_eq!(p.tenant_id(), 1);
+    p.put(carol.key_from_bytes(b"k"), b"v").unwrap();
+    assert_eq!(p.get(carol.key_from_bytes(b"k")).unwrap().unwrap().0, b"v");
+    // On a hardware-coherent pool an undeclared name registers with the default quota.
+    let hw = pool_with_default_quota(5);
+    let dave = Participant::attach_as(&hw, &Tenant::new("dave", b"sd").unwrap()).unwrap();
+    let row = tenant::find(&hw, "dave").unwrap().unwrap();
+    assert_eq!((row.id, row.quota, dave.tenant_id()), (1, 5, 1));
+}
+
+fn pool_with_default_quota(quota: u64) -> Pool {
+    let p = pool();
+    tenant::set_default_quota(&p, quota).unwrap();
+    p
 }
