@@ -528,8 +528,8 @@ cxlkv_result cxlkv_pool_lookup_prefix(const struct cxlkv_pool *pool,
                                       size_t *found);
 
 // Declares the tenant `name` (1 to 40 bytes of UTF-8) in the pool's tenant table with a quota of
-// `quota` blocks (0 = unlimited), and stores its id (1-based) in `*id` (format 3.2; docs/SECURITY.md,
-// "Tenants inside one pool"). A tenant already declared keeps its quota (use
+// `quota` blocks (0 = unlimited), and stores its id (1-based) in `*id` (format 3.2;
+// docs/SECURITY.md, "Tenants inside one pool"). A tenant already declared keeps its quota (use
 // `cxlkv_pool_tenant_set_quota`). `CXLKV_ERR_FULL` when the table's 59 entries are taken. On a
 // software-coherent pool, declare tenants before anyone attaches. Thread-safe.
 cxlkv_result cxlkv_pool_tenant_declare(const struct cxlkv_pool *pool,
