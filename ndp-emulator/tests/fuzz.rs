@@ -229,7 +229,10 @@ fn malformed_commands(engine: Engine) {
     // Of another tenant than the fuzzing client's (tenant 1): its payload is never to be read.
     attach_as(&pool, &p, 1);
     give(&pool, &foreign.blocks, 7);
-    let r = pool.block_ref(foreign.blocks[0].key).unwrap().unwrap();
+    let r = pool
+        .block_ref_any_tenant(foreign.blocks[0].key)
+        .unwrap()
+        .unwrap();
     *view.forbidden.lock().unwrap() = (r.payload_off, r.payload_off + r.header.len);
     give(&pool, &s.blocks, 1);
     let foreign_args_off = {

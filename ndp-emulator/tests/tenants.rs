@@ -27,6 +27,7 @@ use cxlkv_runtime::ndp::{
     DeviceLayout, DeviceStatus, FallbackReason, NdpDevice, NdpError, NdpOptions, NdpPath,
     ScoreRequest, Select,
 };
+use cxlkv_runtime::tenant::Tenant;
 use cxlkv_runtime::{Key, KvShape, Participant, Pool};
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -433,7 +434,7 @@ impl Scene {
     fn refuses_offsets_of_pool_b(&mut self) {
         let r = self
             .pool_b
-            .block_ref(self.in_b.blocks[0].key)
+            .block_ref_any_tenant(self.in_b.blocks[0].key)
             .unwrap()
             .unwrap();
         assert!(r.payload_off >= self.pool_a.memory().size());
@@ -706,4 +707,74 @@ fn mixed_tenant_lists(engine: Engine) {
         "{refused} refused, {served} served"
     );
     assert_eq!(dev.device().counter(CXLKV_NDP_CTR_REFUSED), refused);
+}
+
+#[test]
+fn tenants_attached_through_the_runtime_rust_engine() {
+    through_the_runtime(Engine::Rust);
+}
+
+#[test]
+fn tenants_attached_through_the_runtime_hls_engine() {
+    through_the_runtime(Engine::Hls);
+}
+
+/// The blocks as the runtime lays them out (format 3.2): participants attached as tenants with
+/// `Participant::attach_as`, their partitions tagged and their blocks written by their own puts.
+/// Each tenant's device commands are served over its own blocks and tenant 0's (equal to the
+/// host's answers) and refused over the other tenant's: located as the queue's tenant, the device
+/// never probes the other tenant's partition, so the block is not found (`ERR_BLOCK`, as a miss).
+fn through_the_runtime(engine: Engine) {
+    let backend = shm_backend(&format!("tenants-runtime-{engine}"));
+    let pool = create_pool(backend.backend(), 16 << 20, 64 << 10);
+    let dev = Device::start(
+        pool.clone(),
+        DeviceConfig {
+            engine,
+            ..DeviceConfig::default()
+        },
+    )
+    .unwrap();
+    let alice = Tenant::new("alice", b"alice's secret").unwrap();
+    let bob = Tenant::new("bob", b"bob's secret").unwrap();
+    let (pa, pb) = (
+        Participant::attach_as(&pool, &alice).unwrap(),
+        Participant::attach_as(&pool, &bob).unwrap(),
+    );
+    let public = pool.attach().unwrap();
+    let (ta, tb) = (u64::from(pa.tenant_id()), u64::from(pb.tenant_id()));
+    assert!(ta != 0 && tb != 0 && ta != tb);
+    let of_alice = store(&pa, 401, DType::F16);
+    let of_bob = store(&pb, 402, DType::F16);
+    let of_all = store(&public, 403, DType::F16);
+    let mut a = NdpDevice::open(Arc::new(pa), NdpOptions::default()).unwrap();
+    let mut b = NdpDevice::open(Arc::new(pb), NdpOptions::default()).unwrap();
+    let q = SplitMix64::new(4).normal_vec(2 * DIM);
+    for kind in [Kind::Score, Kind::Attend, Kind::Gather] {
+        for (ndp, tenant, own, other) in [
+            (&mut a, ta, &of_alice, &of_bob),
+            (&mut b, tb, &of_bob, &of_alice),
+        ] {
+            for served in [own, &of_all] {
+                let (got, path) = on_device(ndp, kind, served, &q);
+                assert_eq!(path, Some(NdpPath::Device), "{kind:?} as {tenant}");
+                assert_eq!(
+                    Some(got),
+                    on_host(&pool, tenant, kind, served, &q),
+                    "{kind:?}"
+                );
+            }
+            let (got, _) = on_device(ndp, kind, other, &q);
+            assert_eq!(
+                got,
+                Err(DeviceStatus::at(CXLKV_NDP_ERR_BLOCK, 0)),
+                "{kind:?} as {tenant} over the other tenant's blocks"
+            );
+            let host = on_host(&pool, tenant, kind, other, &q).unwrap();
+            assert!(host.is_err(), "the host refuses them too: {host:?}");
+        }
+    }
+    // The device never probed another tenant's partition for a command: the refusals were misses.
+    assert_eq!(dev.device().counter(CXLKV_NDP_CTR_REFUSED), 0);
+    drop(public);
 }

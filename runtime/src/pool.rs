@@ -885,11 +885,28 @@ impl Pool {
     /// host-side scan). The payload is not checksummed; a reader that scans it in place must call
     /// [`Pool::still_valid`] afterwards (or hold a pin) before trusting what it computed.
     pub fn block_ref(&self, key: Key) -> Result<Option<BlockRef>> {
+        self.block_ref_where(key, true)
+    }
+
+    /// [`Pool::block_ref`] in the partitions this handle's tenant may read, whatever the tenant
+    /// the block's header names: for a reader that checks that tenant itself and reports a
+    /// mismatch as such (the NDP device's `ERR_ACCESS`). Other tenants' partitions are still never
+    /// probed.
+    pub fn block_ref_any_tenant(&self, key: Key) -> Result<Option<BlockRef>> {
+        self.block_ref_where(key, false)
+    }
+
+    fn block_ref_where(&self, key: Key, own_tenant: bool) -> Result<Option<BlockRef>> {
         for _ in 0..READ_RETRIES {
             let Some(loc) = self.locate(key)? else {
                 return Ok(None);
             };
-            if let Some(header) = self.checked_header(key, &loc)? {
+            let header = if own_tenant {
+                self.checked_header(key, &loc)?
+            } else {
+                self.checked_header_any(key, &loc)?
+            };
+            if let Some(header) = header {
                 let payload_off = self.payload_off(loc.partition, loc.block);
                 return Ok(Some(BlockRef {
                     key,

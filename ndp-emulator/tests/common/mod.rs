@@ -271,13 +271,21 @@ pub fn attach_as(pool: &Pool, p: &Participant, tenant: u64) {
 pub fn give(pool: &Pool, blocks: &[BlockSpec], tenant: u32) {
     let sb = pool.superblock();
     for b in blocks {
-        let r = pool.block_ref(b.key).unwrap().expect("a stored block");
+        // The tests' participants attach tenant-less (partitions tagged 0), so every block is in
+        // a partition any reader may probe, whatever tenant its header names.
+        let r = pool
+            .block_ref_any_tenant(b.key)
+            .unwrap()
+            .expect("a stored block");
         let off = pool.partition_offset(r.location.partition).unwrap()
             + sb.block_headers_off
             + u64::from(r.location.block) * format::BLOCK_HEADER_SIZE
             + offset_of!(BlockHeader, tenant) as u64;
         pool.memory().write(off, &tenant.to_le_bytes()).unwrap();
-        let now = pool.block_ref(b.key).unwrap().expect("still valid");
+        let now = pool
+            .block_ref_any_tenant(b.key)
+            .unwrap()
+            .expect("still valid");
         assert_eq!(now.header.tenant, tenant);
     }
 }

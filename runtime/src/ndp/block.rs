@@ -119,7 +119,12 @@ pub fn resolve_block(
     let block_err = DeviceStatus::at(CXLKV_NDP_ERR_BLOCK, index);
     let layout_err = DeviceStatus::at(CXLKV_NDP_ERR_LAYOUT, index);
     let key = Key::from_parts(entry.key_lo, entry.key_hi);
-    let r = match pool.block_ref(key) {
+    // Located as the reader's tenant: the partitions of other tenants are never probed, so their
+    // blocks are not found (`ERR_BLOCK`, as a miss, which tells nothing of what they hold); a
+    // block of another tenant in a partition the reader may read (one the runtime never writes)
+    // is found and refused below.
+    let reader = pool.scoped(u32::try_from(want.tenant).unwrap_or(u32::MAX));
+    let r = match reader.block_ref_any_tenant(key) {
         Ok(Some(r)) => r,
         _ => return Err(block_err),
     };
