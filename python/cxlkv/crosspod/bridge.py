@@ -1,0 +1,281 @@
+"""The bridge process: one per pod (and tenant), between the pod's pool and Mooncake Store.
+
+It attaches to the pool as a participant of its tenant, registers the pool's mapping with the store
+once, and serves requests on a Unix socket (client.py). Store objects, for a pool key K of model M
+and tenant T (Mooncake's `tenant_id` is T too):
+  `cxlkv/M/T/K`    the block's payload followed by a 16-byte trailer: its length and CRC-32,
+                   written from the pool's memory and the trailer in one `batch_put_from_multi_buffers`;
+  `cxlkv/M/T/K.m`  the same 16 bytes, put after the payload: the length an importer reserves.
+A key counts as published when its `.m` object exists. Mooncake keeps the first value of a
+duplicate put, so two pods publishing at once leave one payload object, whose own trailer checks
+it; a `.m` from the other pod with another length makes the read fail its size: a miss.
+
+Import of a chain: one `batch_is_exist` of the `.m` keys, one `batch_get_into` of the `.m`
+objects into a registered buffer, a reservation per block in the pool (`Participant.reserve`), one
+`batch_get_into_multi_buffers` of the payloads straight into the reserved pool memory (the trailers
+into the registered buffer), the CRC of each against its trailer, then a commit of each leading
+block that matches and an abort of the rest. Any store error, short read or mismatch ends the chain
+there: a miss, never wrong data. A bridge killed mid-import leaves reservations, which the pool
+reclaims like any dead participant's (`cxlkv pool check`).
+"""
+
+import json
+import os
+import re
+import socket
+import struct
+import sys
+import threading
+import time
+import zlib
+
+import numpy as np
+
+import cxlkv
+
+META = struct.Struct("<QQ")  # payload length, CRC-32 (zlib) of it
+MAX_CHAIN = 512  # keys per request: `.m` slots, then as many trailer slots, in the meta buffer
+REASONS = ("store_error", "owner_gone", "crc_mismatch", "short_read", "pool_full", "pool_error")
+# Mooncake's code for a read from a segment whose owner is gone (the master still lists the
+# object until the owner's lease ends).
+TRANSFER_FAIL = -800
+
+
+class Metrics:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.c = {"published": 0, "published_bytes": 0, "imported": 0, "imported_bytes": 0,
+                  "import_requests": 0, "import_ns_total": 0, "import_ns_max": 0,
+                  "failures": {r: 0 for r in REASONS}}
+
+    def add(self, name, n=1):
+        with self.lock:
+            self.c[name] += n
+
+    def fail(self, reason, n=1):
+        with self.lock:
+            self.c["failures"][reason] += n
+
+    def timed(self, ns):
+        with self.lock:
+            self.c["import_requests"] += 1
+            self.c["import_ns_total"] += ns
+            self.c["import_ns_max"] = max(self.c["import_ns_max"], ns)
+
+    def snapshot(self):
+        with self.lock:
+            return json.loads(json.dumps(self.c))
+
+
+def mapping_of(addr):
+    """(start, length) of the mapping of this process that holds `addr` (/proc/self/maps)."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= addr < hi:
+                return lo, hi - lo
+    raise RuntimeError("address %#x is in no mapping" % addr)
+
+
+def pause_here():
+    """Test hook (scripts/crosspod.sh check 5): while the file named by CXLKV_CROSSPOD_TEST_PAUSE
+    exists, an import waits between reading into its reservations and committing them."""
+    flag = os.environ.get("CXLKV_CROSSPOD_TEST_PAUSE")
+    while flag and os.path.exists(flag):
+        time.sleep(0.05)
+
+
+def addr_of(buf):
+    return np.frombuffer(buf, np.uint8).ctypes.data
+
+
+class Bridge:
+    def __init__(self, pool_spec, master, tenant=None, salt=None, model="default",
+                 segment=256 << 20, host="127.0.0.1"):
+        from mooncake.store import MooncakeDistributedStore
+
+        self.pool = cxlkv.Pool.open(pool_spec)
+        self.me = self.pool.attach(tenant=tenant, salt=salt) if tenant else self.pool.attach()
+        self.prefix = "cxlkv/%s/%s/" % (model, tenant or "default")
+        self.metrics = Metrics()
+        self.store = MooncakeDistributedStore()
+        rc = self.store.setup(host, "P2PHANDSHAKE", segment, 16 << 20, "tcp", "", master,
+                              None, False, "", tenant or "default")
+        if rc != 0:
+            raise RuntimeError("MooncakeDistributedStore.setup(%s) returned %d" % (master, rc))
+        # Objects live in this bridge's own segment: they are the pod's blocks, and they go when
+        # the pod's bridge goes (a miss elsewhere), not when some other pod's bridge does.
+        from mooncake.store import ReplicateConfig
+
+        self.placement = ReplicateConfig()
+        self.placement.preferred_segment = self.store.get_hostname()
+        # The pool's mapping, registered once: found through a throwaway reservation.
+        probe = self.me.reserve(cxlkv.Key.from_bytes(b"cxlkv-crosspod-probe-%d" % os.getpid()), 1)
+        view = memoryview(probe)
+        base, length = mapping_of(addr_of(view))
+        view.release()
+        probe.abort()
+        rc = self.store.register_buffer(base, length)
+        if rc != 0:
+            raise RuntimeError("register_buffer of the pool mapping returned %d" % rc)
+        self.meta = np.zeros(META.size * 2 * MAX_CHAIN, np.uint8)  # registered: `.m`s, trailers
+        rc = self.store.register_buffer(self.meta.ctypes.data, self.meta.nbytes)
+        if rc != 0:
+            raise RuntimeError("register_buffer of the meta buffer returned %d" % rc)
+
+    def name(self, key):
+        return self.prefix + "%032x" % key
+
+    def publish(self, keys):
+        """Puts each committed key's block into the store (payload from pool memory, then `.m`);
+        how many leading keys are published afterwards."""
+        keys = keys[:MAX_CHAIN]
+        pins, names, ptrs, sizes = [], [], [], []
+        try:
+            for i, k in enumerate(keys):
+                pin = self.me.pin(cxlkv.Key(k))
+                if pin is None:
+                    break
+                pins.append(pin)
+                view = memoryview(pin)
+                names.append(self.name(k))
+                ptrs.append(addr_of(view))
+                sizes.append(len(view))
+                META.pack_into(self.meta, i * META.size, len(view), zlib.crc32(view))
+                view.release()
+            if not names:
+                return 0
+            slots = [self.meta.ctypes.data + i * META.size for i in range(len(names))]
+            done = self._put(names, [[p, m] for p, m in zip(ptrs, slots)],
+                             [[n, META.size] for n in sizes])
+            done = self._put([n + ".m" for n in names[:done]], [[m] for m in slots[:done]],
+                             [[META.size]] * done)
+        finally:
+            for p in pins:
+                p.release()
+        self.metrics.add("published", done)
+        self.metrics.add("published_bytes", sum(sizes[:done]))
+        return done
+
+    def _put(self, names, ptrs, sizes):
+        """How many leading puts left an object in the store (one already there counts: Mooncake
+        keeps the first value, and its trailer checks it)."""
+        try:
+            rcs = self.store.batch_put_from_multi_buffers(names, ptrs, sizes, self.placement)
+        except Exception:
+            rcs = [-1] * len(names)
+        for i, rc in enumerate(rcs):
+            if rc != 0 and self.store.is_exist(names[i]) != 1:
+                self.metrics.fail("store_error")
+                return i
+        return len(names)
+
+    def import_chain(self, keys):
+        """Imports the leading run of `keys` found in the store; how many are now committed."""
+        t0 = time.perf_counter_ns()
+        try:
+            return self._import(keys[:MAX_CHAIN])
+        finally:
+            self.metrics.timed(time.perf_counter_ns() - t0)
+
+    def _import(self, keys):
+        metas = [self.name(k) + ".m" for k in keys]
+        try:
+            found = self.store.batch_is_exist(metas)
+        except Exception:
+            self.metrics.fail("store_error")
+            return 0
+        n = next((i for i, f in enumerate(found) if f != 1), len(keys))
+        if n == 0:
+            return 0
+        base = self.meta.ctypes.data
+        got = self._get(metas[:n], [[base + i * META.size] for i in range(n)], [[META.size]] * n)
+        lens = [META.unpack_from(self.meta, i * META.size) for i in range(got)]
+        held, names, ptrs, sizes, done = [], [], [], [], 0
+        try:
+            for i, (length, _) in enumerate(lens):
+                try:
+                    r = self.me.reserve(cxlkv.Key(keys[i]), length)
+                except cxlkv.FullError:
+                    self.metrics.fail("pool_full")
+                    break
+                except cxlkv.Error:
+                    self.metrics.fail("pool_error")
+                    break
+                view = memoryview(r)
+                held.append((r, view))
+                names.append(self.name(keys[i]))
+                ptrs.append([addr_of(view), base + (MAX_CHAIN + i) * META.size])
+                sizes.append([length, META.size])
+            got = self._get(names, ptrs, sizes)
+            pause_here()
+            for r, view in held[:got]:
+                trailer = META.unpack_from(self.meta, (MAX_CHAIN + done) * META.size)
+                if trailer != (len(view), zlib.crc32(view)):
+                    self.metrics.fail("crc_mismatch")
+                    break
+                view.release()
+                r.commit()
+                done += 1
+        finally:
+            # Whatever was not committed is given back: nothing half-read becomes visible.
+            for r, view in held[done:]:
+                view.release()
+                r.abort()
+        self.metrics.add("imported", done)
+        self.metrics.add("imported_bytes", sum(n for n, _ in sizes[:done]))
+        return done
+
+    def _get(self, names, ptrs, sizes):
+        """How many leading reads of `names`, each scattered into its `ptrs`, read exactly the
+        sum of its `sizes`."""
+        if not names:
+            return 0
+        try:
+            rcs = self.store.batch_get_into_multi_buffers(names, ptrs, sizes)
+        except Exception:
+            self.metrics.fail("store_error")
+            return 0
+        # Every object whose owner is gone is dropped from the store's listing (not only the
+        # first), so that a pod that still holds those blocks can publish them again.
+        gone = [n[:-2] if n.endswith(".m") else n for n, rc in zip(names, rcs) if rc == TRANSFER_FAIL]
+        if gone:
+            self.store.batch_remove(gone + [n + ".m" for n in gone], True)
+            self.metrics.fail("owner_gone", len(gone))
+        for i, rc in enumerate(rcs):
+            if rc != sum(sizes[i]):
+                if rc != TRANSFER_FAIL:
+                    self.metrics.fail("store_error" if rc < 0 else "short_read")
+                return i
+        return len(names)
+
+    def answer(self, line):
+        words = line.split()
+        if words == ["stat"]:
+            return "ok " + json.dumps(self.metrics.snapshot())
+        if len(words) >= 2 and words[0] in ("import", "publish") and words[1].isdigit():
+            n = int(words[1])
+            if len(words) != n + 2 or not all(re.fullmatch("[0-9a-f]{32}", w) for w in words[2:]):
+                return "err expected %s N and N keys of 32 hex digits" % words[0]
+            keys = [int(w, 16) for w in words[2:]]
+            op = self.import_chain if words[0] == "import" else self.publish
+            return "ok %d" % (op(keys) if keys else 0)
+        return "err unknown request (import, publish, stat)"
+
+    def serve(self, path):
+        if os.path.exists(path):
+            os.unlink(path)
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        srv.bind(path)
+        srv.listen(64)
+        print("crosspod bridge pid %d serving %s" % (os.getpid(), path), flush=True)
+        while True:
+            conn, _ = srv.accept()
+            with conn:
+                conn.settimeout(5.0)
+                try:
+                    f = conn.makefile("rb")
+                    line = f.readline(1 << 22).decode(errors="replace")
+                    conn.sendall((self.answer(line) + "\n").encode())
+                except (OSError, ValueError) as e:
+                    print("crosspod bridge: request dropped: %s" % e, file=sys.stderr, flush=True)
