@@ -20,7 +20,7 @@ import crosspod_pods as cp  # noqa: E402  (the pods, master and bridges of the e
 import cxlkv  # noqa: E402
 import cxlkv.crosspod  # noqa: E402
 
-BLOCKS, REPS = 64, int(os.environ.get("CXLKV_CROSSPOD_REPS", "9"))
+BLOCKS, REPS = 64, int(os.environ.get("CXLKV_CROSSPOD_REPS", "7"))
 
 
 def main():
@@ -37,26 +37,28 @@ def main():
     addr = "127.0.0.1:%d" % port
     a = b = None
     try:
-        a, b = cp.Pod("a", work, addr), cp.Pod("b", work, addr)
-        keys = cp.chain("bench", "t1", BLOCKS)
-        a.call("t1", cp.PUT, keys=keys, seed=11, size=cp.BLOCK)
-        want = cp.expected(11, BLOCKS)
-        assert cxlkv.crosspod.publish(a.sock("t1"), keys) == BLOCKS
+        # 16 partitions of 64 MiB: the 16 MiB prefix fits one participant's partition.
+        a, b = cp.Pod("a", work, addr, 1 << 30, 640), cp.Pod("b", work, addr, 1 << 30)
         raw = MooncakeDistributedStore()
         rc = raw.setup("127.0.0.1", "P2PHANDSHAKE", 16 << 20, 16 << 20, "tcp", "", addr,
                        None, False, "", "t1")
         assert rc == 0, rc
-        buf = np.zeros(BLOCKS * cp.BLOCK, np.uint8)
+        obj = cp.BLOCK + 16  # each store object: the payload and its 16-byte trailer
+        buf = np.zeros(BLOCKS * obj, np.uint8)
         assert raw.register_buffer(buf.ctypes.data, buf.nbytes) == 0
-        names = ["cxlkv/smollm2/t1/%032x" % int(k) for k in keys]
-        ptrs = [buf.ctypes.data + i * cp.BLOCK for i in range(BLOCKS)]
+        ptrs = [buf.ctypes.data + i * obj for i in range(BLOCKS)]
         pool = cxlkv.Pool.open(b.spec)
         me = pool.attach(tenant="t1", salt=cp.TENANTS["t1"])
         os.environ["CXLKV_CROSSPOD_SOCKET"] = b.sock("t1")
         t_import, t_raw = [], []
         for rep in range(REPS):
-            for k in keys:
-                me.delete(k)
+            # A fresh prefix each round, put and published by pod A (not timed).
+            keys = cp.chain("bench-%d" % rep, "t1", BLOCKS)
+            a.call("t1", cp.PUT, keys=keys, seed=11 + rep, size=cp.BLOCK)
+            want = cp.expected(11 + rep, BLOCKS)
+            published = cxlkv.crosspod.publish(a.sock("t1"), keys, timeout=30)
+            assert published == BLOCKS, "published %s of %d" % (published, BLOCKS)
+            names = ["cxlkv/smollm2/t1/%032x" % int(k) for k in keys]
             t = time.perf_counter()
             n = me.lookup_prefix(keys)
             t_import.append(time.perf_counter() - t)
@@ -65,10 +67,10 @@ def main():
             assert ok, "import rep %d: %d blocks, bytes %s" % (rep, n, ok)
             buf[:] = 0
             t = time.perf_counter()
-            rcs = raw.batch_get_into(names, ptrs, [cp.BLOCK] * BLOCKS)
+            rcs = raw.batch_get_into(names, ptrs, [obj] * BLOCKS)
             t_raw.append(time.perf_counter() - t)
-            assert rcs == [cp.BLOCK] * BLOCKS, rcs[:4]
-            assert all(hashlib.sha256(buf[i * cp.BLOCK:(i + 1) * cp.BLOCK].tobytes()).hexdigest()
+            assert rcs == [obj] * BLOCKS, rcs[:4]
+            assert all(hashlib.sha256(buf[i * obj:i * obj + cp.BLOCK].tobytes()).hexdigest()
                        == w for i, w in enumerate(want)), "raw rep %d bytes" % rep
         del os.environ["CXLKV_CROSSPOD_SOCKET"]
         mi, mr = statistics.median(t_import), statistics.median(t_raw)

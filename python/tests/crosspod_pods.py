@@ -61,13 +61,14 @@ def stop(p):
 
 
 class Pod:
-    def __init__(self, name, work, master):
+    def __init__(self, name, work, master, size=192 << 20, segment_mib=96):
         self.name, self.work, self.master = name, work, master
         self.spec = "shm:cxlkv-xp-%s-%d" % (name, os.getpid())
-        self.pool = cxlkv.Pool.create(self.spec, 192 << 20, block_size=BLOCK + 4096,
+        self.pool = cxlkv.Pool.create(self.spec, size, block_size=BLOCK + 4096,
                                       participants=16)
         for t in TENANTS:
             self.pool.declare_tenant(t)
+        self.segment_mib = segment_mib
         self.log = open(os.path.join(work, "pod-%s.log" % name), "w")
         self.bridges = {}
         for t in TENANTS:
@@ -83,7 +84,7 @@ class Pod:
         env = dict(os.environ, CXLKV_CROSSPOD_TEST_PAUSE=os.path.join(self.work, "pause-%s" % self.name))
         argv = [PY, "-m", "cxlkv.crosspod", "serve", "--pool", self.spec, "--master", self.master,
                 "--socket", self.sock(tenant), "--tenant", tenant, "--salt", TENANTS[tenant].hex(),
-                "--model", "smollm2", "--segment-mib", "96", "--pid-file", self.pid_file(tenant)]
+                "--model", "smollm2", "--segment-mib", str(self.segment_mib), "--pid-file", self.pid_file(tenant)]
         self.bridges[tenant] = start("bridge %s/%s" % (self.name, tenant), argv, self.log, env)
         self.wait_bridge(tenant)
 
