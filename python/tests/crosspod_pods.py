@@ -20,6 +20,7 @@ import cxlkv
 
 BLOCK = 256 << 10
 PY = sys.executable
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TENANTS = {"t1": b"salt-one", "t2": b"salt-two"}
 procs = []  # (name, Popen): stopped by pid at the end
 results = []
@@ -323,6 +324,19 @@ def run_checks(a, b, work, master_exe, port, mlog):
     check(5, "B's bridge SIGKILLed mid-import: nothing half-visible, pool check passes", five)
     check(6, "master restarted: local hits keep working, cross-pod hits return", six)
     check(8, "tenants across pods never see each other's keys", eight)
+
+    exe = os.environ.get("CXLKV_BIN") or os.path.join(ROOT, "target", "debug", "cxlkv")
+    if os.access(exe, os.X_OK):
+        def metrics():
+            r = subprocess.run([exe, "crosspod", "stat", "--socket", b.sock("t1")],
+                               capture_output=True, text=True, timeout=30)
+            imported = [ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("imported ")]
+            ok = r.returncode == 0 and imported and int(imported[0]) > 0
+            return ok, "`cxlkv crosspod stat` of B's bridge:\n" + r.stdout.rstrip()
+
+        check(0, "metrics: cxlkv crosspod stat", metrics)
+    else:
+        print("metrics: `cxlkv crosspod stat` not run: no %s (cargo build first)" % exe, flush=True)
 
 
 if __name__ == "__main__":
