@@ -3,15 +3,15 @@
 It attaches to the pool as a participant of its tenant, registers the pool's mapping with the store
 once, and serves requests on a Unix socket (client.py). Store objects, for a pool key K of model M
 and tenant T (Mooncake's `tenant_id` is T too):
-  `cxlkv/M/T/K`    the block's payload followed by a 16-byte trailer: its length and CRC-32,
+  `cxlkv/M/T/K`    the block's payload followed by a 16-byte trailer: its length and CRC-32C,
                    written from the pool's memory and the trailer in one `batch_put_from_multi_buffers`;
   `cxlkv/M/T/K.m`  the same 16 bytes, put after the payload: the length an importer reserves.
 A key counts as published when its `.m` object exists. Mooncake keeps the first value of a
 duplicate put, so two pods publishing at once leave one payload object, whose own trailer checks
 it; a `.m` from the other pod with another length makes the read fail its size: a miss.
 
-Import of a chain: one `batch_is_exist` of the `.m` keys, one `batch_get_into` of the `.m`
-objects into a registered buffer, a reservation per block in the pool (`Participant.reserve`), one
+Import of a chain: one read of the `.m` objects into a registered buffer (the first missing one
+ends the chain), a reservation per block in the pool (`Participant.reserve`), one
 `batch_get_into_multi_buffers` of the payloads straight into the reserved pool memory (the trailers
 into the registered buffer), the CRC of each against its trailer, then a commit of each leading
 block that matches and an abort of the rest. Any store error, short read or mismatch ends the chain
@@ -27,18 +27,21 @@ import struct
 import sys
 import threading
 import time
-import zlib
 
 import numpy as np
 
 import cxlkv
 
-META = struct.Struct("<QQ")  # payload length, CRC-32 (zlib) of it
+META = struct.Struct("<QQ")  # payload length, CRC-32C of it (`cxlkv.crc32c`, the pool's own)
 MAX_CHAIN = 512  # keys per request: `.m` slots, then as many trailer slots, in the meta buffer
+# Where an import's time goes: the `.m` lookup and read, the reservations, the payload read, the
+# CRC checks and commits.
+PHASES = ("index", "reserve", "read", "check_commit")
 REASONS = ("store_error", "owner_gone", "crc_mismatch", "short_read", "pool_full", "pool_error")
 # Mooncake's code for a read from a segment whose owner is gone (the master still lists the
 # object until the owner's lease ends).
 TRANSFER_FAIL = -800
+OBJECT_NOT_FOUND = -704  # the end of what the store has of a chain: a miss, not a failure
 
 
 class Metrics:
@@ -46,6 +49,7 @@ class Metrics:
         self.lock = threading.Lock()
         self.c = {"published": 0, "published_bytes": 0, "imported": 0, "imported_bytes": 0,
                   "import_requests": 0, "import_ns_total": 0, "import_ns_max": 0,
+                  "import_phase_ns": {p: 0 for p in PHASES},
                   "failures": {r: 0 for r in REASONS}}
 
     def add(self, name, n=1):
@@ -55,6 +59,13 @@ class Metrics:
     def fail(self, reason, n=1):
         with self.lock:
             self.c["failures"][reason] += n
+
+    def phase(self, name, since):
+        """Adds the time from `since` (perf_counter_ns) to phase `name`; returns now."""
+        now = time.perf_counter_ns()
+        with self.lock:
+            self.c["import_phase_ns"][name] += now - since
+        return now
 
     def timed(self, ns):
         with self.lock:
@@ -141,7 +152,7 @@ class Bridge:
                 names.append(self.name(k))
                 ptrs.append(addr_of(view))
                 sizes.append(len(view))
-                META.pack_into(self.meta, i * META.size, len(view), zlib.crc32(view))
+                META.pack_into(self.meta, i * META.size, len(view), cxlkv.crc32c(view))
                 view.release()
             if not names:
                 return 0
@@ -179,18 +190,14 @@ class Bridge:
             self.metrics.timed(time.perf_counter_ns() - t0)
 
     def _import(self, keys):
+        t = time.perf_counter_ns()
+        # One round trip finds the chain and reads its lengths: a `.m` that is not there ends it.
         metas = [self.name(k) + ".m" for k in keys]
-        try:
-            found = self.store.batch_is_exist(metas)
-        except Exception:
-            self.metrics.fail("store_error")
-            return 0
-        n = next((i for i, f in enumerate(found) if f != 1), len(keys))
-        if n == 0:
-            return 0
         base = self.meta.ctypes.data
-        got = self._get(metas[:n], [[base + i * META.size] for i in range(n)], [[META.size]] * n)
+        got = self._get(metas, [[base + i * META.size] for i in range(len(keys))],
+                        [[META.size]] * len(keys))
         lens = [META.unpack_from(self.meta, i * META.size) for i in range(got)]
+        t = self.metrics.phase("index", t)
         held, names, ptrs, sizes, done = [], [], [], [], 0
         try:
             for i, (length, _) in enumerate(lens):
@@ -207,16 +214,19 @@ class Bridge:
                 names.append(self.name(keys[i]))
                 ptrs.append([addr_of(view), base + (MAX_CHAIN + i) * META.size])
                 sizes.append([length, META.size])
+            t = self.metrics.phase("reserve", t)
             got = self._get(names, ptrs, sizes)
+            t = self.metrics.phase("read", t)
             pause_here()
             for r, view in held[:got]:
                 trailer = META.unpack_from(self.meta, (MAX_CHAIN + done) * META.size)
-                if trailer != (len(view), zlib.crc32(view)):
+                if trailer != (len(view), cxlkv.crc32c(view)):
                     self.metrics.fail("crc_mismatch")
                     break
                 view.release()
                 r.commit()
                 done += 1
+            self.metrics.phase("check_commit", t)
         finally:
             # Whatever was not committed is given back: nothing half-read becomes visible.
             for r, view in held[done:]:
@@ -244,7 +254,7 @@ class Bridge:
             self.metrics.fail("owner_gone", len(gone))
         for i, rc in enumerate(rcs):
             if rc != sum(sizes[i]):
-                if rc != TRANSFER_FAIL:
+                if rc not in (TRANSFER_FAIL, OBJECT_NOT_FOUND):
                     self.metrics.fail("store_error" if rc < 0 else "short_read")
                 return i
         return len(names)
