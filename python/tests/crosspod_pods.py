@@ -167,6 +167,13 @@ def check(num, title, fn):
                                            detail), flush=True)
 
 
+def cp_multi_block(pod):
+    """Asks pod's t1 bridge to publish a multi-block object: its answer line."""
+    key = chain("multi", "t1", 1)
+    pod.call("t1", PUT, keys=key, seed=12, size=3 * BLOCK)
+    return cxlkv.crosspod.client.request(pod.sock("t1"), "publish 1 %032x" % int(key[0]))
+
+
 def stat(pod, tenant="t1"):
     return cxlkv.crosspod.stat(pod.sock(tenant)) or {}
 
@@ -317,6 +324,16 @@ def run_checks(a, b, work, master_exe, port, mlog):
         return ok, "t2 in B given t1's keys finds %d, t1 given t2's finds %d; t2 finds its own %d" % (
             cross[0], cross2[0], own[0])
 
+    def bad_input():
+        pid = b.bridge_pid("t1")
+        answers = [cxlkv.crosspod.client.request(b.sock("t1"), line) for line in
+                   ("import 2 zz", "publish x", "import 1 " + "f" * 31, "hello")]
+        big = cp_multi_block(b)
+        alive = stat(b) != {} and b.bridge_pid("t1") == pid
+        ok = all(a and a.startswith("err ") for a in answers + [big]) and alive
+        return ok, "answers %s; multi-block publish: %s; same bridge serving: %s" % (
+            answers, big, alive)
+
     check(1, "a prefix put in pod A is found by pod B, byte-exact; B's second read is local", one)
     check(2, "a partial chain is found exactly as far as it exists", two)
     check(3, "both pods publishing the same keys at once leave one whole value", three)
@@ -324,6 +341,7 @@ def run_checks(a, b, work, master_exe, port, mlog):
     check(5, "B's bridge SIGKILLed mid-import: nothing half-visible, pool check passes", five)
     check(6, "master restarted: local hits keep working, cross-pod hits return", six)
     check(8, "tenants across pods never see each other's keys", eight)
+    check(9, "(extra) bad requests are refused and the bridge keeps serving", bad_input)
 
     exe = os.environ.get("CXLKV_BIN") or os.path.join(ROOT, "target", "debug", "cxlkv")
     if os.access(exe, os.X_OK):

@@ -284,8 +284,12 @@ class Bridge:
             with conn:
                 conn.settimeout(5.0)
                 try:
-                    f = conn.makefile("rb")
-                    line = f.readline(1 << 22).decode(errors="replace")
-                    conn.sendall((self.answer(line) + "\n").encode())
-                except (OSError, ValueError) as e:
+                    line = conn.makefile("rb").readline(1 << 22).decode(errors="replace")
+                    try:
+                        answer = self.answer(line)
+                    except Exception as e:  # a bad request or a pool error: said, and serving on
+                        answer = "err %s: %s" % (type(e).__name__, e)
+                        print("crosspod bridge: %s" % answer, file=sys.stderr, flush=True)
+                    conn.sendall((answer.replace("\n", " ") + "\n").encode())
+                except OSError as e:
                     print("crosspod bridge: request dropped: %s" % e, file=sys.stderr, flush=True)
