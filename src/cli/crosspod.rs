@@ -23,7 +23,7 @@ pub enum CrosspodCommand {
         args: Vec<String>,
     },
     /// Print a running bridge's metrics: published, imported, bytes, failures by reason, import
-    /// latency.
+    /// latency and where it goes.
     Stat {
         /// The bridge's Unix socket (what CXLKV_CROSSPOD_SOCKET names for the runtimes).
         #[arg(long)]
@@ -89,6 +89,15 @@ fn render(m: &serde_json::Value) -> String {
         "import_latency",
         n("import_ns_max") / 1000
     ));
+    if let Some(p) = m
+        .get("import_phase_ns")
+        .and_then(serde_json::Value::as_object)
+    {
+        for (phase, ns) in p {
+            let us = ns.as_u64().unwrap_or(0) / n("import_requests").max(1) / 1000;
+            out.push_str(&format!("phase.{phase:<12} mean {us} us\n"));
+        }
+    }
     if let Some(f) = m.get("failures").and_then(serde_json::Value::as_object) {
         for (reason, count) in f {
             out.push_str(&format!("failures.{reason:<9} {count}\n"));
@@ -115,11 +124,12 @@ mod tests {
     fn render_shows_counts_latency_and_failures() {
         let m = serde_json::json!({"published": 3, "imported": 2, "import_requests": 2,
             "import_ns_total": 4_000_000, "import_ns_max": 3_000_000,
-            "failures": {"store_error": 1}});
+            "import_phase_ns": {"read": 2_000_000}, "failures": {"store_error": 1}});
         let text = render(&m);
         assert!(text.contains("imported           2\n"), "{text}");
         assert!(text.contains("mean 2000 us, max 3000 us"), "{text}");
         assert!(text.contains("failures.store_error 1"), "{text}");
+        assert!(text.contains("phase.read         mean 1000 us"), "{text}");
     }
 
     #[test]
