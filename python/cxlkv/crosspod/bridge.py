@@ -2,20 +2,19 @@
 
 It attaches to the pool as a participant of its tenant, registers the pool's mapping with the store
 once, and serves requests on a Unix socket (client.py). Store objects, for a pool key K of model M
-and tenant T (Mooncake's `tenant_id` is T too):
-  `cxlkv/M/T/K`    the block's payload followed by a 16-byte trailer: its length and CRC-32C,
-                   written from the pool's memory and the trailer in one `batch_put_from_multi_buffers`;
-  `cxlkv/M/T/K.m`  the same 16 bytes, put after the payload: the length an importer reserves.
-A key counts as published when its `.m` object exists. Mooncake keeps the first value of a
-duplicate put, so two pods publishing at once leave one payload object, whose own trailer checks
-it; a `.m` from the other pod with another length makes the read fail its size: a miss.
+and tenant T (Mooncake's `tenant_id` is T too): `cxlkv/M/T/K`, the block's payload followed by a
+16-byte trailer (its length and CRC-32C), written from the pool's memory and the trailer in one
+`batch_put_from_multi_buffers`. Mooncake makes an object visible only once its put completed, and
+keeps the first value of a duplicate put, so two pods publishing at once leave one object, whose
+own trailer checks it.
 
-Import of a chain: one read of the `.m` objects into a registered buffer (the first missing one
-ends the chain), a reservation per block in the pool (`Participant.reserve`), one
-`batch_get_into_multi_buffers` of the payloads straight into the reserved pool memory (the trailers
-into the registered buffer), the CRC of each against its trailer, then a commit of each leading
-block that matches and an abort of the rest. Any store error, short read or mismatch ends the chain
-there: a miss, never wrong data. A bridge killed mid-import leaves reservations, which the pool
+Import of a chain: one `batch_get_replica_desc` (a question to the master, no transfer) gives the
+objects' sizes and ends the chain at the first key without a complete replica; a reservation per
+block in the pool (`Participant.reserve`); one `batch_get_into_multi_buffers` of the objects,
+payloads straight into the reserved pool memory and trailers into a registered buffer; the CRC of
+each block against its trailer; then a commit of each leading block that matches and an abort of
+the rest. Any store error, short read or mismatch ends the chain there: a miss, never wrong data.
+A bridge killed mid-import leaves reservations, which the pool
 reclaims like any dead participant's (`cxlkv pool check`).
 """
 
@@ -33,8 +32,8 @@ import numpy as np
 import cxlkv
 
 META = struct.Struct("<QQ")  # payload length, CRC-32C of it (`cxlkv.crc32c`, the pool's own)
-MAX_CHAIN = 512  # keys per request: `.m` slots, then as many trailer slots, in the meta buffer
-# Where an import's time goes: the `.m` lookup and read, the reservations, the payload read, the
+MAX_CHAIN = 512  # keys per request: as many trailer slots in the registered buffer
+# Where an import's time goes: the master's answer on the chain, the reservations, the payload read, the
 # CRC checks and commits.
 PHASES = ("index", "reserve", "read", "check_commit")
 REASONS = ("store_error", "owner_gone", "crc_mismatch", "short_read", "pool_full", "pool_error")
@@ -103,7 +102,9 @@ def addr_of(buf):
 class Bridge:
     def __init__(self, pool_spec, master, tenant=None, salt=None, model="default",
                  segment=256 << 20, host="127.0.0.1"):
-        from mooncake.store import MooncakeDistributedStore
+        from mooncake.store import MooncakeDistributedStore, ReplicaStatus
+
+        self.complete = ReplicaStatus.COMPLETE  # a replica whose put has finished
 
         self.pool = cxlkv.Pool.open(pool_spec)
         self.me = self.pool.attach(tenant=tenant, salt=salt) if tenant else self.pool.attach()
@@ -129,17 +130,17 @@ class Bridge:
         rc = self.store.register_buffer(base, length)
         if rc != 0:
             raise RuntimeError("register_buffer of the pool mapping returned %d" % rc)
-        self.meta = np.zeros(META.size * 2 * MAX_CHAIN, np.uint8)  # registered: `.m`s, trailers
+        self.meta = np.zeros(META.size * MAX_CHAIN, np.uint8)  # registered: the trailers
         rc = self.store.register_buffer(self.meta.ctypes.data, self.meta.nbytes)
         if rc != 0:
-            raise RuntimeError("register_buffer of the meta buffer returned %d" % rc)
+            raise RuntimeError("register_buffer of the trailer buffer returned %d" % rc)
 
     def name(self, key):
         return self.prefix + "%032x" % key
 
     def publish(self, keys):
-        """Puts each committed key's block into the store (payload from pool memory, then `.m`);
-        how many leading keys are published afterwards."""
+        """Puts each committed key's block into the store (payload from pool memory, then its
+        trailer); how many leading keys are published afterwards."""
         keys = keys[:MAX_CHAIN]
         pins, names, ptrs, sizes = [], [], [], []
         try:
@@ -159,8 +160,6 @@ class Bridge:
             slots = [self.meta.ctypes.data + i * META.size for i in range(len(names))]
             done = self._put(names, [[p, m] for p, m in zip(ptrs, slots)],
                              [[n, META.size] for n in sizes])
-            done = self._put([n + ".m" for n in names[:done]], [[m] for m in slots[:done]],
-                             [[META.size]] * done)
         finally:
             for p in pins:
                 p.release()
@@ -191,16 +190,26 @@ class Bridge:
 
     def _import(self, keys):
         t = time.perf_counter_ns()
-        # One round trip finds the chain and reads its lengths: a `.m` that is not there ends it.
-        metas = [self.name(k) + ".m" for k in keys]
-        base = self.meta.ctypes.data
-        got = self._get(metas, [[base + i * META.size] for i in range(len(keys))],
-                        [[META.size]] * len(keys))
-        lens = [META.unpack_from(self.meta, i * META.size) for i in range(got)]
-        t = self.metrics.phase("index", t)
-        held, names, ptrs, sizes, done = [], [], [], [], 0
+        # One question to the master finds the chain and its sizes.
+        names = [self.name(k) for k in keys]
         try:
-            for i, (length, _) in enumerate(lens):
+            desc = self.store.batch_get_replica_desc(names)
+        except Exception:
+            self.metrics.fail("store_error")
+            return 0
+        lens = []
+        for name in names:
+            size = next((r.get_memory_descriptor().buffer_descriptor.size
+                         for r in desc.get(name, ())
+                         if r.is_memory_replica() and r.status == self.complete), 0)
+            if size <= META.size:
+                break
+            lens.append(size - META.size)
+        t = self.metrics.phase("index", t)
+        base = self.meta.ctypes.data
+        held, ptrs, sizes, done = [], [], [], 0
+        try:
+            for i, length in enumerate(lens):
                 try:
                     r = self.me.reserve(cxlkv.Key(keys[i]), length)
                 except cxlkv.FullError:
@@ -211,15 +220,14 @@ class Bridge:
                     break
                 view = memoryview(r)
                 held.append((r, view))
-                names.append(self.name(keys[i]))
-                ptrs.append([addr_of(view), base + (MAX_CHAIN + i) * META.size])
+                ptrs.append([addr_of(view), base + i * META.size])
                 sizes.append([length, META.size])
             t = self.metrics.phase("reserve", t)
-            got = self._get(names, ptrs, sizes)
+            got = self._get(names[: len(held)], ptrs, sizes)
             t = self.metrics.phase("read", t)
             pause_here()
             for r, view in held[:got]:
-                trailer = META.unpack_from(self.meta, (MAX_CHAIN + done) * META.size)
+                trailer = META.unpack_from(self.meta, done * META.size)
                 if trailer != (len(view), cxlkv.crc32c(view)):
                     self.metrics.fail("crc_mismatch")
                     break
@@ -248,9 +256,9 @@ class Bridge:
             return 0
         # Every object whose owner is gone is dropped from the store's listing (not only the
         # first), so that a pod that still holds those blocks can publish them again.
-        gone = [n[:-2] if n.endswith(".m") else n for n, rc in zip(names, rcs) if rc == TRANSFER_FAIL]
+        gone = [n for n, rc in zip(names, rcs) if rc == TRANSFER_FAIL]
         if gone:
-            self.store.batch_remove(gone + [n + ".m" for n in gone], True)
+            self.store.batch_remove(gone, True)
             self.metrics.fail("owner_gone", len(gone))
         for i, rc in enumerate(rcs):
             if rc != sum(sizes[i]):
