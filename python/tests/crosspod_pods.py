@@ -349,10 +349,16 @@ def run_checks(a, b, work, master_exe, port, mlog):
             r = subprocess.run([exe, "crosspod", "stat", "--socket", b.sock("t1")],
                                capture_output=True, text=True, timeout=30)
             imported = [ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("imported ")]
-            ok = r.returncode == 0 and imported and int(imported[0]) > 0
-            return ok, "`cxlkv crosspod stat` of B's bridge:\n" + r.stdout.rstrip()
+            ps = subprocess.run([exe, "pool", "stat", b.spec, "--watch-ms", "0"],
+                                capture_output=True, text=True, timeout=30,
+                                env=dict(os.environ, CXLKV_CROSSPOD_SOCKET=b.sock("t1")))
+            tier = ps.stdout[ps.stdout.find("cross-pod tier"):]
+            ok = (r.returncode == 0 and imported and int(imported[0]) > 0 and ps.returncode == 0
+                  and tier.startswith("cross-pod tier (bridge") and "imported" in tier)
+            return ok, "`cxlkv crosspod stat` of B's bridge:\n%s\n`cxlkv pool stat` ends:\n%s" % (
+                r.stdout.rstrip(), tier.rstrip())
 
-        check(0, "metrics: cxlkv crosspod stat", metrics)
+        check(0, "metrics: cxlkv crosspod stat and cxlkv pool stat", metrics)
     else:
         print("metrics: `cxlkv crosspod stat` not run: no %s (cargo build first)" % exe, flush=True)
 

@@ -70,6 +70,27 @@ fn stat(socket: &str, json: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The cross-pod tier's section of `cxlkv pool stat`: the metrics of the bridge that
+/// `CXLKV_CROSSPOD_SOCKET` names, or why there are none.
+pub fn print_tier() {
+    let socket = std::env::var(cxlkv_runtime::crosspod::SOCKET_ENV).unwrap_or_default();
+    if socket.is_empty() {
+        println!("cross-pod tier: off (CXLKV_CROSSPOD_SOCKET is not set)");
+        return;
+    }
+    let metrics = ask(&socket, "stat").ok().and_then(|a| {
+        let body = a.strip_prefix("ok ")?.to_string();
+        serde_json::from_str::<serde_json::Value>(&body).ok()
+    });
+    match metrics {
+        Some(m) => println!(
+            "cross-pod tier (bridge {socket}):\n{}",
+            render(&m).trim_end()
+        ),
+        None => println!("cross-pod tier: no bridge answers on {socket} (lookups are pod-local)"),
+    }
+}
+
 /// The metrics as `name value` lines, the import latency as a mean and a maximum.
 fn render(m: &serde_json::Value) -> String {
     let n = |k: &str| m.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
