@@ -77,6 +77,7 @@ pub mod api;
 pub mod check;
 pub mod clock;
 pub mod coherence;
+pub mod crosspod;
 pub mod format;
 pub mod hotness;
 pub mod key;

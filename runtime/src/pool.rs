@@ -944,7 +944,9 @@ impl Pool {
         }
         for (i, &k) in chain.iter().enumerate() {
             if self.locate(k)?.is_none() {
-                return Ok(i);
+                // The rest of the chain may be in another pod (docs/CROSSPOD.md).
+                let present = |k| Ok::<_, PoolError>(self.locate(k)?.is_some());
+                return Ok(i + crate::crosspod::extend(&chain[i..], present)?);
             }
         }
         Ok(chain.len())

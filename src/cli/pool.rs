@@ -454,6 +454,7 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
                 );
             }
             print_tenants(&st.tenants);
+            super::crosspod::print_tier();
             Ok(ExitCode::SUCCESS)
         }
         PoolCommand::Check { pool } => {
