@@ -140,6 +140,7 @@ class Engine:
         self.requests = {}
         self.outputs = {}
         self.first_step = {}  # request id -> (tokens scheduled in its first step, seconds to it)
+        self.scheduled = {}  # request id -> tokens scheduled over all its steps
         self.invalid = set()
         # vLLM's own connector prefix-cache counters (its SchedulerStats, summed over steps):
         # prompt tokens the connector was asked about, and tokens it served.
@@ -202,6 +203,7 @@ class Engine:
         so = self.scheduler.schedule()
         for req_id, n in so.num_scheduled_tokens.items():
             self.first_step.setdefault(req_id, (n, time.perf_counter() - self._t0))
+            self.scheduled[req_id] = self.scheduled.get(req_id, 0) + n
         with set_forward_context(None, self.config):
             with KVConnectorModelRunnerMixin._get_kv_connector_output(so) as kv_out:
                 sampled = self._forward(so)
@@ -225,6 +227,11 @@ class Engine:
             for o in eco.outputs:
                 self.outputs[o.request_id].extend(o.new_token_ids)
         return so
+
+    def prompt_tokens_computed(self, req_id):
+        """How many prompt tokens the forward computed for `req_id` (all its scheduled tokens
+        less the decode steps: each output token but the last was fed back once)."""
+        return self.scheduled.get(req_id, 0) - max(len(self.outputs[req_id]) - 1, 0)
 
     def run(self, max_steps=200):
         for _ in range(max_steps):
