@@ -283,3 +283,121 @@ except ValueError as err:
         spec,
     )
     assert r["error"] and "PYTHONHASHSEED" in r["error"], r
+
+
+# --- end to end: vLLM's CPU build serving SmolLM2-135M-Instruct -------------------------------
+
+MODEL_HF = os.environ.get(
+    "CXLKV_VLLM_MODEL", os.path.expanduser("~/.cache/cxlkv/models/SmolLM2-135M-Instruct-hf")
+)
+
+
+def serve(spec, which, salt=None):
+    args = [sys.executable, os.path.join(HERE, "vllm_serve.py"), MODEL_HF, spec, which, "16"]
+    r = subprocess.run(
+        args + ([salt] if salt else []), capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, "vLLM failed:\n%s\n%s" % (r.stdout[-3000:], r.stderr[-6000:])
+    lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
+    assert lines, r.stdout
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def make_model_pool(spec):
+    import cxlkv
+
+    # A SmolLM2 block record is 1.47 MB (30 layers of [3 heads, 32 tokens, 128] float32): one
+    # 2 MiB pool block each; 128 blocks per participant hold a whole prompt.
+    cxlkv.Pool.create(spec, 1536 << 20, block_size=2 << 20, participants=6).close()
+
+
+@pytest.mark.skipif(
+    not os.path.exists(os.path.join(MODEL_HF, "config.json")),
+    reason="no SmolLM2 converted for vLLM (scripts/fetch-model.sh, then "
+    "python scripts/vllm-model.py)",
+)
+def test_vllm_serves_smollm2_restored_from_the_pool(spec):
+    import cxlkv
+
+    cold = serve("none", "2")
+    make_model_pool(spec)
+    a = serve(spec, "1")
+    b = serve(spec, "2")
+    salted = serve(spec, "2", salt="tenant-b")
+    print("cold", cold, "\nA", a, "\nB", b, "\nsalted", salted)
+    assert a["external_hits"] == 0 and a["external_queries"] == a["prompt_tokens"], a
+    # The document's whole blocks came from the pool (vLLM's own counters), not recomputed.
+    shared = 2048
+    assert b["external_hits"] >= shared and b["external_hits"] % 32 == 0, b
+    assert b["num_cached_tokens"] == b["external_hits"], b
+    assert b["tokens"] == cold["tokens"], (b, cold)
+    assert salted["external_hits"] == 0 and salted["tokens"] == cold["tokens"], salted
+    print(
+        "TTFT cold %.3f s (no connector), A %.3f s (storing), B %.3f s (restored %d of %d tokens)"
+        % (cold["ttft_s"], a["ttft_s"], b["ttft_s"], b["external_hits"], b["prompt_tokens"])
+    )
+    check_pool(spec)
+
+    # A SIGKILL of a storing vLLM process: B still answers as the cold run, the pool checks clean.
+    pool = spec + "-kill"
+    make_model_pool(pool)
+    try:
+        args = [sys.executable, os.path.join(HERE, "vllm_serve.py"), MODEL_HF, pool, "1", "16"]
+        k = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            for line in k.stdout:
+                if line.startswith("GENERATING"):
+                    break
+            # Into its prefill (chunks of 512 tokens, each chunk's blocks stored as it ends).
+            time.sleep(0.6 * a["ttft_s"])
+            k.send_signal(signal.SIGKILL)
+            k.wait(timeout=30)
+        finally:
+            if k.poll() is None:
+                k.kill()
+                k.wait()
+        b2 = serve(pool, "2")
+        print("after a SIGKILL of A at %.1f s: B" % (0.6 * a["ttft_s"]), b2)
+        assert b2["tokens"] == cold["tokens"], (b2, cold)
+        check_pool(pool)
+    finally:
+        cxlkv.unlink(pool)
+
+
+def cxlkv_binary():
+    root = os.path.dirname(os.path.dirname(HERE))
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(root, "target"))
+    for profile in ("release", "debug"):
+        p = os.path.join(target, profile, "cxlkv")
+        if os.path.exists(p):
+            return p
+    return None
+
+
+@pytest.mark.skipif(
+    not os.path.exists(os.path.join(MODEL_HF, "config.json")) or cxlkv_binary() is None,
+    reason="needs SmolLM2 converted for vLLM (python scripts/vllm-model.py) and the cxlkv binary",
+)
+def test_converted_model_answers_as_our_decoder():
+    """vLLM on the converted weights and `cxlkv generate --weights f32` (our decoder, on the GGUF,
+    dequantized) produce the same 16 greedy tokens; the smallest top-1 margin vLLM saw bounds how
+    far apart the two logit vectors can be at any step."""
+    gguf = os.path.join(os.path.dirname(MODEL_HF), "SmolLM2-135M-Instruct.Q4_1.gguf")
+    texts = ["The capital of France is", "Water boils at a temperature of"]
+    r = subprocess.run(
+        [sys.executable, os.path.join(HERE, "vllm_serve.py"), MODEL_HF, "--greedy"] + texts,
+        capture_output=True, text=True, timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-6000:]
+    ours = [json.loads(l[len("RESULT ") :]) for l in r.stdout.splitlines() if l.startswith("RESULT ")]
+    assert len(ours) == len(texts), r.stdout
+    for text, v in zip(texts, ours):
+        g = subprocess.run(
+            [cxlkv_binary(), "generate", "--model", gguf, "--prompt", text, "-n", "16",
+             "--weights", "f32", "--attention", "dense"],
+            capture_output=True, text=True, timeout=600,
+        )
+        assert g.returncode == 0, g.stderr
+        print("%r: vLLM %r (min top-1 margin %.3f nats), cxlkv %r"
+              % (text, v["text"], v["min_margin"], g.stdout))
+        assert g.stdout.rstrip("\n") == v["text"].rstrip("\n"), (g.stdout, v)

@@ -1,7 +1,9 @@
 """One vLLM process (vLLM's CPU build, the real SmolLM2-135M-Instruct) answering one prompt, for the
 vLLM adapter's end-to-end test; prints one `RESULT {json}` line.
 
-    python vllm_serve.py MODEL_DIR POOL_SPEC|none PROMPT(1|2) [TOKENS]
+    python vllm_serve.py MODEL_DIR POOL_SPEC|none PROMPT(1|2) [TOKENS [CACHE_SALT]]
+    python vllm_serve.py MODEL_DIR --greedy TEXT...   (16 greedy tokens of each text, plain vLLM,
+                                                        and the smallest top-1 margin in nats)
 
 With a pool spec, vLLM loads `cxlkv.adapters.vllm.CxlkvConnector` from its own
 `--kv-transfer-config` (here the `kv_transfer_config` engine argument, the same JSON); with `none`,
@@ -48,11 +50,26 @@ QUESTIONS = {
 }
 
 
+def greedy(model, texts):
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=model, dtype="float32", max_model_len=512, block_size=BLOCK, enforce_eager=True)
+    outs = llm.generate(texts, SamplingParams(max_tokens=16, temperature=0.0, logprobs=2))
+    for o in outs:
+        c = o.outputs[0]
+        tops = [sorted((lp.logprob for lp in d.values()), reverse=True) for d in c.logprobs]
+        margin = min(t[0] - t[1] for t in tops if len(t) > 1)
+        print("RESULT " + json.dumps({"text": c.text, "min_margin": margin}), flush=True)
+
+
 def main():
-    model, spec, which = sys.argv[1], sys.argv[2], sys.argv[3]
-    max_tokens = int(sys.argv[4]) if len(sys.argv) > 4 else 16
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if sys.argv[2] == "--greedy":
+        return greedy(sys.argv[1], sys.argv[3:])
+    model, spec, which = sys.argv[1], sys.argv[2], sys.argv[3]
+    max_tokens = int(sys.argv[4]) if len(sys.argv) > 4 else 16
+    salt = sys.argv[5] if len(sys.argv) > 5 else None
     from vllm import LLM, SamplingParams
 
     kw = {}
@@ -72,6 +89,7 @@ def main():
         block_size=BLOCK,
         enforce_eager=True,
         max_num_seqs=2,
+        max_num_batched_tokens=512,  # chunked prefill: blocks are stored as each chunk ends
         disable_log_stats=False,
         seed=0,
         **kw,
@@ -82,8 +100,10 @@ def main():
     prompt = llm.get_tokenizer().apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True
     )
+    request = {"prompt": prompt} if salt is None else {"prompt": prompt, "cache_salt": salt}
+    print("GENERATING", flush=True)
     t1 = time.perf_counter()
-    out = llm.generate([prompt], SamplingParams(max_tokens=max_tokens, temperature=0.0))[0]
+    out = llm.generate([request], SamplingParams(max_tokens=max_tokens, temperature=0.0))[0]
     wall = time.perf_counter() - t1
     metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
     print(
