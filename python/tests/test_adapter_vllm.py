@@ -20,9 +20,11 @@ Skipped, saying so, where vLLM is not installed (`CXLKV_ENGINES=vllm scripts/set
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -34,6 +36,8 @@ pytest.importorskip(
 )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Where the children write the stand-in model's config.json (vLLM's ModelConfig reads it).
+MODEL_DIR = os.path.join(tempfile.gettempdir(), "cxlkv-vllm-test-model-%d" % os.getpid())
 DOC = 2048  # document tokens: 128 vLLM blocks of 16
 BLOCK = 16
 
@@ -52,12 +56,19 @@ def report(**kw):
 """ % DOC
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _model_dir():
+    yield
+    shutil.rmtree(MODEL_DIR, ignore_errors=True)
+
+
 def _env(spec, policy="recompute"):
     return dict(
         os.environ,
         CXLKV_TEST_DIR=HERE,
         CXLKV_TEST_SPEC=spec,
         CXLKV_TEST_POLICY=policy,
+        CXLKV_TEST_MODEL=MODEL_DIR,
     )
 
 
@@ -92,7 +103,7 @@ def check_pool(spec):
 
 
 ANSWER = r"""
-e = ve.Engine(spec, os.environ["CXLKV_TEST_MODEL"] + "-" + str(os.getpid()), policy=policy)
+e = ve.Engine(spec, os.environ["CXLKV_TEST_MODEL"], policy=policy)
 e.add("r", PROMPT, max_tokens=6)
 e.run()
 report(out=e.outputs["r"], computed=e.prompt_tokens_computed("r"), queries=e.connector_queries,
@@ -101,31 +112,30 @@ e.close()
 """
 
 
-def answer(spec, prompt, tmp_path, policy="recompute", before=""):
-    os.environ["CXLKV_TEST_MODEL"] = str(tmp_path / "model")
-    return run(before + "PROMPT = %s\n" % prompt + ANSWER, spec, policy)
+def answer(spec, prompt, policy="recompute"):
+    return run("PROMPT = %s\n" % prompt + ANSWER, spec, policy)
 
 
 @pytest.fixture(scope="module")
-def cold(tmp_path_factory):
+def cold():
     """P2 answered on an empty pool: the reference every restored run must equal."""
     import cxlkv
 
     spec = "shm:cxlkv-vllm-cold-%d" % os.getpid()
     make_pool(spec)
     try:
-        r = answer(spec, "P2", tmp_path_factory.mktemp("cold"))
+        r = answer(spec, "P2")
     finally:
         cxlkv.unlink(spec)
     assert r["hits"] == 0 and r["computed"] == DOC + 7, r
     return r
 
 
-def test_second_process_serves_the_prefix_from_the_pool(spec, cold, tmp_path):
+def test_second_process_serves_the_prefix_from_the_pool(spec, cold):
     make_pool(spec)
-    a = answer(spec, "P1", tmp_path)
+    a = answer(spec, "P1")
     assert a["hits"] == 0 and a["queries"] == DOC + 8, a
-    b = answer(spec, "P2", tmp_path)
+    b = answer(spec, "P2")
     print("cold", cold, "\nA", a, "\nB", b)
     # vLLM's own counters: the document's 128 blocks came from the pool, not recomputed.
     assert b["queries"] == DOC + 7 and b["hits"] == DOC, b
@@ -165,10 +175,9 @@ adapter._Layout.write = slow_write
 """
 
 
-def test_sigkill_mid_store_never_serves_a_torn_block(spec, cold, tmp_path):
+def test_sigkill_mid_store_never_serves_a_torn_block(spec, cold):
     import cxlkv
 
-    os.environ["CXLKV_TEST_MODEL"] = str(tmp_path / "model")
     hits = []
     for i, delay in enumerate((0.05, 0.6, 1.4)):
         pool = "%s-%d" % (spec, i)  # a fresh pool for each kill
@@ -194,7 +203,7 @@ def test_sigkill_mid_store_never_serves_a_torn_block(spec, cold, tmp_path):
                     a.kill()
                     a.wait()
             assert a.returncode == -signal.SIGKILL, (delay, a.returncode)
-            b = answer(pool, "P2", tmp_path)
+            b = answer(pool, "P2")
             print("kill %.2f s into A's stores: B" % delay, b)
             # Whatever A had committed is served, nothing torn: B answers as the cold run.
             assert b["out"] == cold["out"], (delay, b, cold)
@@ -227,10 +236,10 @@ me.batch_put(keys[40:], [bytes(8264)] * (len(keys) - 40))  # right size, no head
 """
 
 
-def test_a_foreign_record_is_a_load_error_that_vllm_recomputes(spec, cold, tmp_path):
+def test_a_foreign_record_is_a_load_error_that_vllm_recomputes(spec, cold):
     make_pool(spec)
     run(FOREIGN.replace("DOC", str(DOC)) + "report(ok=1)\n", spec)
-    b = answer(spec, "P2", tmp_path)
+    b = answer(spec, "P2")
     print("B over foreign records", b)
     # Found by the lookup, refused at the load, reported to vLLM, recomputed: the cold answer.
     assert b["hits"] == DOC and len(b["invalid"]) == DOC // BLOCK, b
@@ -239,9 +248,8 @@ def test_a_foreign_record_is_a_load_error_that_vllm_recomputes(spec, cold, tmp_p
     check_pool(spec)
 
 
-def test_with_policy_fail_a_load_error_fails_only_its_request(spec, tmp_path):
+def test_with_policy_fail_a_load_error_fails_only_its_request(spec):
     make_pool(spec)
-    os.environ["CXLKV_TEST_MODEL"] = str(tmp_path / "model")
     run(FOREIGN.replace("DOC", str(DOC)) + "report(ok=1)\n", spec)
     r = run(
         r"""
@@ -264,9 +272,8 @@ e.close()
     assert "FINISHED" in r["good"] and len(r["good_out"]) == 4, r
 
 
-def test_xxhash_without_a_shared_seed_is_refused(spec, tmp_path):
+def test_xxhash_without_a_shared_seed_is_refused(spec):
     make_pool(spec)
-    os.environ["CXLKV_TEST_MODEL"] = str(tmp_path / "model")
     r = run(
         r"""
 os.environ.pop("PYTHONHASHSEED", None)
