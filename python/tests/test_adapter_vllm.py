@@ -231,8 +231,8 @@ r = Request(request_id="x", prompt_token_ids=P2, sampling_params=SamplingParams(
 side = _PoolSide(spec, "vllm", "test-llama", ve.BLOCK)
 me = side.participant(None)
 keys = [side.key(None, h) for h in r.block_hashes[:DOC // ve.BLOCK]]
-me.batch_put(keys[:40], [b"x" * 100] * 40)  # present, but no record of this layout
-me.batch_put(keys[40:], [bytes(8264)] * (len(keys) - 40))  # right size, no header
+me.batch_put(keys[:40], [bytes(8264)] * 40)  # a record's size, but no header
+me.batch_put(keys[40:], [b"x" * 100] * (len(keys) - 40))  # present, but no record at all
 """
 
 
