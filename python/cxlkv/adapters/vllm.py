@@ -177,31 +177,29 @@ class _Layout:
         t, dim = self.layers[layer]
         return t.select(dim, block_id)
 
+    def _pages(self, record: memoryview):
+        """Each layer's payload in `record` as a tensor of one block's shape (a view, no copy);
+        views end when the caller's loop does."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a read-only record is only read
+            data = torch.frombuffer(record, dtype=torch.uint8)
+        for i in range(len(self.layers)):
+            off = len(self.head) + i * self.layer_bytes
+            yield i, data[off : off + self.layer_bytes].view(self.dtype).view(self.block_shape)
+
     def write(self, dst: memoryview, block_id: int) -> None:
         """Writes the record of block `block_id` into `dst` (`length` writable bytes)."""
         dst[: len(self.head)] = self.head
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            out = torch.frombuffer(dst, dtype=torch.uint8)
-        for i in range(len(self.layers)):
-            off = len(self.head) + i * self.layer_bytes
-            page = out[off : off + self.layer_bytes].view(self.dtype).view(self.block_shape)
+        for i, page in self._pages(dst):
             page.copy_(self.block(i, block_id))
-        del out, page
 
     def read(self, src: memoryview, block_id: int) -> bool:
         """Copies the record in `src` into block `block_id`'s pages; False (nothing written) when
         the record is not one of this layout."""
         if len(src) != self.length or bytes(src[: len(self.head)]) != self.head:
             return False
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a read-only view: it is only read
-            data = torch.frombuffer(src, dtype=torch.uint8)
-        for i in range(len(self.layers)):
-            off = len(self.head) + i * self.layer_bytes
-            page = data[off : off + self.layer_bytes].view(self.dtype).view(self.block_shape)
+        for i, page in self._pages(src):
             self.block(i, block_id).copy_(page)
-        del data, page
         return True
 
 
