@@ -9,10 +9,13 @@ Needs transformers and gguf (scripts/setup-engines.sh with CXLKV_ENGINES=vllm in
 """
 
 import os
+import shutil
 import sys
 import time
 
-from transformers import AutoModelForCausalLM, AutoTokenizer
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: never wait on the hub
+
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 models = os.path.expanduser("~/.cache/cxlkv/models")
 src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(models, "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -34,7 +37,9 @@ if unexpected or [k for k in missing if "lm_head" not in k]:
     sys.exit("vllm-model: weights do not match: missing %s, unexpected %s" % (missing, unexpected))
 model.tie_weights()
 part = dest + ".partial"
+shutil.rmtree(part, ignore_errors=True)
 model.save_pretrained(part)
 tok.save_pretrained(part)
-os.replace(part, dest) if not os.path.exists(dest) else None
+shutil.rmtree(dest, ignore_errors=True)  # no config.json there: an earlier run's leftovers
+os.replace(part, dest)
 print("vllm-model: %s -> %s in %.0f s" % (src, dest, time.time() - t0))
