@@ -62,23 +62,27 @@ def _model_dir():
     shutil.rmtree(MODEL_DIR, ignore_errors=True)
 
 
-def _env(spec, policy="recompute"):
-    return dict(
+def _env(spec, policy="recompute", tenant=None):
+    env = dict(
         os.environ,
         CXLKV_TEST_DIR=HERE,
         CXLKV_TEST_SPEC=spec,
         CXLKV_TEST_POLICY=policy,
         CXLKV_TEST_MODEL=MODEL_DIR,
     )
+    env.pop("CXLKV_TEST_TENANT", None)
+    if tenant is not None:
+        env["CXLKV_TEST_TENANT"], env["CXLKV_TEST_TENANT_SALT"] = tenant
+    return env
 
 
-def run(code, spec, policy="recompute"):
+def run(code, spec, policy="recompute", tenant=None):
     r = subprocess.run(
         [sys.executable, "-c", PRELUDE + code],
         capture_output=True,
         text=True,
         timeout=600,
-        env=_env(spec, policy),
+        env=_env(spec, policy, tenant),
     )
     assert r.returncode == 0, "child failed:\n%s\n%s" % (r.stdout, r.stderr[-6000:])
     lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
@@ -112,8 +116,8 @@ e.close()
 """
 
 
-def answer(spec, prompt, policy="recompute"):
-    return run("PROMPT = %s\n" % prompt + ANSWER, spec, policy)
+def answer(spec, prompt, policy="recompute", tenant=None):
+    return run("PROMPT = %s\n" % prompt + ANSWER, spec, policy, tenant)
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +158,29 @@ e.close()
         spec,
     )
     assert s["hits"] == 0 and s["computed"] == DOC + 7, s
+    check_pool(spec)
+
+
+def test_a_deployment_attached_as_a_tenant_shares_only_with_its_tenant(spec, cold):
+    """`tenant` and `tenant_salt_env` in the extra config: A stores as tenant alice; B, another
+    alice process with the same salt, is served the document from the pool; bob, alice under
+    another salt, and a tenant-less process are not (their keys differ, and alice's blocks are
+    not theirs to read)."""
+    make_pool(spec)
+    alice = ("alice", "alice's secret")
+    a = answer(spec, "P1", tenant=alice)
+    assert a["hits"] == 0, a
+    b = answer(spec, "P2", tenant=alice)
+    assert b["hits"] == DOC and b["computed"] == 7 and b["out"] == cold["out"], b
+    for other in [("bob", "bob's secret"), ("alice", "a guess"), None]:
+        o = answer(spec, "P2", tenant=other)
+        assert o["hits"] == 0 and o["computed"] == DOC + 7, (other, o)
+        assert o["out"] == cold["out"], (other, o)
+    import cxlkv
+
+    with cxlkv.Pool.open(spec) as pool:
+        names = {t["name"] for t in pool.tenants()}
+    assert {"alice", "bob"} <= names, names
     check_pool(spec)
 
 

@@ -64,14 +64,19 @@ _MODEL_CONFIG = {
 
 
 def kv_transfer_flag(spec, policy="recompute"):
-    """The `--kv-transfer-config` value that loads the cxlkv connector."""
+    """The `--kv-transfer-config` value that loads the cxlkv connector; attached as the pool
+    tenant `CXLKV_TEST_TENANT` names, if set, with the salt in `CXLKV_TEST_TENANT_SALT`."""
+    extra = {"pool": spec, "model": "test-llama"}
+    if os.environ.get("CXLKV_TEST_TENANT"):
+        extra["tenant"] = os.environ["CXLKV_TEST_TENANT"]
+        extra["tenant_salt_env"] = "CXLKV_TEST_TENANT_SALT"
     return json.dumps(
         {
             "kv_connector": "CxlkvConnector",
             "kv_connector_module_path": "cxlkv.adapters.vllm",
             "kv_role": "kv_both",
             "kv_load_failure_policy": policy,
-            "kv_connector_extra_config": {"pool": spec, "model": "test-llama"},
+            "kv_connector_extra_config": extra,
         }
     )
 

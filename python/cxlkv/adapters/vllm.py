@@ -9,7 +9,9 @@ vLLM loads it from its own `--kv-transfer-config`:
 
 Optional `kv_connector_extra_config` fields: `namespace` (default "vllm"), `model` (the model's
 identity in the keys; default vLLM's model name or path: processes that load the same model under
-different paths must name it the same here).
+different paths must name it the same here), `tenant` with `tenant_salt_env` (the name of an
+environment variable holding the tenant's secret salt) or `tenant_salt`: the pool tenant this
+deployment attaches as (`cxlkv.adapters._tenant`).
 
 Why this seam: `KVConnectorBase_V1` hands the worker vLLM's own paged KV tensors
 (`register_kv_caches`), so a block moves between a vLLM page and the pool with one copy each way
@@ -23,10 +25,11 @@ vLLM's CPU tier.
 Keys: one pool record per vLLM KV block (all layers), under a key derived from vLLM's own block
 hash (`Request.block_hashes`: a chain over the tokens, the LoRA and multimodal inputs and the
 request's `cache_salt`; reproducible across processes with vLLM's default sha256, or with
-`PYTHONHASHSEED` set for xxhash), the namespace, the model, the block size and the salt (or "no
-salt"). Two vLLM processes with the same model and tokens find each other's blocks; a request
-under another `cache_salt` forms other keys and misses. The salt maps to the pool's tenant in one
-place, `_PoolSide.participant`.
+`PYTHONHASHSEED` set for xxhash), the namespace, the model and the block size, keyed (the pool's
+salted keys) with the tenant's salt and the request's `cache_salt`, neither of which enters the
+pool. Two vLLM processes with the same model, tokens and salts find each other's blocks; a request
+under another `cache_salt` forms other keys and misses, and a deployment attached as another
+tenant neither forms nor reads them.
 
 A record is a header (magic, dtype, block shape and byte length per layer, layer count) and the
 block's bytes of every layer in vLLM's layer order. A load checks the header against this
@@ -60,6 +63,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 import cxlkv
+from cxlkv.adapters import _tenant
 
 from ._read import read_view
 from ._torch import dtype_name
@@ -105,25 +109,37 @@ class _PoolSide:
     pool: the salt picks the participant (the pool's tenant, once tenants are attached by name)
     and is part of every key's namespace."""
 
-    def __init__(self, spec: str, namespace: str, model: str, block_size: int):
+    def __init__(
+        self,
+        spec: str,
+        namespace: str,
+        model: str,
+        block_size: int,
+        tenant: Optional[str] = None,
+        tenant_salt: Optional[bytes] = None,
+    ):
         self.pool = cxlkv.Pool.open(spec)
         self._prefix = "cxlkv-vllm-1\0%s\0%s\0bs%d\0" % (namespace, model, block_size)
+        self._tenant, self._tenant_salt = tenant, tenant_salt
         self._members: Dict[Optional[str], "cxlkv.Participant"] = {}
         self._lock = threading.Lock()
 
     def participant(self, salt: Optional[str]) -> "cxlkv.Participant":
-        """The participant that reads and writes the blocks of requests salted `salt`."""
+        """The participant that reads and writes the blocks of requests salted `salt`: the
+        deployment's tenant (`tenant` in the extra config) for every salt; the salt itself keys
+        the blocks (`key`)."""
         with self._lock:
             me = self._members.get(salt)
             if me is None:
-                # Tenants: attach as the tenant named by the salt here.
-                me = self._members[salt] = self.pool.attach()
+                me = self._members[salt] = _tenant.attach(self.pool, self._tenant, self._tenant_salt)
             return me
 
     def key(self, salt: Optional[str], block_hash: bytes) -> int:
-        """The pool key of the vLLM block hashed `block_hash` for requests salted `salt`."""
-        ns = (self._prefix + ("salt:" + salt if salt is not None else _NO_SALT) + "\0").encode()
-        return int(cxlkv.Key.from_bytes(ns + bytes(block_hash)))
+        """The pool key of the vLLM block hashed `block_hash` for requests salted `salt`: keyed
+        with the tenant's salt and the request's `cache_salt` (neither enters the pool), so
+        another salt forms other keys."""
+        ns = (self._prefix + ("salt" if salt is not None else _NO_SALT) + "\0").encode()
+        return _tenant.key(ns + bytes(block_hash), _tenant.key_salt(self._tenant_salt, salt))
 
     def close(self) -> None:
         with self._lock:
@@ -233,8 +249,14 @@ class CxlkvConnector(KVConnectorBase_V1):
         model = extra.get("model") or vllm_config.model_config.served_model_name
         if isinstance(model, (list, tuple)):
             model = model[0]
+        tenant, tenant_salt = _tenant.tenant_of(extra)
         self._side = _PoolSide(
-            str(spec), str(extra.get("namespace", "vllm")), str(model), self._block_size
+            str(spec),
+            str(extra.get("namespace", "vllm")),
+            str(model),
+            self._block_size,
+            tenant,
+            tenant_salt,
         )
         # Scheduler side.
         self._requests: Dict[str, "Request"] = {}
