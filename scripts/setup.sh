@@ -2,11 +2,12 @@
 # Installs what cxlkv needs on a fresh Debian or Ubuntu machine (idempotent).
 #   - system libraries: libhwloc (topology), libclang (bindgen for the device ABI), a C toolchain,
 #     valgrind (C ABI tests), python3 with venv and headers (the Python package: a venv for
-#     pip install ./python; libpython for linking the extension crate in workspace builds);
+#     pip install ./python; libpython for linking the extension crate in workspace builds),
+#     redis-server (the peer benchmark's Redis rows, scripts/bench-peers.sh);
 #   - a Rust toolchain (rustup when reachable, else the distribution's cargo).
 set -euo pipefail
 
-need_pkgs=(build-essential pkg-config libhwloc-dev libudev-dev libclang-dev clang valgrind python3 python3-venv python3-dev ca-certificates curl)
+need_pkgs=(build-essential pkg-config libhwloc-dev libudev-dev libclang-dev clang valgrind python3 python3-venv python3-dev ca-certificates curl redis-server)
 missing=()
 for p in "${need_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

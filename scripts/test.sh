@@ -86,6 +86,11 @@ echo "pip install ./python: ${SECONDS} s"
 CXLKV_NDPD="$target_dir/debug/cxlkv-ndpd" "$venv/bin/python" -m pytest -q -rs python/tests
 "$venv/bin/python" scripts/check-docs.py --python-only   # README's Python example, run
 
+step "peer benchmark, quick (scripts/bench-peers.sh --quick: cxlkv against Redis 7 and llama.cpp's own caches, memcpy as the ceiling; answers checked)"
+SECONDS=0
+CXLKV_PEERS_VENV="$venv" ./scripts/bench-peers.sh --quick
+echo "peer benchmark, quick: ${SECONDS} s"
+
 step "cxlkv topo"
 cargo run -q --features cxlkv-runtime/hwloc -- topo
 

@@ -7,10 +7,11 @@ peers first:
 
 Groups: direct (pool / Redis / Mooncake put and get, memcpy and read bandwidth), llama_cpp,
 lmcache, sglang. `--quick` keeps the rows whose peers the test command installs (direct without
-Mooncake, llama.cpp on a shorter prompt) with fewer rounds.
+Mooncake, llama.cpp on a 256-token prompt) with fewer rounds.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -100,7 +101,9 @@ def main():
     for g in groups:
         t = time.time()
         try:
-            rows += globals()["group_" + g](a)
+            # Engines print (llama-cpp-python's disk cache, LMCache's logs): stdout is the table's.
+            with contextlib.redirect_stdout(sys.stderr):
+                rows += globals()["group_" + g](a)
         except Exception as e:
             traceback.print_exc(file=sys.stderr)
             rows.append(error_row(g, "-", "all", "%s: %s" % (type(e).__name__, e)))
