@@ -12,8 +12,10 @@ Mooncake, llama.cpp on a 256-token prompt) with fewer rounds.
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -83,6 +85,7 @@ def table(rows):
 
 
 def main():
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints where a row hangs
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="the rows the test command installs, fewer rounds")
     ap.add_argument("--json", action="store_true", help="print one JSON object with a rows array")
