@@ -67,20 +67,21 @@ def fmt(v, spec):
 
 def table(rows):
     lines = [
-        "| engine | peer | operation | bytes | bytes/s | p50 µs | p99 µs | cxlkv faster by |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| engine | peer | operation | bytes | bytes/s | p50 µs | p99 µs | cxlkv faster by | note |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in rows:
         if r.get("error"):
-            lines.append("| %s | %s | %s | %s | not run: %s | | | |" % (
-                r["engine"], r["peer"], r["operation"], fmt(r["value_bytes"] or None, ","), r["error"].replace("|", "/")))
+            lines.append("| %s | %s | %s | %s | | | | | not run: %s |" % (
+                r["engine"], r["peer"], r["operation"], fmt(r["value_bytes"] or None, ","),
+                r["error"].replace("|", "/").replace("\n", " ")))
             continue
-        bps = r["bytes_per_s"]
-        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        bps, ratio = r["bytes_per_s"], r["ratio_cxlkv_over_peer"]
+        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             r["engine"], r["peer"], r["operation"], fmt(r["value_bytes"] or None, ","),
             "-" if bps is None else "%.2f GB/s" % (bps / 1e9) if bps >= 1e8 else "%.1f MB/s" % (bps / 1e6),
             fmt(r["p50_us"], ",.1f"), fmt(r["p99_us"], ",.1f"),
-            fmt(r["ratio_cxlkv_over_peer"], ".2f") + ("x" if r["ratio_cxlkv_over_peer"] else "")))
+            "-" if ratio is None else "%.2fx" % ratio, r.get("note", "")))
     return "\n".join(lines)
 
 
@@ -90,6 +91,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="the rows the test command installs, fewer rounds")
     ap.add_argument("--json", action="store_true", help="print one JSON object with a rows array")
     ap.add_argument("--only", default=None, help="comma-separated groups: " + ",".join(GROUPS))
+    ap.add_argument("--plot", default=None, help="write the figure (SVG) of the retrieval rows here")
     ap.add_argument("--model", default=os.environ.get("CXLKV_MODEL"), help="the SmolLM2 GGUF (scripts/fetch-model.sh)")
     a = ap.parse_args()
     groups = GROUPS if a.only is None else tuple(a.only.split(","))
@@ -121,6 +123,11 @@ def main():
         "cpu": _cpu(),
         "rows": rows,
     }
+    if a.plot:
+        import figure
+
+        with open(a.plot, "w") as f:
+            f.write(figure.svg(figure.bars(rows), figure.title(out)))
     if a.json:
         print(json.dumps(out, indent=1))
     else:

@@ -73,12 +73,18 @@ def first_token(llm, prompt):
     return s, tok, llama_cpp.llama_perf_context(llm.ctx).n_p_eval
 
 
-def store(llm, cache, prompt):
-    """Evaluates `prompt` without a cache, then stores the state as llama-cpp-python does after a
-    completion; returns (seconds of save_state + store, state bytes)."""
+def evaluate(llm, prompt):
+    """Evaluates `prompt` from scratch, without a cache."""
     llm.set_cache(None)
     llm.reset()
     llm.eval(prompt)
+
+
+def store(llm, cache, prompt=None):
+    """Stores the context's state as llama-cpp-python does after a completion (evaluating
+    `prompt` first when given); returns (seconds of save_state + store, state bytes)."""
+    if prompt is not None:
+        evaluate(llm, prompt)
     t = time.perf_counter()
     state = llm.save_state()
     cache[list(llm.input_ids[: llm.n_tokens])] = state
@@ -158,9 +164,12 @@ def run(model, quick=False):
             cold.add(s)
             if tok != cold_tok or ev < len(b):
                 raise RuntimeError("cold run differs: token %d/%d, evaluated %d" % (tok, cold_tok, ev))
-            for k in kinds[r % 3 :] + kinds[: r % 3]:
-                s, size[k] = store(llm, caches[k], a)
+            order = kinds[r % 3 :] + kinds[: r % 3]
+            evaluate(llm, a)  # once: each cache stores the same state
+            for k in order:
+                s, size[k] = store(llm, caches[k])
                 st[k].add(s)
+            for k in order:
                 llm.set_cache(caches[k])
                 s, tok, ev = first_token(llm, b)
                 if tok != cold_tok or ev > SUFFIX + 1:
