@@ -74,6 +74,9 @@ if [ "${CXLKV_PEERS_NO_INSTALL:-0}" != 1 ]; then
 fi
 CXLKV_MODEL="${CXLKV_MODEL:-$(./scripts/fetch-model.sh)}"
 export CXLKV_MODEL
+# LMCache hashes its chunk keys with Python's builtin hash: the second process of the LMCache rows
+# finds the first one's chunks only with the same seed (LMCache asks for PYTHONHASHSEED=0 itself).
+export PYTHONHASHSEED="${PYTHONHASHSEED:-0}"
 
 driver=("$py" benches/peers/bench_peers.py "$@")
 if unshare -n true 2>/dev/null; then

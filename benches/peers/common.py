@@ -97,14 +97,18 @@ def ratios(rows):
     """Sets each non-cxlkv row's `ratio_cxlkv_over_peer`: how many times faster cxlkv is than that
     peer on the same engine, operation and size, from medians (peer p50 / cxlkv p50; equal to the
     bytes/s ratio where there are bytes). Above 1: cxlkv is faster. A ceiling row (memcpy) gets
-    the fraction of the ceiling cxlkv reaches."""
+    the fraction of the ceiling cxlkv reaches. A row without bytes (the cold request) is compared
+    with cxlkv's row of the same operation."""
     ours = {
         (r["engine"], r["operation"], r["value_bytes"]): r
         for r in rows
         if r["peer"].startswith("cxlkv") and r.get("p50_us")
     }
+    by_op = {(e, op): r for (e, op, _), r in ours.items()}
     for r in rows:
         c = ours.get((r["engine"], r["operation"], r["value_bytes"]))
+        if c is None and not r["value_bytes"]:  # a row without bytes (no cache): any size
+            c = by_op.get((r["engine"], r["operation"]))
         if c is None or r is c or not r.get("p50_us"):
             continue
         r["ratio_cxlkv_over_peer"] = r["p50_us"] / c["p50_us"]

@@ -98,10 +98,12 @@ def held(kind, cache, where):
 
 
 def child_main(argv):
-    """A second process: `llama_rows.py child MODEL KIND WHERE N MODE`; MODE `restore` times the
-    request B through the cache; `share` first stores its own variant of the prompt, then waits
-    for the other process's state and restores it. Prints one JSON line."""
+    """A second process: `llama_rows.py child MODEL KIND WHERE N MODE [FLAGS]`; MODE `restore`
+    times the request B through the cache; `share0`/`share1` first stores its own variant of the
+    prompt, then (FLAGS.done0/1 files telling each other) waits for the other process's state and
+    restores it. Prints one JSON line."""
     model, kind, where, n, mode = argv[0], argv[1], argv[2], int(argv[3]), argv[4]
+    flags = argv[5] if len(argv) > 5 else None
     a, b = prompts(n)
     llm = make_llm(model)
     cache = make_cache(kind, where, llm)
@@ -111,10 +113,10 @@ def child_main(argv):
         mine = a[: n - SUFFIX] + a[SUFFIX * (2 + me) : SUFFIX * (3 + me)]
         other = a[: n - SUFFIX] + a[SUFFIX * (3 - me) : SUFFIX * (4 - me)]
         out["store_s"], _ = store(llm, cache, mine)
-        deadline = time.time() + 120
-        while time.time() < deadline and not os.path.exists(where + ".done%d" % (1 - me)):
+        open(flags + ".done%d" % me, "w").close()  # mine is stored; then wait for the other's
+        deadline = time.time() + 300
+        while time.time() < deadline and not os.path.exists(flags + ".done%d" % (1 - me)):
             time.sleep(0.05)
-        open(where + ".done%d" % me, "w").close()
         b = other + [a[0]]
     llm.set_cache(cache)
     out["ttft_s"], out["token"], out["n_p_eval"] = first_token(llm, b)
@@ -157,7 +159,7 @@ def run(model, quick=False):
         _, cold_tok, cold_eval = first_token(llm, b)  # warm-up
         caches = {k: make_cache(k, where[k], llm) for k in kinds}
         st, ttft = {k: Samples() for k in kinds}, {k: Samples() for k in kinds}
-        size = {}
+        size, held_bytes = {}, {}
         for r in range(reps):
             llm.set_cache(None)
             s, tok, ev = first_token(llm, b)
@@ -169,6 +171,8 @@ def run(model, quick=False):
             for k in order:
                 s, size[k] = store(llm, caches[k])
                 st[k].add(s)
+                if r == 0:  # one state stored: what the cache holds for it
+                    held_bytes[k] = held(k, caches[k], where[k])
             for k in order:
                 llm.set_cache(caches[k])
                 s, tok, ev = first_token(llm, b)
@@ -179,8 +183,8 @@ def run(model, quick=False):
         note = "prompt %d tokens; %d after the shared prefix" % (len(b), SUFFIX)
         rows.append(row(ENGINE, "no cache (cold)", "ttft, same process", 0, cold, note))
         for k in kinds:
-            h = held(k, caches[k], where[k])
-            rows.append(row(ENGINE, label[k], "store state", size[k], st[k], "bytes held: %d" % h))
+            rows.append(row(ENGINE, label[k], "store state", size[k], st[k],
+                            "bytes held for one state: %s" % format(held_bytes[k], ",")))
             rows.append(row(ENGINE, label[k], "ttft, same process", size[k], ttft[k], note))
         # A second process, where the cache can cross processes.
         rows.append(error_row(ENGINE, label["ram"], "ttft, second process",
@@ -212,10 +216,8 @@ def share(model, n, work, spec, label):
     rows.append(error_row(ENGINE, label["ram"], "two processes share one cache",
                           "n/a: each process has its own LlamaRAMCache"))
     for k, where in (("cxlkv", spec), ("disk", os.path.join(work, "shared-disk"))):
-        for f in (where + ".done0", where + ".done1"):
-            if os.path.exists(f):
-                os.unlink(f)
-        procs = [subprocess.Popen([sys.executable, HERE, "child", model, k, where, str(n), "share%d" % i],
+        flags = os.path.join(work, "share-" + k)
+        procs = [subprocess.Popen([sys.executable, HERE, "child", model, k, where, str(n), "share%d" % i, flags],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
         outs = [p.communicate(timeout=600) for p in procs]
         res = []

@@ -54,6 +54,7 @@ _MAGIC = b"CXLKVLM1"
 _MAX_DIMS = 8
 # magic, memory format, dtype name (16 bytes), ndim, dims[8], payload length
 _HEAD = struct.Struct("<8sI16sI%dQQ" % _MAX_DIMS)
+_KEY_MEMO = 1 << 16
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -121,6 +122,7 @@ class CxlkvStorageBackend(StoragePluginInterface):
         self.me = self.pool.attach()
         self._pins = {}
         self._request_pins = {}
+        self._key_memo = {}
         self._lock = threading.Lock()
 
     def __str__(self) -> str:
@@ -128,13 +130,26 @@ class CxlkvStorageBackend(StoragePluginInterface):
 
     # --- keys and records ---------------------------------------------------------------------
 
+    def _keys(self, key: CacheEngineKey):
+        """(payload key, header key) of a chunk. LMCache asks for the same chunks again and again
+        (lookup, then get; every request of a shared prefix), and the key's string costs more than
+        the pool's lookup, so the pairs of recent chunks are kept (at most _KEY_MEMO of them)."""
+        pair = self._key_memo.get(key)
+        if pair is None:
+            s = "%s/%s" % (self.namespace, key.to_string())
+            pair = (cxlkv.Key.from_bytes(s.encode()), cxlkv.Key.from_bytes((s + "#head").encode()))
+            if len(self._key_memo) >= _KEY_MEMO:
+                self._key_memo.clear()
+            self._key_memo[key] = pair
+        return pair
+
     def _key(self, key: CacheEngineKey) -> "cxlkv.Key":
         """The key of the chunk's payload."""
-        return cxlkv.Key.from_bytes(("%s/%s" % (self.namespace, key.to_string())).encode())
+        return self._keys(key)[0]
 
     def _head_key(self, key: CacheEngineKey) -> "cxlkv.Key":
         """The key of the chunk's header, put after the payload: the chunk is present when it is."""
-        return cxlkv.Key.from_bytes(("%s/%s#head" % (self.namespace, key.to_string())).encode())
+        return self._keys(key)[1]
 
     @staticmethod
     def _encode(obj: MemoryObj):
