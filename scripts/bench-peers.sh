@@ -15,7 +15,7 @@
 #     and Mooncake Store (mooncake-transfer-engine-non-cuda from PyPI, which needs Debian's
 #     libibverbs1 even for TCP).
 # `--quick` runs only the rows whose peers the test command already installs (the direct rows
-# without Mooncake, llama.cpp on a 256-token prompt), with fewer rounds: scripts/test.sh runs it.
+# without Mooncake, llama.cpp on a 384-token prompt), with fewer rounds: scripts/test.sh runs it.
 # CXLKV_PEERS_NO_INSTALL=1 skips the installs (the venv must already hold everything).
 #
 # The run happens inside a private network namespace (`unshare -n`, only lo up) when this user may

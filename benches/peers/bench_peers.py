@@ -7,7 +7,7 @@ peers first:
 
 Groups: direct (pool / Redis / Mooncake put and get, memcpy and read bandwidth), llama_cpp,
 lmcache, sglang. `--quick` keeps the rows whose peers the test command installs (direct without
-Mooncake, llama.cpp on a 256-token prompt) with fewer rounds.
+Mooncake, llama.cpp on a 384-token prompt) with fewer rounds.
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """llama.cpp rows: `CxlkvLlamaCache` against llama-cpp-python's own `LlamaRAMCache` and
 `LlamaDiskCache`, all through `Llama.set_cache`, on the SmolLM2-135M GGUF and a prompt of the real
-text's token ids (data/kv: 2,048 tokens; `--quick`: 256, one round).
+text's token ids (data/kv: 2,048 tokens; `--quick`: 384, one round).
 
 - store: `cache[tokens] = llm.save_state()`, what llama-cpp-python does after a completion
   (value_bytes: the state's llama.cpp size);
@@ -140,7 +140,8 @@ def run(model, quick=False):
 
     if not model or not os.path.exists(model):
         return [error_row(ENGINE, "-", "all", "no GGUF: set CXLKV_MODEL or --model (scripts/fetch-model.sh)")]
-    n = 256 if quick else 2048
+    # The shared prefix must span one of CxlkvLlamaCache's index chunks (256 tokens) to be found.
+    n = 384 if quick else 2048
     reps = 1 if quick else 3
     a, b = prompts(n)
     llm = make_llm(model)
