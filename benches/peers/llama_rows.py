@@ -25,7 +25,6 @@ import sys
 import tempfile
 import time
 
-import numpy as np
 
 from common import Samples, error_row, kv_tensors, row
 
