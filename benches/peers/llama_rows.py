@@ -25,7 +25,6 @@ import sys
 import tempfile
 import time
 
-
 from common import Samples, error_row, kv_tensors, row
 
 ENGINE = "llama.cpp"
