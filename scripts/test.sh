@@ -86,6 +86,9 @@ echo "pip install ./python: ${SECONDS} s"
 CXLKV_NDPD="$target_dir/debug/cxlkv-ndpd" "$venv/bin/python" -m pytest -q -rs python/tests
 "$venv/bin/python" scripts/check-docs.py --python-only   # README's Python example, run
 
+step "cross-pod tier: a mooncake_master and two pods in a private network namespace (scripts/crosspod.sh test; docs/CROSSPOD.md)"
+./scripts/crosspod.sh test "$venv"
+
 step "peer benchmark, quick (scripts/bench-peers.sh --quick: cxlkv against Redis 7 and llama.cpp's own caches, memcpy as the ceiling; answers checked)"
 SECONDS=0
 CXLKV_PEERS_VENV="$venv" ./scripts/bench-peers.sh --quick

@@ -25,6 +25,11 @@ enum Command {
         #[command(subcommand)]
         command: cli::pool::PoolCommand,
     },
+    /// The tier between pods: the bridge to Mooncake Store and its metrics (docs/CROSSPOD.md).
+    Crosspod {
+        #[command(subcommand)]
+        command: cli::crosspod::CrosspodCommand,
+    },
     /// What cxlkv is for: processes sharing a real KV cache through the pool, then the real model
     /// decoding with its attention next to the memory (ndp-exact), tokens checked against dense,
     /// link bytes and the device's numbers read from the run.
@@ -108,6 +113,7 @@ fn main() -> ExitCode {
     let r = match cli.command {
         Command::Topo { json } => cli::topo(json),
         Command::Pool { command } => cli::pool::run(command),
+        Command::Crosspod { command } => cli::crosspod::run(command),
         Command::Demo(a) => cli::demo::run(&a),
         Command::Generate(a) => cli::generate::run(&a),
         Command::Eval(a) => cli::eval::run(&a),

@@ -16,7 +16,7 @@ use cxlkv_kernels::{DType, KeyRows, Partial, QueryGroup, ScoreKernel};
 use cxlkv_model::{Attention, AttentionStats, HostAttention, Result};
 use cxlkv_runtime::ndp::select::Selection;
 use cxlkv_runtime::ndp::sparse::{left_out, union};
-use cxlkv_runtime::ndp::{host_gather, BlockExpect};
+use cxlkv_runtime::ndp::{host_gather, slot_tenant, BlockExpect};
 
 /// The `pull-topk` backend.
 pub(crate) struct PullTopK<'e> {
@@ -97,7 +97,11 @@ impl Attention for PullTopK<'_> {
             let picked = sel.finish();
             let u = union(&picked.lists);
             // Pull the union's value rows across the link.
+            // Read as the tenant this process's participant attached as, like the device would.
+            let tenant = slot_tenant(self.env.pool(), self.env.participant().id())
+                .map_err(|e| bad(format!("reading this participant's tenant: {e}")))?;
             let want = BlockExpect {
+                tenant,
                 sequence: self.store.sequence(),
                 layer: layer as u32,
                 kv_head: kv as u32,

@@ -519,11 +519,29 @@ cxlkv_result cxlkv_pool_describe(const struct cxlkv_pool *pool, struct cxlkv_poo
 cxlkv_result cxlkv_pool_mapping(const struct cxlkv_pool *pool, void **base, size_t *len);
 
 // Number of leading keys of `keys[0..n]` present in the pool (the cached prefix), in `*out`.
-// `n` must be positive. Thread-safe.
+// `n` must be positive. A pool handle reads as no tenant (format 3.2): it finds tenant 0's
+// blocks only; a tenant's participant finds its own with `cxlkv_participant_lookup_prefix`.
+// Thread-safe.
 cxlkv_result cxlkv_pool_lookup_prefix(const struct cxlkv_pool *pool,
                                       const struct cxlkv_key *keys,
                                       size_t n,
                                       size_t *found);
+
+// Declares the tenant `name` (1 to 40 bytes of UTF-8) in the pool's tenant table with a quota of
+// `quota` blocks (0 = unlimited), and stores its id (1-based) in `*id` (format 3.2;
+// docs/SECURITY.md, "Tenants inside one pool"). A tenant already declared keeps its quota (use
+// `cxlkv_pool_tenant_set_quota`). `CXLKV_ERR_FULL` when the table's 59 entries are taken. On a
+// software-coherent pool, declare tenants before anyone attaches. Thread-safe.
+cxlkv_result cxlkv_pool_tenant_declare(const struct cxlkv_pool *pool,
+                                       const char *name,
+                                       uint64_t quota,
+                                       uint32_t *id);
+
+// Sets the quota (blocks; 0 = unlimited) of the declared tenant `name`; its writers obey it from
+// their next put. `CXLKV_ERR_INVALID_ARG` if it is not declared. Thread-safe.
+cxlkv_result cxlkv_pool_tenant_set_quota(const struct cxlkv_pool *pool,
+                                         const char *name,
+                                         uint64_t quota);
 
 // Computes the key chain of `tokens[0..n_tokens]` split into chunks of `chunk` tokens for
 // (`ns`, `model`, layers `layer_first..=layer_last`): the same keys every engine computes for the
@@ -540,9 +558,33 @@ cxlkv_result cxlkv_key_chain(const char *ns,
                              size_t cap,
                              size_t *n_keys);
 
+// `cxlkv_key_chain` salted with a tenant's secret `salt[0..salt_len]` (format 3.2): the chain's
+// seed is a keyed BLAKE3 hash under a key derived from the salt (docs/FORMAT.md §6), so only a
+// holder of the salt forms these keys. Thread-safe.
+cxlkv_result cxlkv_key_chain_salted(const uint8_t *salt,
+                                    size_t salt_len,
+                                    const char *ns,
+                                    const char *model,
+                                    uint32_t layer_first,
+                                    uint32_t layer_last,
+                                    const uint32_t *tokens,
+                                    size_t n_tokens,
+                                    size_t chunk,
+                                    struct cxlkv_key *keys,
+                                    size_t cap,
+                                    size_t *n_keys);
+
 // The key of an opaque name (`bytes[0..len]`, e.g. an engine's own cache-key string), in
 // `*key`. Thread-safe.
 cxlkv_result cxlkv_key_from_bytes(const uint8_t *bytes, size_t len, struct cxlkv_key *key);
+
+// The key of an opaque name salted with a tenant's secret `salt[0..salt_len]` (format 3.2; the
+// keyed BLAKE3 hash of `bytes[0..len]`, docs/FORMAT.md §6), in `*key`. Thread-safe.
+cxlkv_result cxlkv_key_from_bytes_salted(const uint8_t *salt,
+                                         size_t salt_len,
+                                         const uint8_t *bytes,
+                                         size_t len,
+                                         struct cxlkv_key *key);
 
 // Attaches a participant to `pool` (claims a slot and, if one is free or dead, a partition).
 // A holder is dead once this pool handle watched its heartbeat counter stand still for the
@@ -553,6 +595,34 @@ cxlkv_result cxlkv_key_from_bytes(const uint8_t *bytes, size_t len, struct cxlkv
 // Thread-safe.
 cxlkv_result cxlkv_participant_attach(const struct cxlkv_pool *pool,
                                       struct cxlkv_participant **out);
+
+// Attaches a participant to `pool` as the tenant named `name` (1 to 40 bytes of UTF-8) holding
+// the secret `salt[0..salt_len]` (format 3.2; docs/SECURITY.md, "Tenants inside one pool"): the
+// tenant declared in the pool, or, on a hardware-coherent pool, one registered now with the
+// pool's default quota (`CXLKV_ERR_INVALID_ARG` for an undeclared tenant of a software-coherent
+// pool, or a bad name). The participant claims only a partition of its tenant or one without live
+// blocks, puts under its tenant's quota (`CXLKV_ERR_FULL` with a "quota" message when it has
+// nothing of its own left to evict), and gets, pins and finds only its tenant's blocks and tenant
+// 0's. The salt stays in this process: form the tenant's keys with `cxlkv_key_chain_salted` and
+// `cxlkv_key_from_bytes_salted` and the same salt. Otherwise as `cxlkv_participant_attach`.
+// Thread-safe.
+cxlkv_result cxlkv_participant_attach_tenant(const struct cxlkv_pool *pool,
+                                             const char *name,
+                                             const uint8_t *salt,
+                                             size_t salt_len,
+                                             struct cxlkv_participant **out);
+
+// The tenant id this participant attached as, in `*tenant` (0: none, the pool's public space).
+// Thread-safe.
+cxlkv_result cxlkv_participant_tenant(const struct cxlkv_participant *p, uint32_t *tenant);
+
+// Number of leading keys of `keys[0..n]` this participant can read (the cached prefix), in
+// `*found`: for a tenant's participant, its tenant's blocks and tenant 0's; for a tenant-less
+// one, tenant 0's, as `cxlkv_pool_lookup_prefix`. `n` must be positive. Thread-safe.
+cxlkv_result cxlkv_participant_lookup_prefix(const struct cxlkv_participant *p,
+                                             const struct cxlkv_key *keys,
+                                             size_t n,
+                                             size_t *found);
 
 // Detaches a participant: its partition's blocks stay in the pool for others. Pins and
 // reservations still held keep it attached until they are released, and so does a call on the

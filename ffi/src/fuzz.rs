@@ -15,7 +15,10 @@ use crate::batch::{
 };
 use crate::errors::cxlkv_result::{self, *};
 use crate::errors::{cxlkv_last_error_message, cxlkv_result_message};
-use crate::keys::{cxlkv_key, cxlkv_key_chain, cxlkv_key_from_bytes};
+use crate::keys::{
+    cxlkv_key, cxlkv_key_chain, cxlkv_key_chain_salted, cxlkv_key_from_bytes,
+    cxlkv_key_from_bytes_salted,
+};
 use crate::participant::*;
 use crate::pool::*;
 use cxlkv_kernels::rng::SplitMix64;
@@ -172,7 +175,7 @@ impl Fuzz {
     /// One call, drawn at random.
     fn step(&mut self) {
         let live = self.participants.clone();
-        let r: cxlkv_result = match self.rng.below(24) {
+        let r: cxlkv_result = match self.rng.below(28) {
             0 => {
                 let p = self.handle(&live);
                 let key = self.key();
@@ -331,7 +334,13 @@ impl Fuzz {
                     self.release(h as usize);
                     cxlkv_participant_detach(h)
                 } else {
+                    // Usually not a live participant; but `handle` may draw the first live one,
+                    // which then leaves the run's list like the one detached above.
                     let h = self.handle(&[]);
+                    if let Some(at) = self.participants.iter().position(|&p| p == h) {
+                        self.participants.swap_remove(at);
+                        self.release(h as usize);
+                    }
                     cxlkv_participant_detach(h)
                 }
             }
@@ -449,6 +458,57 @@ impl Fuzz {
                     self.release(out as usize);
                 }
                 r
+            }
+            23 => {
+                let (salt, bytes) = (self.bytes(32), self.bytes(64));
+                let (ns, n) = (self.len(32), self.len(64));
+                let mut key = cxlkv_key::default();
+                let sp = self.ptr_or_null(salt.as_ptr().cast_mut());
+                let bp = self.ptr_or_null(bytes.as_ptr().cast_mut());
+                let kp = self.ptr_or_null(&mut key as *mut cxlkv_key);
+                cxlkv_key_from_bytes_salted(sp, ns, bp, n, kp)
+            }
+            24 => {
+                let salt = self.bytes(32);
+                let tokens: Vec<u32> = (0..32).map(|_| self.rng.below(50_000) as u32).collect();
+                let mut keys = [cxlkv_key::default(); 8];
+                let (ns_len, nt, cap) = (self.len(32), self.len(32), self.len(8));
+                let chunk = self.rng.below(6) as usize;
+                let mut n_keys = 0usize;
+                let sp = self.ptr_or_null(salt.as_ptr().cast_mut());
+                let model = self.ptr_or_null(c"model".as_ptr().cast_mut());
+                let tp = self.ptr_or_null(tokens.as_ptr().cast_mut());
+                let kp = self.ptr_or_null(keys.as_mut_ptr());
+                let np = self.ptr_or_null(&mut n_keys as *mut usize);
+                cxlkv_key_chain_salted(
+                    sp,
+                    ns_len,
+                    c"ns".as_ptr(),
+                    model,
+                    0,
+                    1,
+                    tp,
+                    nt,
+                    chunk,
+                    kp,
+                    cap,
+                    np,
+                )
+            }
+            25 => {
+                let p = self.handle(&live);
+                let keys: Vec<cxlkv_key> = (0..4).map(|_| self.key()).collect();
+                let n = self.len(4);
+                let mut found = 0usize;
+                let kp = self.ptr_or_null(keys.as_ptr().cast_mut());
+                let fp = self.ptr_or_null(&mut found as *mut usize);
+                cxlkv_participant_lookup_prefix(p, kp, n, fp)
+            }
+            26 => {
+                let p = self.handle(&live);
+                let mut t = 0u32;
+                let tp = self.ptr_or_null(&mut t as *mut u32);
+                cxlkv_participant_tenant(p, tp)
             }
             _ => {
                 let mut buf = [0 as c_char; 64];

@@ -5,17 +5,18 @@
 //! (put, get, delete, stats). Pins and reservations hold an `Arc` of their participant, so a
 //! detach while they are held leaves it attached until the last of them is released.
 
-use crate::args::{bytes_in, bytes_out, need, put_out};
+use crate::args::{bytes_in, bytes_out, cstr, need, put_out};
 use crate::errors::cxlkv_result::{
     self, CXLKV_ERR_BUFFER_TOO_SMALL, CXLKV_ERR_INVALID_HANDLE, CXLKV_ERR_NOT_FOUND,
     CXLKV_ERR_UNAVAILABLE,
 };
 use crate::errors::{fail, guard, map_err};
 use crate::handles::{borrow, register, take, unregister, Kind};
-use crate::keys::{cxlkv_key, key_arg};
+use crate::keys::{cxlkv_key, key_arg, key_slice};
 use crate::pool::cxlkv_pool;
 use crate::sized::{check_out, sized, write_out};
-use cxlkv_runtime::{Key, Participant, PoolError, RawPin, RawReservation};
+use cxlkv_runtime::{Key, Participant, PoolError, RawPin, RawReservation, Tenant};
+use std::ffi::c_char;
 use std::sync::Arc;
 
 /// A participant's counters (`cxlkv_participant_stats`). First layout: all of it (64 bytes).
@@ -81,6 +82,73 @@ pub extern "C" fn cxlkv_participant_attach(
             out,
             register(Box::new(cxlkv_participant { inner }), Kind::Participant),
         );
+        Ok(())
+    })
+}
+
+/// Attaches a participant to `pool` as the tenant named `name` (1 to 40 bytes of UTF-8) holding
+/// the secret `salt[0..salt_len]` (format 3.2; docs/SECURITY.md, "Tenants inside one pool"): the
+/// tenant declared in the pool, or, on a hardware-coherent pool, one registered now with the
+/// pool's default quota (`CXLKV_ERR_INVALID_ARG` for an undeclared tenant of a software-coherent
+/// pool, or a bad name). The participant claims only a partition of its tenant or one without live
+/// blocks, puts under its tenant's quota (`CXLKV_ERR_FULL` with a "quota" message when it has
+/// nothing of its own left to evict), and gets, pins and finds only its tenant's blocks and tenant
+/// 0's. The salt stays in this process: form the tenant's keys with `cxlkv_key_chain_salted` and
+/// `cxlkv_key_from_bytes_salted` and the same salt. Otherwise as `cxlkv_participant_attach`.
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_participant_attach_tenant(
+    pool: *const cxlkv_pool,
+    name: *const c_char,
+    salt: *const u8,
+    salt_len: usize,
+    out: *mut *mut cxlkv_participant,
+) -> cxlkv_result {
+    guard(|| {
+        let p = borrow(pool, Kind::Pool)?;
+        let name = cstr(name, "name")?;
+        let salt = bytes_in(salt, salt_len, "salt")?;
+        need(out, "out")?;
+        let tenant = Tenant::new(name, salt).map_err(map_err)?;
+        let inner = Arc::new(Participant::attach_as(&p.pool, &tenant).map_err(map_err)?);
+        put_out(
+            out,
+            register(Box::new(cxlkv_participant { inner }), Kind::Participant),
+        );
+        Ok(())
+    })
+}
+
+/// The tenant id this participant attached as, in `*tenant` (0: none, the pool's public space).
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_participant_tenant(
+    p: *const cxlkv_participant,
+    tenant: *mut u32,
+) -> cxlkv_result {
+    guard(|| {
+        let me = borrow(p, Kind::Participant)?;
+        need(tenant, "tenant")?;
+        put_out(tenant, me.inner.tenant_id());
+        Ok(())
+    })
+}
+
+/// Number of leading keys of `keys[0..n]` this participant can read (the cached prefix), in
+/// `*found`: for a tenant's participant, its tenant's blocks and tenant 0's; for a tenant-less
+/// one, tenant 0's, as `cxlkv_pool_lookup_prefix`. `n` must be positive. Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_participant_lookup_prefix(
+    p: *const cxlkv_participant,
+    keys: *const cxlkv_key,
+    n: usize,
+    found: *mut usize,
+) -> cxlkv_result {
+    guard(|| {
+        let me = borrow(p, Kind::Participant)?;
+        need(found, "found")?;
+        let chain = key_slice(keys, n)?;
+        put_out(found, me.inner.lookup_prefix(&chain).map_err(map_err)?);
         Ok(())
     })
 }

@@ -305,7 +305,9 @@ pub extern "C" fn cxlkv_pool_mapping(
 }
 
 /// Number of leading keys of `keys[0..n]` present in the pool (the cached prefix), in `*out`.
-/// `n` must be positive. Thread-safe.
+/// `n` must be positive. A pool handle reads as no tenant (format 3.2): it finds tenant 0's
+/// blocks only; a tenant's participant finds its own with `cxlkv_participant_lookup_prefix`.
+/// Thread-safe.
 #[no_mangle]
 pub extern "C" fn cxlkv_pool_lookup_prefix(
     pool: *const cxlkv_pool,
@@ -318,6 +320,45 @@ pub extern "C" fn cxlkv_pool_lookup_prefix(
         need(found, "out")?;
         let chain = key_slice(keys, n)?;
         put_out(found, p.pool.lookup_prefix(&chain).map_err(map_err)?);
+        Ok(())
+    })
+}
+
+/// Declares the tenant `name` (1 to 40 bytes of UTF-8) in the pool's tenant table with a quota of
+/// `quota` blocks (0 = unlimited), and stores its id (1-based) in `*id` (format 3.2;
+/// docs/SECURITY.md, "Tenants inside one pool"). A tenant already declared keeps its quota (use
+/// `cxlkv_pool_tenant_set_quota`). `CXLKV_ERR_FULL` when the table's 59 entries are taken. On a
+/// software-coherent pool, declare tenants before anyone attaches. Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_pool_tenant_declare(
+    pool: *const cxlkv_pool,
+    name: *const c_char,
+    quota: u64,
+    id: *mut u32,
+) -> cxlkv_result {
+    guard(|| {
+        let p = borrow(pool, Kind::Pool)?;
+        let name = cstr(name, "name")?;
+        need(id, "id")?;
+        cxlkv_runtime::Tenant::new(name, b"").map_err(map_err)?;
+        let t = cxlkv_runtime::tenant::declare(&p.pool, name, quota).map_err(map_err)?;
+        put_out(id, t);
+        Ok(())
+    })
+}
+
+/// Sets the quota (blocks; 0 = unlimited) of the declared tenant `name`; its writers obey it from
+/// their next put. `CXLKV_ERR_INVALID_ARG` if it is not declared. Thread-safe.
+#[no_mangle]
+pub extern "C" fn cxlkv_pool_tenant_set_quota(
+    pool: *const cxlkv_pool,
+    name: *const c_char,
+    quota: u64,
+) -> cxlkv_result {
+    guard(|| {
+        let p = borrow(pool, Kind::Pool)?;
+        let name = cstr(name, "name")?;
+        cxlkv_runtime::tenant::set_quota(&p.pool, name, quota).map_err(map_err)?;
         Ok(())
     })
 }

@@ -173,6 +173,16 @@ fn metrics_follow_known_operations() {
     let _ = std::fs::remove_file(bin);
 }
 
+/// Tenants through the C ABI: isolation of reads, pins and prefix lookups, salted keys, quotas.
+#[test]
+fn tenants_read_only_their_own_and_keep_their_quota() {
+    let bin = compile("tests/tenants.c", "tenants");
+    let text = run(&mut Command::new(&bin), "tenants");
+    assert!(text.contains(" passed, 0 failed"), "{text}");
+    valgrind(&bin, "tenants");
+    let _ = std::fs::remove_file(bin);
+}
+
 /// The mode, group and flags of `cxlkv_pool_config` reach the file the pool creates (stat),
 /// defaults and an older caller's config give 0600, and bad values are refused with no file left.
 #[test]

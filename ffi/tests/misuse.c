@@ -113,6 +113,34 @@ int main(void) {
     checks++;
     if (nk != 4) { failures++; fprintf(stderr, "FAIL: needed key count %zu\n", nk); }
     EXPECT(cxlkv_key_chain("ns", "m", 0, 0, tokens, 4, 2, keys, 4, &nk), CXLKV_OK);
+    EXPECT(cxlkv_key_chain_salted(NULL, 3, "ns", "m", 0, 0, tokens, 4, 2, keys, 4, &nk), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_key_chain_salted((const uint8_t *)"s", 1, NULL, "m", 0, 0, tokens, 4, 2, keys, 4, &nk), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_key_chain_salted((const uint8_t *)"s", 1, "ns", "m", 0, 0, tokens, 4, 0, keys, 4, &nk), CXLKV_ERR_INVALID_ARG);
+    EXPECT(cxlkv_key_chain_salted((const uint8_t *)"s", 1, "ns", "m", 0, 0, tokens, 4, 1, keys, 2, &nk), CXLKV_ERR_BUFFER_TOO_SMALL);
+    EXPECT(cxlkv_key_chain_salted(NULL, 0, "ns", "m", 0, 0, tokens, 4, 2, keys, 4, &nk), CXLKV_OK); /* empty salt */
+    EXPECT(cxlkv_key_from_bytes_salted(NULL, 1, (const uint8_t *)"k", 1, &named), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_key_from_bytes_salted((const uint8_t *)"s", 1, (const uint8_t *)"k", 1, NULL), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_key_from_bytes_salted((const uint8_t *)"s", 1, (const uint8_t *)"k", 1, &named), CXLKV_OK);
+
+    /* Tenants. */
+    uint32_t tid = 0;
+    EXPECT(cxlkv_pool_tenant_declare(NULL, "t", 0, &tid), CXLKV_ERR_INVALID_HANDLE);
+    EXPECT(cxlkv_pool_tenant_declare(pool, NULL, 0, &tid), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_pool_tenant_declare(pool, "t", 0, NULL), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_pool_tenant_declare(pool, "a-name-longer-than-forty-bytes-is-refused!", 0, &tid), CXLKV_ERR_INVALID_ARG);
+    EXPECT(cxlkv_pool_tenant_set_quota(NULL, "t", 1), CXLKV_ERR_INVALID_HANDLE);
+    EXPECT(cxlkv_pool_tenant_set_quota(pool, NULL, 1), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_pool_tenant_set_quota(pool, "undeclared", 1), CXLKV_ERR_INVALID_ARG);
+    cxlkv_participant *tenant_p = SENTINEL;
+    EXPECT(cxlkv_participant_attach_tenant(NULL, "t", (const uint8_t *)"s", 1, &tenant_p), CXLKV_ERR_INVALID_HANDLE);
+    EXPECT(cxlkv_participant_attach_tenant(pool, NULL, (const uint8_t *)"s", 1, &tenant_p), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_participant_attach_tenant(pool, "t", NULL, 1, &tenant_p), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_participant_attach_tenant(pool, "t", (const uint8_t *)"s", 1, NULL), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_participant_attach_tenant(pool, "", (const uint8_t *)"s", 1, &tenant_p), CXLKV_ERR_INVALID_ARG);
+    checks++;
+    if (tenant_p != SENTINEL) failures++;
+    EXPECT(cxlkv_participant_tenant(NULL, &tid), CXLKV_ERR_INVALID_HANDLE);
+    EXPECT(cxlkv_participant_lookup_prefix(NULL, keys, 1, &nk), CXLKV_ERR_INVALID_HANDLE);
 
     /* Participants. */
     cxlkv_participant *me = SENTINEL;
@@ -125,6 +153,12 @@ int main(void) {
     if (second != SENTINEL) failures++;
     EXPECT(cxlkv_participant_id(NULL, NULL, NULL), CXLKV_ERR_INVALID_HANDLE);
     EXPECT(cxlkv_participant_id(me, NULL, NULL), CXLKV_OK);
+    EXPECT(cxlkv_participant_tenant(me, NULL), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_participant_tenant(me, &tid), CXLKV_OK);
+    EXPECT(cxlkv_participant_lookup_prefix(me, NULL, 1, &nk), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_participant_lookup_prefix(me, keys, 0, &nk), CXLKV_ERR_INVALID_ARG);
+    EXPECT(cxlkv_participant_lookup_prefix(me, keys, 1, NULL), CXLKV_ERR_NULL);
+    EXPECT(cxlkv_participant_lookup_prefix(me, keys, 1, &nk), CXLKV_OK);
 
     /* put */
     /* Larger than a block is a multi-block object; larger than the partition is too large. */

@@ -1,7 +1,9 @@
 /*
- * cxlkv NDP device ABI, version 1.2 (docs/ABI.md is its prose twin). 1.1 adds ATTEND and SCORE_TOPK
- * selection (CXLKV_NDP_FLAG_SELECT); 1.2 adds the sparse ATTEND (ATTEND with CXLKV_NDP_FLAG_SELECT).
- * An older client's commands mean what they meant.
+ * cxlkv NDP device ABI, version 1.4 (docs/ABI.md is its prose twin). 1.1 adds ATTEND and SCORE_TOPK
+ * selection (CXLKV_NDP_FLAG_SELECT); 1.2 adds the sparse ATTEND (ATTEND with CXLKV_NDP_FLAG_SELECT)
+ * and quantized blocks; 1.3 key sketches; 1.4 the tenant check (CXLKV_NDP_CAP_TENANT: a block of
+ * another tenant completes with CXLKV_NDP_ERR_ACCESS). An older client's commands mean what they
+ * meant.
  *
  * One header for every party: the device model (cxlkv-ndpd), the runtime's client (Rust bindings
  * generated from this file with bindgen and committed; a test fails when they drift) and the HLS
@@ -31,7 +33,7 @@
 /* "CXLKVNDP" read as a little-endian u64. */
 #define CXLKV_NDP_MAGIC 0x50444E564B4C5843ULL
 #define CXLKV_NDP_ABI_MAJOR 1
-#define CXLKV_NDP_ABI_MINOR 3
+#define CXLKV_NDP_ABI_MINOR 4
 
 /* Geometry. */
 #define CXLKV_NDP_REGS_SIZE 4096
@@ -62,6 +64,8 @@
 #define CXLKV_NDP_CAP_SPARSE_ATTEND (1ULL << 9) /* ABI 1.2: ATTEND with CXLKV_NDP_FLAG_SELECT */
 #define CXLKV_NDP_CAP_QUANT (1ULL << 10) /* ABI 1.2: blocks of dtype 4 (int8) and 5 (int4) */
 #define CXLKV_NDP_CAP_SKETCH (1ULL << 11) /* ABI 1.3: sparse ATTEND with CXLKV_NDP_SEL_SKETCH, and over int8/int4 blocks */
+#define CXLKV_NDP_CAP_TENANT (1ULL << 12) /* ABI 1.4: a command is served only blocks of its queue's
+                                           * tenant (participant slot word 40) or of tenant 0 */
 
 /* Opcodes (cmd.opcode). */
 #define CXLKV_NDP_OP_NOP 0
@@ -109,6 +113,7 @@
 #define CXLKV_NDP_ERR_RESTARTED 10    /* pending when a new device instance started; not executed */
 #define CXLKV_NDP_ERR_INTERNAL 11     /* the device failed; the command had no effect */
 #define CXLKV_NDP_ERR_CHECKSUM 12     /* BUILD_BOUNDS: the payload CRC does not match its header */
+#define CXLKV_NDP_ERR_ACCESS 13       /* ABI 1.4: a named block belongs to another tenant (detail: its index) */
 
 /* Device counters (regs.counters[i]). */
 #define CXLKV_NDP_CTR_COMMANDS 0
@@ -119,6 +124,7 @@
 #define CXLKV_NDP_CTR_BLOCKS_SCANNED 5
 #define CXLKV_NDP_CTR_BLOCKS_PRUNED 6
 #define CXLKV_NDP_CTR_BUSY_NS 7
+#define CXLKV_NDP_CTR_REFUSED 8      /* ABI 1.4: commands completed with CXLKV_NDP_ERR_ACCESS */
 
 /* One entry of the hotlist window and of a HOTLIST result. */
 struct cxlkv_ndp_hot_entry {

@@ -1,8 +1,9 @@
 //! Starting and finding `cxlkv-ndpd`: the one launcher that the decoder's `--device ndpd`, the
 //! demo, the QEMU test bed and every test that needs the device as a separate process use.
 //!
-//! [`Daemon::spawn`] starts `cxlkv-ndpd --pool SPEC ARGS..` and returns once the daemon printed
-//! its `serving` line, so the device area is live when the caller submits its first command. The
+//! [`Daemon::spawn`] starts `cxlkv-ndpd --pool SPEC ARGS..` ([`Daemon::spawn_pools`]: one
+//! `--pool` per pool of a daemon serving several) and returns once the daemon printed its
+//! `serving` line, so every device area is live when the caller submits its first command. The
 //! child is stopped with SIGTERM when the [`Daemon`] is dropped (an error path included) and told
 //! by the kernel to stop if this process dies first (`PR_SET_PDEATHSIG`), so no daemon outlives
 //! its run. [`Daemon::kill`] is the crash a test wants: SIGKILL, mid-command.
@@ -58,11 +59,21 @@ impl Daemon {
     /// Spawns `exe --pool POOL_SPEC ARGS..` and waits for its `serving` line (lines before it,
     /// such as `--locate`'s "pool found", are kept in [`Daemon::said`]).
     pub fn spawn(exe: &Path, pool_spec: &str, args: &[&str]) -> Result<Daemon, DaemonError> {
+        Daemon::spawn_pools(exe, &[pool_spec], args)
+    }
+
+    /// Spawns `exe --pool SPEC.. ARGS..`, one `--pool` for each of `pool_specs`, and waits for its
+    /// `serving` line (printed once every pool it can serve is live).
+    pub fn spawn_pools(
+        exe: &Path,
+        pool_specs: &[&str],
+        args: &[&str],
+    ) -> Result<Daemon, DaemonError> {
         let mut cmd = Command::new(exe);
-        cmd.args(["--pool", pool_spec])
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped());
+        for spec in pool_specs {
+            cmd.args(["--pool", spec]);
+        }
+        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped());
         // SAFETY: the closure runs in the child between fork and exec and calls only prctl(2),
         // which is async-signal-safe; it touches no memory of the parent.
         unsafe {

@@ -25,13 +25,19 @@
 //!   (`cxlkv_runtime::ndp::sketch`); the HLS engine refuses it and the client computes it on the
 //!   host.
 //! - [`daemon`]: starting and finding `cxlkv-ndpd` ([`daemon::Daemon::spawn`],
-//!   [`daemon::find_ndpd`]), the one launcher every caller and test uses.
+//!   [`daemon::Daemon::spawn_pools`] for a daemon serving several pools, [`daemon::find_ndpd`]),
+//!   the one launcher every caller and test uses. Each pool a daemon serves gets its own
+//!   [`Device`] (device area, generation, heartbeat, queues and workers in that pool), so a
+//!   client's queues are bound to the pool it attached through.
 //! - [`metrics_http`]: the `GET /metrics` endpoint of `cxlkv-ndpd --metrics ADDR`, serving
-//!   the device's Prometheus metrics ([`Device::encode_metrics`]).
+//!   the device's Prometheus metrics ([`Device::encode_metrics`]), labelled by pool when the
+//!   daemon serves several ([`metrics_http::label_pools`]).
 //!
 //! Invariants: the device trusts nothing it reads from the pool (every index, offset, length and
-//! block identity is checked, and a bad command gets an error completion); it writes only its
-//! device area and the result buffers that commands name inside their submitter's own partition.
+//! block identity is checked, and a bad command gets an error completion); it serves a queue only
+//! blocks of that queue's tenant (its participant slot's `tenant` word) or of tenant 0, and refuses
+//! any other with `CXLKV_NDP_ERR_ACCESS` (ABI 1.4); it writes only its device area and the result
+//! buffers that commands name inside their submitter's own partition.
 
 // Items are `pub` only where a user of the crate can reach them.
 #![warn(unreachable_pub)]

@@ -2,7 +2,9 @@
 //! memory outside the pool (guard region) nor writes outside its device area and the staging
 //! blocks commands name (a bounds-tracking memory view), and valid commands interleaved succeed.
 //! The mutated commands alternate between SCORE_TOPK, the sparse ATTEND and the sparse ATTEND on
-//! key sketches (ABI 1.3). Runs once per compute engine.
+//! key sketches (ABI 1.3). The block of another participant that mutations name belongs to another
+//! tenant (ABI 1.4): those commands complete with `ERR_ACCESS`, and the device never reads a byte
+//! of that block's payload. Runs once per compute engine.
 //!
 //! `CXLKV_NDP_FUZZ_CASES` sets the number of malformed commands per engine (default 3000; the
 //! long run of `scripts/fuzz-long.sh` sends 100,000). Each run prints its counts: malformed
@@ -33,6 +35,9 @@ struct Tracking {
     /// Ranges device threads may write: the device area, then staging blocks.
     writable: Mutex<Vec<(u64, u64)>>,
     violations: AtomicU64,
+    /// A range device threads must never read (a block of another tenant), and reads inside it.
+    forbidden: Mutex<(u64, u64)>,
+    forbidden_reads: AtomicU64,
     device_reads: AtomicU64,
     device_writes: AtomicU64,
 }
@@ -49,6 +54,10 @@ impl Tracking {
             self.device_reads.fetch_add(1, Ordering::Relaxed);
             if off.checked_add(len).is_none_or(|e| e > self.size) {
                 self.violations.fetch_add(1, Ordering::Relaxed);
+            }
+            let (lo, hi) = *self.forbidden.lock().unwrap();
+            if off < hi && off.saturating_add(len) > lo {
+                self.forbidden_reads.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
@@ -178,6 +187,8 @@ fn malformed_commands(engine: Engine) {
         size,
         writable: Mutex::new(Vec::new()),
         violations: AtomicU64::new(0),
+        forbidden: Mutex::new((0, 0)),
+        forbidden_reads: AtomicU64::new(0),
         device_reads: AtomicU64::new(0),
         device_writes: AtomicU64::new(0),
     });
@@ -215,6 +226,15 @@ fn malformed_commands(engine: Engine) {
     // A block of another sequence, in another participant's partition.
     let (k2, v2) = random_kv(2, heads, 100, dim, DType::F16);
     let foreign = store(&other, &k2, &v2, heads, 100, dim, DType::F16, 100, 11, 2);
+    // Of another tenant than the fuzzing client's (tenant 1): its payload is never to be read.
+    attach_as(&pool, &p, 1);
+    give(&pool, &foreign.blocks, 7);
+    let r = pool
+        .block_ref_any_tenant(foreign.blocks[0].key)
+        .unwrap()
+        .unwrap();
+    *view.forbidden.lock().unwrap() = (r.payload_off, r.payload_off + r.header.len);
+    give(&pool, &s.blocks, 1);
     let foreign_args_off = {
         let r = other
             .reserve(cxlkv_runtime::Key(99), 4096, cxlkv_runtime::Codec::Raw)
@@ -335,6 +355,7 @@ fn malformed_commands(engine: Engine) {
     }
     let n_cases = env_u64("CXLKV_NDP_FUZZ_CASES", 3000);
     let mut errors = 0;
+    let mut refused = 0u64;
     let mut valid = 0u64;
     let pins_before = pins_held(&pool);
     let start = std::time::Instant::now();
@@ -457,6 +478,7 @@ fn malformed_commands(engine: Engine) {
         assert_eq!(cpl.tag, tag);
         assert_ne!(cpl.status, CXLKV_NDP_OK, "case {i}: {c:?} succeeded");
         errors += 1;
+        refused += u64::from(cpl.status == CXLKV_NDP_ERR_ACCESS);
     }
     // Ring indices out of range: an error completion, then the queue pair serves again.
     for bogus in [u64::MAX / 3, 12345678, 0] {
@@ -480,6 +502,17 @@ fn malformed_commands(engine: Engine) {
         assert_eq!(hits_of(&got), want);
     }
     assert_eq!(errors, n_cases);
+    // The foreign block was named (about one case in 20) and refused each time, unread.
+    assert!(
+        refused > 0 || n_cases < 1000,
+        "no command named the foreign block"
+    );
+    assert_eq!(ndp.counter(CXLKV_NDP_CTR_REFUSED).unwrap(), refused);
+    assert_eq!(
+        view.forbidden_reads.load(Ordering::Relaxed),
+        0,
+        "the device read a block of another tenant"
+    );
     // Leaks: once the device has answered everything, it holds no pin it took for a command.
     let pins_after = pins_held(&pool);
     println!(

@@ -85,6 +85,7 @@ fn score_gather_and_friends(engine: Engine) {
         .collect();
     assert_eq!(vals, want);
     let expect = BlockExpect {
+        tenant: 0,
         sequence: 42,
         layer: 3,
         kv_head: 1,

@@ -9,24 +9,9 @@ use cxlkv_kernels::{rng::SplitMix64, DType, GroupMode};
 use cxlkv_ndp::daemon::Daemon;
 use cxlkv_runtime::ndp::{NdpDevice, NdpOptions, NdpPath};
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
-
-/// The whole HTTP answer to `GET path` (status line, headers, body).
-fn http_get(addr: &str, path: &str) -> String {
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: */*\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
-}
 
 /// Scrapes `/metrics`: the samples by `name{labels}`, after checking that every sample's family
 /// was announced by a `# TYPE` line of the expected kind.

@@ -278,6 +278,7 @@ fn device_equals_the_host_on_random_quantized_blocks(engine: Engine) {
             .unwrap();
         assert_eq!(stats.path, Some(NdpPath::Device), "{what}");
         let want = BlockExpect {
+            tenant: 0,
             sequence: s.sequence,
             layer: 0,
             kv_head: h,

@@ -25,10 +25,15 @@ impl PyKey {
         PyKey(Key::from_parts(lo, hi))
     }
 
-    /// The key of an opaque name (an engine's own cache-key bytes).
+    /// The key of an opaque name (an engine's own cache-key bytes); with `salt` (a tenant's
+    /// secret bytes), the tenant's salted key of it.
     #[staticmethod]
-    fn from_bytes(name: &[u8]) -> PyKey {
-        PyKey(Key::from_bytes(name))
+    #[pyo3(signature = (name, salt=None))]
+    fn from_bytes(name: &[u8], salt: Option<&[u8]>) -> PyKey {
+        PyKey(match salt {
+            Some(s) => Key::from_bytes_salted(s, name),
+            None => Key::from_bytes(name),
+        })
     }
 
     /// Low 64 bits.
@@ -92,8 +97,11 @@ pub fn keys_of(obj: &Bound<'_, PyAny>) -> Result<Vec<Key>, Fail> {
 }
 
 /// Keys of `tokens` in chunks of `chunk` tokens for (`namespace`, `model`, layers
-/// `layer_first..=layer_last`): the same keys every engine computes for the same prefix.
+/// `layer_first..=layer_last`): the same keys every engine computes for the same prefix. With
+/// `salt` (a tenant's secret bytes), the tenant's salted chain: only holders of the salt form it.
 #[pyfunction]
+#[pyo3(signature = (namespace, model, layer_first, layer_last, tokens, chunk, *, salt=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn key_chain(
     namespace: &str,
     model: &str,
@@ -101,13 +109,14 @@ pub fn key_chain(
     layer_last: u32,
     tokens: Vec<u32>,
     chunk: usize,
+    salt: Option<&[u8]>,
 ) -> PyResult<Vec<PyKey>> {
     if chunk == 0 || tokens.is_empty() {
         return Err(Fail::bad("tokens and chunk must be non-empty / positive").into());
     }
-    Ok(KeyChain::new(namespace, model, layer_first, layer_last)
-        .keys(&tokens, chunk)
-        .into_iter()
-        .map(PyKey)
-        .collect())
+    let chain = match salt {
+        Some(s) => KeyChain::salted(s, namespace, model, layer_first, layer_last),
+        None => KeyChain::new(namespace, model, layer_first, layer_last),
+    };
+    Ok(chain.keys(&tokens, chunk).into_iter().map(PyKey).collect())
 }

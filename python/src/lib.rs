@@ -37,6 +37,7 @@
 #[cfg(feature = "bench-loops")]
 pub mod bench;
 pub mod buffer;
+pub mod checksum;
 pub mod device;
 pub mod errors;
 pub mod keys;
@@ -62,6 +63,7 @@ fn _cxlkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<device::PyDevice>()?;
     m.add_function(wrap_pyfunction!(keys::key_chain, m)?)?;
     m.add_function(wrap_pyfunction!(pool::unlink, m)?)?;
+    m.add_function(wrap_pyfunction!(checksum::crc32c, m)?)?;
     m.add_function(wrap_pyfunction!(observe::metrics, m)?)?;
     m.add_function(wrap_pyfunction!(observe::metrics_text, m)?)?;
     #[cfg(feature = "bench-loops")]

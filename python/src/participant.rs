@@ -41,6 +41,30 @@ impl PyParticipant {
     }
 }
 
+/// Attaches to `pool`, as `tenant` with `salt` when a tenant is named (both or neither).
+pub fn attach(
+    py: Python<'_>,
+    pool: &cxlkv_runtime::Pool,
+    tenant: Option<String>,
+    salt: Option<Vec<u8>>,
+) -> PyResult<PyParticipant> {
+    let tenant = match (tenant, salt) {
+        (None, None) => None,
+        (Some(name), Some(salt)) => {
+            Some(cxlkv_runtime::Tenant::new(&name, &salt).map_err(Fail::from)?)
+        }
+        _ => return Err(Fail::bad("tenant and salt go together: give both or neither").into()),
+    };
+    let me = py.detach(|| {
+        match &tenant {
+            Some(t) => Participant::attach_as(pool, t),
+            None => pool.attach(),
+        }
+        .map_err(Fail::from)
+    })?;
+    Ok(PyParticipant::new(Arc::new(me)))
+}
+
 /// `get_into` with the library's miss and too-small rules.
 fn get_into(me: &Participant, key: Key, dst: &mut [u8]) -> Result<Option<usize>, Fail> {
     match me.get_into(key, dst) {
@@ -55,6 +79,28 @@ fn get_into(me: &Participant, key: Key, dst: &mut [u8]) -> Result<Option<usize>,
 
 #[pymethods]
 impl PyParticipant {
+    /// Attaches to `pool` (as `pool.attach()`); with `tenant` (a name declared in the pool, or on
+    /// a hardware-coherent pool registered now) and `salt` (the tenant's secret bytes, which stay
+    /// in this process), as that tenant: it writes its tenant's blocks under its quota and reads
+    /// only its tenant's and tenant 0's. Form its keys with `key_chain(..., salt=salt)` and
+    /// `Key.from_bytes(name, salt=salt)` (docs/PYTHON.md, the Tenants item).
+    #[staticmethod]
+    #[pyo3(signature = (pool, tenant=None, salt=None))]
+    fn attach<'py>(
+        pool: &Bound<'py, PyAny>,
+        tenant: Option<String>,
+        salt: Option<Vec<u8>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        // Through the pool's own method, which owns the Rust pool handle.
+        pool.call_method1("attach", (tenant, salt))
+    }
+
+    /// The tenant id it attached as (0: none, the pool's public space).
+    #[getter]
+    fn tenant(&self) -> PyResult<u32> {
+        Ok(self.inner()?.tenant_id())
+    }
+
     /// This participant's slot number.
     #[getter]
     fn id(&self) -> PyResult<u32> {

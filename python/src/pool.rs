@@ -1,15 +1,18 @@
 //! The `Pool` class: create or open a pool on a backend spec, its geometry, the index-only
-//! queries (`contains`, `batch_contains`, `lookup_prefix`), `check`, `attach`, `unlink`.
+//! queries (`contains`, `batch_contains`, `lookup_prefix`), `check`, `attach`, `unlink`, and the
+//! tenant table (`declare_tenant`, `set_tenant_quota`, `tenants`). A pool handle reads as no
+//! tenant: tenant 0's blocks only.
 
 use crate::errors::Fail;
 use crate::keys::{key_of, keys_of};
 use crate::participant::PyParticipant;
 use cxlkv_runtime::api::Code;
 use cxlkv_runtime::region::{group_id, user_id, Access, Backend, RegionOptions, PRIVATE_MODE};
+use cxlkv_runtime::tenant::{self, Tenant};
 use cxlkv_runtime::{Pool, PoolConfig, Region};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use std::sync::{Arc, RwLock};
+use std::sync::RwLock;
 use std::time::Duration;
 
 /// An open pool. `Pool.create(spec, size, ...)` or `Pool.open(spec)`; `close()` (or a `with`
@@ -145,11 +148,50 @@ impl PyPool {
         Ok(d)
     }
 
-    /// Attaches a participant (a slot and, if one is free or dead, a partition).
-    fn attach(&self, py: Python<'_>) -> PyResult<PyParticipant> {
+    /// Attaches a participant (a slot and, if one is free or dead, a partition). With `tenant`
+    /// (a name) and `salt` (its secret bytes), as that tenant ([`Participant.attach`]).
+    #[pyo3(signature = (tenant=None, salt=None))]
+    fn attach(
+        &self,
+        py: Python<'_>,
+        tenant: Option<String>,
+        salt: Option<Vec<u8>>,
+    ) -> PyResult<PyParticipant> {
+        crate::participant::attach(py, &self.get()?, tenant, salt)
+    }
+
+    /// Declares tenant `name` with `quota` blocks (0 = unlimited) and returns its id; a tenant
+    /// already declared keeps its quota (docs/SECURITY.md, "Tenants inside one pool").
+    #[pyo3(signature = (name, quota=0))]
+    fn declare_tenant(&self, name: &str, quota: u64) -> PyResult<u32> {
         let pool = self.get()?;
-        let me = py.detach(|| pool.attach().map_err(Fail::from))?;
-        Ok(PyParticipant::new(Arc::new(me)))
+        Tenant::new(name, b"").map_err(Fail::from)?;
+        Ok(tenant::declare(&pool, name, quota).map_err(Fail::from)?)
+    }
+
+    /// Sets the quota (blocks; 0 = unlimited) of the declared tenant `name`.
+    fn set_tenant_quota(&self, name: &str, quota: u64) -> PyResult<()> {
+        let pool = self.get()?;
+        tenant::set_quota(&pool, name, quota).map_err(Fail::from)?;
+        Ok(())
+    }
+
+    /// Each tenant's use: a list of dicts with `id`, `name`, `partitions`, `blocks` and `quota`
+    /// (tenant 0, the public space, first).
+    fn tenants<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let pool = self.get()?;
+        let rows = tenant::usage(&pool).map_err(Fail::from)?;
+        rows.into_iter()
+            .map(|t| {
+                let d = PyDict::new(py);
+                d.set_item("id", t.id)?;
+                d.set_item("name", t.name)?;
+                d.set_item("partitions", t.partitions)?;
+                d.set_item("blocks", t.blocks)?;
+                d.set_item("quota", t.quota)?;
+                Ok(d)
+            })
+            .collect()
     }
 
     /// True when `key` is in the pool (index only, no payload read).

@@ -162,7 +162,10 @@ impl From<&PoolError> for Code {
             PoolError::Fenced { .. } => Code::Fenced,
             PoolError::NotOwner { .. } => Code::NotOwner,
             PoolError::PinTableFull(_) => Code::PinTableFull,
-            PoolError::PartitionFull(_) => Code::Full,
+            PoolError::PartitionFull(_)
+            | PoolError::QuotaExceeded { .. }
+            | PoolError::TenantTableFull(_) => Code::Full,
+            PoolError::UnknownTenant(_) => Code::InvalidArg,
         }
     }
 }

@@ -6,8 +6,8 @@
 //! such as an index slot left mid-update by a crashed owner, which the next owner repairs.
 
 use crate::format::{
-    claim, decode_entry, partition, pin, slot, slot_version, BlockHeader, Codec, IndexSlot,
-    ENTRY_EMPTY, ENTRY_TOMBSTONE,
+    claim, decode_entry, partition, pin, slot, slot_version, tenant_table, BlockHeader, Codec,
+    IndexSlot, ENTRY_EMPTY, ENTRY_TOMBSTONE,
 };
 use crate::key::Key;
 use crate::object::Manifest;
@@ -177,6 +177,18 @@ pub fn check(pool: &Pool) -> Result<CheckReport> {
                 ),
             );
         }
+        // Format 3.2: the tenant whose blocks the partition holds (0 in a 3.1 pool).
+        let tag = mem.load_u64(base + partition::TENANT, Ordering::Relaxed)?;
+        if tag > u64::from(tenant_table::ENTRIES) {
+            err(
+                &mut r,
+                format!("partition {p}"),
+                format!(
+                    "tenant tag {tag} is not a tenant id (0..={})",
+                    tenant_table::ENTRIES
+                ),
+            );
+        }
         let next_seq = mem.load_u64(base + partition::NEXT_SEQ, Ordering::Relaxed)?;
         if next_seq > crate::format::MAX_SEQ {
             err(
@@ -281,6 +293,18 @@ pub fn check(pool: &Pool) -> Result<CheckReport> {
                     ),
                 );
                 continue;
+            }
+            if u64::from(h.tenant) != tag {
+                // Its owner's readers of the partition's tenant miss it (and another tenant could
+                // read it if the partition were tagged with theirs): damage, not a repair state.
+                err(
+                    &mut r,
+                    hplace.clone(),
+                    format!(
+                        "block of tenant {} in a partition tagged with tenant {tag}",
+                        h.tenant
+                    ),
+                );
             }
             if h.len > sb.block_size || Codec::from_code(h.codec).is_none() {
                 err(

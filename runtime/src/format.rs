@@ -28,8 +28,10 @@ pub const VERSION_MAJOR: u16 = 3;
 /// (codecs [`Codec::ObjectPart`] and [`Codec::ObjectManifest`]; a 3.0 reader sees their blocks as
 /// unknown codecs and reports them as misses), and the superblock's `pins_per_participant` (0 in a
 /// 3.0 pool, read as [`DEFAULT_PINS`]) sizing the participant slot, each slot publishing a second
-/// counter line ([`counters::BYTES_IN`] onward).
-pub const VERSION_MINOR: u16 = 1;
+/// counter line ([`counters::BYTES_IN`] onward). 2: tenants ([`tenant_table`] in the superblock
+/// page after the superblock, [`slot::TENANT`], [`partition::TENANT`] and [`partition::LIVE`],
+/// [`BlockHeader::tenant`]); a 3.1 reader ignores them all, so it enforces no tenant boundary.
+pub const VERSION_MINOR: u16 = 2;
 /// Cache line size the format is laid out for.
 pub const LINE: u64 = 64;
 /// Page size the format aligns to.
@@ -363,7 +365,49 @@ pub mod partition {
     /// Tenant whose blocks the partition holds (format 3.2; 0 = none), in its own cache line,
     /// written by the owner.
     pub const TENANT: u64 = 128;
+    /// Live (indexed) blocks of the partition (format 3.2), beside `TENANT` and written by the
+    /// owner after every change: what anyone sums to read a tenant's use. A 3.1 owner leaves it
+    /// 0, so it is a hint for claimers; the owner's recovery recounts it.
+    pub const LIVE: u64 = 136;
 }
+
+/// The tenant table (format 3.2): in the superblock page after the 256-byte superblock, outside
+/// its CRC (the superblock stays immutable; this table changes). A header line, then
+/// [`tenant_table::ENTRIES`] entries of one line each; tenant id = entry index + 1 (0 = no tenant).
+/// Every line carries its own CRC-32C over its first 60 bytes in its last 4.
+pub mod tenant_table {
+    /// Offset of the header line: word 0 the default quota (blocks; 0 = unlimited) of tenants
+    /// registered by attaching, CRC at 60. All zeros (a pool of 3.1, or one never given a
+    /// default) means unlimited.
+    pub const HEADER: u64 = 256;
+    /// Offset of entry 0.
+    pub const FIRST: u64 = 320;
+    /// Bytes of an entry.
+    pub const ENTRY_SIZE: u64 = 64;
+    /// Entries: the rest of the page.
+    pub const ENTRIES: u32 = ((super::PAGE - FIRST) / ENTRY_SIZE) as u32;
+    /// Entry word: the tenant's name hash (XXH3-64 of the name, low bit set so it is never 0),
+    /// claimed by compare-and-swap from 0 (free).
+    pub const STATE: u64 = 0;
+    /// Entry word: quota in blocks (0 = unlimited).
+    pub const QUOTA: u64 = 8;
+    /// Entry bytes: the name, UTF-8, zero-padded.
+    pub const NAME: u64 = 16;
+    /// Largest name in bytes.
+    pub const NAME_MAX: usize = 40;
+    /// Entry u32: the name's length.
+    pub const NAME_LEN: u64 = 56;
+    /// Entry and header u32: CRC-32C of the line's first 60 bytes.
+    pub const CRC: u64 = 60;
+
+    /// Offset of the entry of tenant `id` (1-based).
+    pub const fn entry(id: u32) -> u64 {
+        FIRST + (id as u64 - 1) * ENTRY_SIZE
+    }
+}
+
+const _: () =
+    assert!(tenant_table::FIRST + tenant_table::ENTRIES as u64 * tenant_table::ENTRY_SIZE == PAGE);
 
 /// Index slot (32 bytes): a seqlock-protected mapping key → block. Accessed word by word as
 /// atomics; this struct documents the layout and serves the checker's copies.
@@ -699,6 +743,16 @@ mod tests {
         assert!(l.counter(counters::COUNT - 1) + 8 <= l.size);
         let sb = Superblock::default();
         assert_eq!(sb.pins(), DEFAULT_PINS);
+    }
+
+    #[test]
+    fn tenant_table_layout() {
+        assert_eq!(tenant_table::ENTRIES, 59);
+        assert_eq!(tenant_table::entry(1), 320);
+        assert_eq!(tenant_table::entry(59) + 64, PAGE);
+        assert_eq!(partition::TENANT / LINE, partition::LIVE / LINE);
+        assert_eq!(slot::TENANT, 40);
+        assert!(size_of::<Superblock>() as u64 <= tenant_table::HEADER);
     }
 
     #[test]

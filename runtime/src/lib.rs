@@ -32,6 +32,8 @@
 //!   sequence into blocks), [`check`] (`cxlkv pool check`), [`stats`], [`locate`] (finding a pool
 //!   inside a larger file), [`hotness`] (access sketch and hotlists), [`policy`] (eviction policies
 //!   shared by the pool, the tiers and trace replay).
+//! - [`tenant`]: tenants inside one pool (format 3.2): the tenant table, [`Tenant`] (name and
+//!   secret salt), tenant-scoped reads, quotas and per-tenant use.
 //! - `sync`: the fences of the lock-free protocols, from loom under `--cfg loom`; `lockfree` (only
 //!   then) hands the index-slot seqlock and the NDP ring steps to `tests/loom_models.rs`, which
 //!   runs them on loom-backed memory.
@@ -75,6 +77,7 @@ pub mod api;
 pub mod check;
 pub mod clock;
 pub mod coherence;
+pub mod crosspod;
 pub mod format;
 pub mod hotness;
 pub mod key;
@@ -91,6 +94,7 @@ pub mod pool;
 mod read;
 pub mod stats;
 mod sync;
+pub mod tenant;
 pub mod watch;
 
 pub use check::{check, CheckReport};
@@ -107,3 +111,4 @@ pub use participant::{
 pub use pool::{BlockInfo, BlockRef, Location, Pool, PoolConfig, PoolError};
 pub use region::{Backend, HugePages, Region, RegionOptions};
 pub use stats::{participant_counters, pool_stats, PoolStats};
+pub use tenant::Tenant;

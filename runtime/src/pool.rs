@@ -23,6 +23,7 @@ use crate::watch::Watch;
 use cxlkv_shm::mem::read_obj;
 use cxlkv_shm::mem::{MemError, Result as MemResult, SharedMemory};
 use cxlkv_shm::region::{Access, Backend, Region, RegionError, RegionOptions};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
@@ -132,6 +133,26 @@ pub enum PoolError {
     /// A typed KV block whose layout does not fit its payload.
     #[error("bad KV block: {0}")]
     BadKvBlock(String),
+    /// A put of a tenant at its quota, with none of its own blocks left to evict.
+    #[error(
+        "tenant {tenant} is at its quota of {quota} blocks and has no unpinned block of its own \
+         to evict (raise it with `cxlkv pool tenant set POOL NAME --quota BLOCKS`)"
+    )]
+    QuotaExceeded {
+        /// The tenant's id.
+        tenant: u32,
+        /// Its quota in blocks.
+        quota: u64,
+    },
+    /// A tenant that is not declared where it must be.
+    #[error(
+        "tenant {0:?} is not declared in this pool: declare it (`cxlkv pool create --tenant NAME`, \
+         `cxlkv pool tenant add`); a software-coherent pool registers no tenant on attach"
+    )]
+    UnknownTenant(String),
+    /// The pool's tenant table has no free entry.
+    #[error("the pool's tenant table is full (all {0} entries declared)")]
+    TenantTableFull(u32),
 }
 
 /// Result alias of this module.
@@ -479,6 +500,10 @@ pub struct BlockRef {
     pub payload_off: u64,
 }
 
+fn probe_counters(partitions: u32) -> Box<[AtomicU64]> {
+    (0..partitions).map(|_| AtomicU64::new(0)).collect()
+}
+
 /// Destination of an optimistic read: hands out a buffer of exactly the payload's length.
 pub(crate) trait ReadBuf {
     /// A buffer of `len` bytes, or [`PoolError::BufferTooSmall`].
@@ -505,10 +530,14 @@ impl ReadBuf for SliceBuf<'_> {
     }
 }
 
-/// A handle on a pool. Cheap to clone; all clones share one mapping.
+/// A handle on a pool. Cheap to clone; all clones share one mapping. A handle reads as one
+/// tenant (format 3.2, [`crate::tenant`]): 0, the pool's public space, unless scoped with
+/// [`Pool::for_tenant`] or held by a participant that attached as a tenant.
 #[derive(Clone)]
 pub struct Pool {
     pub(crate) inner: Arc<PoolInner>,
+    /// The tenant whose blocks this handle reads, besides tenant 0's (0: tenant 0's only).
+    pub(crate) tenant: u32,
 }
 
 pub(crate) struct PoolInner {
@@ -520,6 +549,9 @@ pub(crate) struct PoolInner {
     pub(crate) clock: Arc<dyn Clock>,
     /// This handle's watch of the participants' heartbeat counters ([`crate::watch`]).
     pub(crate) watch: Watch,
+    /// Index probes of each partition through this mapping (all its handles), for
+    /// [`Pool::partition_probes`].
+    pub(crate) probes: Box<[AtomicU64]>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -563,7 +595,9 @@ impl Pool {
                 backend: None,
                 clock: Arc::new(SystemClock),
                 watch: Watch::default(),
+                probes: probe_counters(sb.partitions),
             }),
+            tenant: 0,
         })
     }
 
@@ -597,7 +631,9 @@ impl Pool {
                 backend: None,
                 clock,
                 watch: Watch::default(),
+                probes: probe_counters(sb.partitions),
             }),
+            tenant: 0,
         })
     }
 
@@ -783,11 +819,15 @@ impl Pool {
         Ok(Probe::Absent)
     }
 
-    /// Finds `key` in any partition.
+    /// Finds `key` in any partition this handle's tenant may read (tagged with it or 0).
     pub fn locate(&self, key: Key) -> Result<Option<Location>> {
         for _ in 0..READ_RETRIES {
             let mut busy = false;
             for p in 0..self.inner.sb.partitions {
+                if !self.reads_partition(p)? {
+                    continue;
+                }
+                self.inner.probes[p as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 match self.probe(p, key)? {
                     Probe::Found(loc) => return Ok(Some(loc)),
                     Probe::Absent => {}
@@ -801,8 +841,20 @@ impl Pool {
         Ok(None)
     }
 
-    /// Reads and validates a block header for `loc`; `None` if it does not match the index entry.
+    /// Reads and validates a block header for `loc`; `None` if it does not match the index entry
+    /// or belongs to a tenant this handle does not read.
     pub(crate) fn checked_header(&self, key: Key, loc: &Location) -> Result<Option<BlockHeader>> {
+        Ok(self
+            .checked_header_any(key, loc)?
+            .filter(|h| self.reads_tenant(h.tenant)))
+    }
+
+    /// [`Pool::checked_header`] whatever the block's tenant (recovery keeps every tenant's blocks).
+    pub(crate) fn checked_header_any(
+        &self,
+        key: Key,
+        loc: &Location,
+    ) -> Result<Option<BlockHeader>> {
         let off = self.header_off(loc.partition, loc.block);
         // Pairs with the publish of the header in the owner's commit.
         coherence::acquire(self.mem(), Site::HeaderRead, off, BLOCK_HEADER_SIZE);
@@ -833,11 +885,28 @@ impl Pool {
     /// host-side scan). The payload is not checksummed; a reader that scans it in place must call
     /// [`Pool::still_valid`] afterwards (or hold a pin) before trusting what it computed.
     pub fn block_ref(&self, key: Key) -> Result<Option<BlockRef>> {
+        self.block_ref_where(key, true)
+    }
+
+    /// [`Pool::block_ref`] in the partitions this handle's tenant may read, whatever the tenant
+    /// the block's header names: for a reader that checks that tenant itself and reports a
+    /// mismatch as such (the NDP device's `ERR_ACCESS`). Other tenants' partitions are still never
+    /// probed.
+    pub fn block_ref_any_tenant(&self, key: Key) -> Result<Option<BlockRef>> {
+        self.block_ref_where(key, false)
+    }
+
+    fn block_ref_where(&self, key: Key, own_tenant: bool) -> Result<Option<BlockRef>> {
         for _ in 0..READ_RETRIES {
             let Some(loc) = self.locate(key)? else {
                 return Ok(None);
             };
-            if let Some(header) = self.checked_header(key, &loc)? {
+            let header = if own_tenant {
+                self.checked_header(key, &loc)?
+            } else {
+                self.checked_header_any(key, &loc)?
+            };
+            if let Some(header) = header {
                 let payload_off = self.payload_off(loc.partition, loc.block);
                 return Ok(Some(BlockRef {
                     key,
@@ -875,7 +944,9 @@ impl Pool {
         }
         for (i, &k) in chain.iter().enumerate() {
             if self.locate(k)?.is_none() {
-                return Ok(i);
+                // The rest of the chain may be in another pod (docs/CROSSPOD.md).
+                let present = |k| Ok::<_, PoolError>(self.locate(k)?.is_some());
+                return Ok(i + crate::crosspod::extend(&chain[i..], present)?);
             }
         }
         Ok(chain.len())

@@ -49,6 +49,8 @@ pub struct PartitionInfo {
     pub tombstones: u64,
     /// Next block sequence number.
     pub next_seq: u64,
+    /// Tenant whose blocks it holds (format 3.2; 0 = none).
+    pub tenant: u32,
 }
 
 /// Statistics of a whole pool.
@@ -58,6 +60,8 @@ pub struct PoolStats {
     pub participants: Vec<ParticipantInfo>,
     /// All partitions.
     pub partitions: Vec<PartitionInfo>,
+    /// Use and quota per tenant (format 3.2), tenant 0 (the public space) first.
+    pub tenants: Vec<crate::tenant::TenantUse>,
 }
 
 /// The counters published in the slot at `base` (both counter lines; the caller acquired them).
@@ -134,10 +138,12 @@ pub fn pool_stats(pool: &Pool) -> Result<PoolStats> {
             capacity: u64::from(sb.blocks_per_partition),
             tombstones,
             next_seq: mem.load_u64(base + partition::NEXT_SEQ, Ordering::Relaxed)?,
+            tenant: crate::tenant::partition_tag(pool, p)?.0,
         });
     }
     Ok(PoolStats {
         participants,
         partitions,
+        tenants: crate::tenant::usage(pool)?,
     })
 }

@@ -1,5 +1,6 @@
 //! Subcommands of the `cxlkv` binary.
 
+pub mod crosspod;
 pub mod demo;
 pub mod eval;
 pub mod generate;

@@ -6,8 +6,9 @@ use cxlkv::runtime::metrics::pool::encode_pool;
 use cxlkv::runtime::region::{
     group_id, user_id, Access, Backend, HugePages, Region, RegionError, RegionOptions,
 };
+use cxlkv::runtime::tenant::{self, TenantUse};
 use cxlkv::runtime::watch::{beat_period_ns, Liveness};
-use cxlkv::runtime::{check, pool_stats, Pool, PoolConfig, PoolStats};
+use cxlkv::runtime::{check, pool_stats, Pool, PoolConfig, PoolStats, Tenant};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -55,6 +56,19 @@ pub enum PoolCommand {
         /// may open the pool).
         #[arg(long, value_name = "GROUP|GID")]
         group: Option<String>,
+        /// Declare a tenant, with the blocks it may hold (no quota: unlimited). Repeatable.
+        /// Participants attach as a tenant with its name and a secret salt (docs/SECURITY.md).
+        #[arg(long = "tenant", value_name = "NAME[=QUOTA]")]
+        tenants: Vec<String>,
+        /// Quota in blocks of tenants registered by attaching as an undeclared name (0 =
+        /// unlimited; hardware-coherent pools only register on attach).
+        #[arg(long, default_value_t = 0, value_name = "BLOCKS")]
+        default_quota: u64,
+    },
+    /// List, declare, or set the quota of the tenants of a pool.
+    Tenant {
+        #[command(subcommand)]
+        cmd: TenantCommand,
     },
     /// Print a pool's superblock and geometry.
     Info {
@@ -86,6 +100,65 @@ pub enum PoolCommand {
         /// The pool.
         pool: String,
     },
+}
+
+/// `cxlkv pool tenant` subcommands.
+#[derive(Subcommand)]
+pub enum TenantCommand {
+    /// Print the declared tenants with their use and quota.
+    List {
+        /// The pool.
+        pool: String,
+    },
+    /// Declare a tenant (on a software-coherent pool, only while no participant is attached).
+    Add {
+        /// The pool.
+        pool: String,
+        /// The tenant's name (1 to 40 bytes).
+        name: String,
+        /// Blocks it may hold (0 = unlimited).
+        #[arg(long, default_value_t = 0, value_name = "BLOCKS")]
+        quota: u64,
+    },
+    /// Change a declared tenant's quota (takes effect at its writers' next put).
+    Set {
+        /// The pool.
+        pool: String,
+        /// The tenant's name.
+        name: String,
+        /// Blocks it may hold (0 = unlimited).
+        #[arg(long, value_name = "BLOCKS")]
+        quota: u64,
+    },
+}
+
+/// `NAME[=QUOTA]` of `pool create --tenant`.
+fn tenant_arg(arg: &str) -> Result<(String, u64)> {
+    match arg.split_once('=') {
+        None => Ok((arg.to_owned(), 0)),
+        Some((name, q)) => q.parse().map(|q| (name.to_owned(), q)).map_err(|_| {
+            Error::Usage(format!(
+                "--tenant {arg:?}: use NAME or NAME=QUOTA (a number of blocks)"
+            ))
+        }),
+    }
+}
+
+/// The tenants' table of `pool stat` and `pool tenant list`.
+fn print_tenants(tenants: &[TenantUse]) {
+    println!(
+        "tenants (quota 0 = unlimited; tenant 0 is the public space of tenant-less participants):"
+    );
+    println!(
+        "  {:>3} {:<40} {:>10} {:>10} {:>10}",
+        "id", "name", "partitions", "blocks", "quota"
+    );
+    for t in tenants {
+        println!(
+            "  {:>3} {:<40} {:>10} {:>10} {:>10}",
+            t.id, t.name, t.partitions, t.blocks, t.quota
+        );
+    }
 }
 
 /// The owner, group and mode `pool create` was asked for.
@@ -166,9 +239,19 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
             mode,
             owner,
             group,
+            tenants,
+            default_quota,
         } => {
             let b = backend(&b)?;
             let access = access(&mode, owner.as_deref(), group.as_deref())?;
+            let tenants = tenants
+                .iter()
+                .map(|t| tenant_arg(t))
+                .collect::<Result<Vec<_>>>()?;
+            for (name, _) in &tenants {
+                // Before the pool exists: a bad name creates nothing.
+                Tenant::new(name, b"").map_err(|e| Error::Usage(e.to_string()))?;
+            }
             if access.world_accessible() {
                 eprintln!(
                     "warning: --mode {:04o} lets every user on this machine open the pool: read \
@@ -205,6 +288,10 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
                 },
                 &access,
             )?;
+            tenant::set_default_quota(&pool, default_quota)?;
+            for (name, quota) in &tenants {
+                tenant::declare(&pool, name, *quota)?;
+            }
             let sb = pool.superblock();
             println!(
                 "created {b}: {} pool, {} partitions x {} blocks of {}, {} participant slots of {} \
@@ -216,8 +303,12 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
                 sb.participants,
                 sb.pins()
             );
+            for t in tenant::list(&pool)? {
+                println!("tenant {} {:?}: quota {} blocks", t.id, t.name, t.quota);
+            }
             Ok(ExitCode::SUCCESS)
         }
+        PoolCommand::Tenant { cmd } => run_tenant(cmd),
         PoolCommand::Info { pool } => {
             let b = backend(&pool)?;
             let pool = open_to_inspect(&pool)?;
@@ -362,6 +453,8 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
                     p.tombstones
                 );
             }
+            print_tenants(&st.tenants);
+            super::crosspod::print_tier();
             Ok(ExitCode::SUCCESS)
         }
         PoolCommand::Check { pool } => {
@@ -383,4 +476,31 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Runs a `pool tenant` subcommand.
+fn run_tenant(cmd: TenantCommand) -> Result<ExitCode> {
+    match cmd {
+        TenantCommand::List { pool } => {
+            let pool = open_to_inspect(&pool)?;
+            print_tenants(&tenant::usage(&pool)?);
+        }
+        TenantCommand::Add { pool, name, quota } => {
+            let pool = Pool::open_on(&backend(&pool)?, &RegionOptions::default())?;
+            if tenant::find(&pool, &name)?.is_some() {
+                return Err(Error::Usage(format!(
+                    "tenant {name:?} is already declared (change its quota with `cxlkv pool \
+                     tenant set`)"
+                )));
+            }
+            let id = tenant::declare(&pool, &name, quota)?;
+            println!("tenant {id} {name:?}: quota {quota} blocks");
+        }
+        TenantCommand::Set { pool, name, quota } => {
+            let pool = Pool::open_on(&backend(&pool)?, &RegionOptions::default())?;
+            let id = tenant::set_quota(&pool, &name, quota)?;
+            println!("tenant {id} {name:?}: quota {quota} blocks");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -33,7 +33,7 @@ impl Device {
         if cmd.flags == CXLKV_NDP_FLAG_SELECT as u16 {
             return self.sparse_attend(qp, cmd);
         }
-        let (dtype, want) = Self::common(cmd)?;
+        let (dtype, want) = self.common(qp, cmd)?;
         let (g, dim, n) = (
             usize::from(cmd.group),
             cmd.dim as usize,

@@ -1,5 +1,6 @@
 //! Command decoding and validation (arguments copied out of shared memory, then checked; blocks
-//! resolved; results written only to the submitter's buffer), and the commands other than
+//! resolved, each against the submitting queue's tenant; results written only to the submitter's
+//! buffer), and the commands other than
 //! SCORE_TOPK: GATHER, BUILD_BOUNDS and HOTLIST.
 
 use crate::device::model::Device;
@@ -8,7 +9,7 @@ use cxlkv_runtime::coherence::{self, Site};
 use cxlkv_runtime::format;
 use cxlkv_runtime::ndp::abi::*;
 use cxlkv_runtime::ndp::{
-    check_owned_range, encode_topk_result, gathered_dtype, read_bounds, resolve_block,
+    check_owned_range, encode_topk_result, gathered_dtype, read_bounds, resolve_block, slot_tenant,
     sorted_ranges, topk_result_size, BlockExpect, DeviceStatus, ResolvedBlock, ScanStats,
 };
 
@@ -58,7 +59,13 @@ impl Device {
         Ok(buf)
     }
 
-    pub(super) fn common(cmd: &cxlkv_ndp_cmd) -> Result<(DType, BlockExpect), DeviceStatus> {
+    /// The element type and what every block of `cmd` must be, its tenant included: queue pair
+    /// `qp` is participant slot `qp`, whose `tenant` word is read now, when the command runs.
+    pub(super) fn common(
+        &self,
+        qp: u32,
+        cmd: &cxlkv_ndp_cmd,
+    ) -> Result<(DType, BlockExpect), DeviceStatus> {
         let dtype = DType::from_code(cmd.dtype).ok_or(err(CXLKV_NDP_ERR_ARGS))?;
         let dim = cmd.dim;
         if dim == 0
@@ -69,9 +76,11 @@ impl Device {
         {
             return Err(err(CXLKV_NDP_ERR_ARGS));
         }
+        let tenant = slot_tenant(&self.pool, qp).map_err(|_| err(CXLKV_NDP_ERR_INTERNAL))?;
         Ok((
             dtype,
             BlockExpect {
+                tenant,
                 sequence: cmd.sequence,
                 layer: cmd.layer,
                 kv_head: u32::from(cmd.kv_head),
@@ -130,7 +139,7 @@ impl Device {
     }
 
     pub(super) fn gather(&self, qp: u32, cmd: &cxlkv_ndp_cmd) -> Outcome {
-        let (dtype, want) = Self::common(cmd)?;
+        let (dtype, want) = self.common(qp, cmd)?;
         let (k, dim, n) = (cmd.k as usize, cmd.dim as usize, cmd.nblocks as usize);
         if k == 0 || k > CXLKV_NDP_MAX_K as usize || cmd.flags != 0 {
             return Err(err(CXLKV_NDP_ERR_ARGS));
@@ -165,7 +174,7 @@ impl Device {
     }
 
     pub(super) fn build_bounds(&self, qp: u32, cmd: &cxlkv_ndp_cmd) -> Outcome {
-        let (dtype, want) = Self::common(cmd)?;
+        let (dtype, want) = self.common(qp, cmd)?;
         let dim = cmd.dim as usize;
         if cmd.nblocks != 1 || cmd.flags != 0 {
             return Err(err(CXLKV_NDP_ERR_ARGS));

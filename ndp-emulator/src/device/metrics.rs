@@ -24,7 +24,7 @@ pub fn opcode_name(opcode: u32) -> &'static str {
 }
 
 /// The device's counters: (name, help, `CXLKV_NDP_CTR_*`, unit).
-const COUNTERS: [(&str, &str, u32, Option<Unit>); 7] = [
+const COUNTERS: [(&str, &str, u32, Option<Unit>); 8] = [
     (
         "cxlkv_ndp_commands",
         "Commands the device executed",
@@ -65,6 +65,12 @@ const COUNTERS: [(&str, &str, u32, Option<Unit>); 7] = [
         "cxlkv_ndp_blocks_pruned",
         "Blocks skipped on their key bounds",
         CXLKV_NDP_CTR_BLOCKS_PRUNED,
+        None,
+    ),
+    (
+        "cxlkv_ndp_refused",
+        "Commands refused for naming a block of another tenant",
+        CXLKV_NDP_CTR_REFUSED,
         None,
     ),
 ];

@@ -9,7 +9,8 @@
 //! ring indices, opcodes, flags, k, G, dim, dtype, lengths and offsets are range-checked with
 //! checked arithmetic; argument and result buffers must lie inside one block of a partition the
 //! submitting participant owns; every named block goes through [`cxlkv_runtime::ndp::resolve_block`] (header CRC,
-//! index sequence, typed layout against the command). Keys are scanned in place only while the
+//! index sequence, the block's tenant against the submitting slot's, typed layout against the
+//! command), in the control path both engines share. Keys are scanned in place only while the
 //! device holds a pin on their block (its own read-only participant slot), so their owner cannot
 //! reuse or rewrite them mid-scan; value rows are copied out and every block is re-validated with
 //! [`cxlkv_runtime::Pool::still_valid`] after the command, the results being discarded if one changed. A bad command

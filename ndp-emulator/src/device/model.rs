@@ -116,6 +116,7 @@ impl Device {
                     | CXLKV_NDP_CAP_SELECT
                     | CXLKV_NDP_CAP_SPARSE_ATTEND
                     | CXLKV_NDP_CAP_QUANT
+                    | CXLKV_NDP_CAP_TENANT
                     // The sparse ATTEND on sketches and quantized blocks: the Rust kernels only.
                     | if cfg.engine == Engine::Rust {
                         CXLKV_NDP_CAP_SKETCH

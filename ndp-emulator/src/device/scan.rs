@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 impl Device {
     pub(super) fn score_topk(&self, qp: u32, cmd: &cxlkv_ndp_cmd) -> Outcome {
-        let (dtype, want) = Self::common(cmd)?;
+        let (dtype, want) = self.common(qp, cmd)?;
         let flags = u32::from(cmd.flags);
         let (k, g, dim, n) = (
             cmd.k as usize,

@@ -24,7 +24,7 @@ use std::time::Instant;
 
 impl Device {
     pub(super) fn sparse_attend(&self, qp: u32, cmd: &cxlkv_ndp_cmd) -> Outcome {
-        let (dtype, want) = Self::common(cmd)?;
+        let (dtype, want) = self.common(qp, cmd)?;
         let (g, dim, n, k) = (
             usize::from(cmd.group),
             cmd.dim as usize,

@@ -242,6 +242,9 @@ impl Device {
             }
             Err(s) => {
                 self.count(CXLKV_NDP_CTR_ERRORS, 1);
+                if s.code == CXLKV_NDP_ERR_ACCESS {
+                    self.count(CXLKV_NDP_CTR_REFUSED, 1);
+                }
                 cxlkv_ndp_cpl {
                     tag: cmd.tag,
                     status: s.code,

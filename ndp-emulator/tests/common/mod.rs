@@ -1,12 +1,16 @@
-//! Helpers shared by the device tests: pools, typed blocks with known contents, references.
+//! Helpers shared by the device tests: pools, typed blocks with known contents, references, the
+//! tenant words of a slot and of blocks (test setup), an HTTP GET.
 #![allow(dead_code)]
 
 use cxlkv_kernels::rng::SplitMix64;
 use cxlkv_kernels::{scan_topk, DType, GroupMode, Hit, KeyRows, QueryGroup, ScoreKernel, TopK};
+use cxlkv_runtime::format::{self, BlockHeader};
 use cxlkv_runtime::kv::chunk_kv;
 use cxlkv_runtime::ndp::{BlockSpec, ScoreRequest};
 use cxlkv_runtime::{Backend, Key, KvShape, Participant, Pool, PoolConfig, RegionOptions};
+use std::mem::offset_of;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 
 pub use cxlkv_test_support::TempBackend;
 
@@ -235,4 +239,53 @@ pub fn queries_at(
         }
     }
     out
+}
+
+/// The whole HTTP answer to `GET path` from `addr` (status line, headers, body).
+pub fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: */*\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// Test setup: participant `p` attached as `tenant` (its slot's `tenant` word, format 3.2, which
+/// the holder writes when it attaches).
+pub fn attach_as(pool: &Pool, p: &Participant, tenant: u64) {
+    let off = pool.superblock().participant_table_off
+        + u64::from(p.id()) * pool.slot_layout().size
+        + format::slot::TENANT;
+    pool.memory()
+        .store_u64(off, tenant, Ordering::Release)
+        .unwrap();
+}
+
+/// Test setup: `blocks` belong to `tenant` (their header's `tenant` word, offset 56, not covered
+/// by `header_crc`, which a put of that tenant writes).
+pub fn give(pool: &Pool, blocks: &[BlockSpec], tenant: u32) {
+    let sb = pool.superblock();
+    for b in blocks {
+        // The tests' participants attach tenant-less (partitions tagged 0), so every block is in
+        // a partition any reader may probe, whatever tenant its header names.
+        let r = pool
+            .block_ref_any_tenant(b.key)
+            .unwrap()
+            .expect("a stored block");
+        let off = pool.partition_offset(r.location.partition).unwrap()
+            + sb.block_headers_off
+            + u64::from(r.location.block) * format::BLOCK_HEADER_SIZE
+            + offset_of!(BlockHeader, tenant) as u64;
+        pool.memory().write(off, &tenant.to_le_bytes()).unwrap();
+        let now = pool
+            .block_ref_any_tenant(b.key)
+            .unwrap()
+            .expect("still valid");
+        assert_eq!(now.header.tenant, tenant);
+    }
 }

@@ -3,7 +3,8 @@
 //!
 //! Participants carry the labels `participant` (slot) and `pid`; partitions `partition`. A
 //! participant's `cxlkv_pool_participant_occupancy_ratio` is its partition's indexed blocks over
-//! its capacity (absent for a participant without a partition, such as a device).
+//! its capacity (absent for a participant without a partition, such as a device). Tenants (format
+//! 3.2) carry `tenant` (id) and `name`: their live blocks, quota and partitions.
 
 use super::encode_registry;
 use crate::stats::PoolStats;
@@ -97,6 +98,18 @@ pub fn register_pool(st: &PoolStats, reg: &mut Registry) {
             .set(ratio(p.blocks, p.capacity));
     }
 
+    let tenant_blocks = Gauges::default();
+    let tenant_quota = Gauges::default();
+    let tenant_partitions = Gauges::default();
+    for t in &st.tenants {
+        let l: Labels = vec![("tenant", t.id.to_string()), ("name", t.name.clone())];
+        tenant_blocks.get_or_create(&l).set(t.blocks as i64);
+        tenant_quota.get_or_create(&l).set(t.quota as i64);
+        tenant_partitions
+            .get_or_create(&l)
+            .set(i64::from(t.partitions));
+    }
+
     for ((name, help), f) in counter_names.iter().zip(counters) {
         reg.register(format!("cxlkv_pool_participant_{name}"), *help, f);
     }
@@ -135,5 +148,20 @@ pub fn register_pool(st: &PoolStats, reg: &mut Registry) {
         "cxlkv_pool_partition_occupancy_ratio",
         "Indexed blocks over capacity",
         part_occupancy,
+    );
+    reg.register(
+        "cxlkv_pool_tenant_blocks",
+        "Live blocks of the tenant (tenant 0: the public space of tenant-less participants)",
+        tenant_blocks,
+    );
+    reg.register(
+        "cxlkv_pool_tenant_quota_blocks",
+        "Blocks the tenant may hold (0 = unlimited)",
+        tenant_quota,
+    );
+    reg.register(
+        "cxlkv_pool_tenant_partitions",
+        "Partitions tagged with the tenant",
+        tenant_partitions,
     );
 }

@@ -7,7 +7,7 @@
 
 pub const CXLKV_NDP_MAGIC: u64 = 5783833953988008003;
 pub const CXLKV_NDP_ABI_MAJOR: u32 = 1;
-pub const CXLKV_NDP_ABI_MINOR: u32 = 3;
+pub const CXLKV_NDP_ABI_MINOR: u32 = 4;
 pub const CXLKV_NDP_REGS_SIZE: u32 = 4096;
 pub const CXLKV_NDP_QUEUE_DEPTH: u32 = 16;
 pub const CXLKV_NDP_CMD_SIZE: u32 = 64;
@@ -32,6 +32,7 @@ pub const CXLKV_NDP_CAP_SELECT: u32 = 256;
 pub const CXLKV_NDP_CAP_SPARSE_ATTEND: u32 = 512;
 pub const CXLKV_NDP_CAP_QUANT: u32 = 1024;
 pub const CXLKV_NDP_CAP_SKETCH: u32 = 2048;
+pub const CXLKV_NDP_CAP_TENANT: u32 = 4096;
 pub const CXLKV_NDP_OP_NOP: u32 = 0;
 pub const CXLKV_NDP_OP_SCORE_TOPK: u32 = 1;
 pub const CXLKV_NDP_OP_GATHER: u32 = 2;
@@ -68,6 +69,7 @@ pub const CXLKV_NDP_ERR_RING: u32 = 9;
 pub const CXLKV_NDP_ERR_RESTARTED: u32 = 10;
 pub const CXLKV_NDP_ERR_INTERNAL: u32 = 11;
 pub const CXLKV_NDP_ERR_CHECKSUM: u32 = 12;
+pub const CXLKV_NDP_ERR_ACCESS: u32 = 13;
 pub const CXLKV_NDP_CTR_COMMANDS: u32 = 0;
 pub const CXLKV_NDP_CTR_ERRORS: u32 = 1;
 pub const CXLKV_NDP_CTR_BYTES_SCANNED: u32 = 2;
@@ -76,6 +78,7 @@ pub const CXLKV_NDP_CTR_BYTES_RECEIVED: u32 = 4;
 pub const CXLKV_NDP_CTR_BLOCKS_SCANNED: u32 = 5;
 pub const CXLKV_NDP_CTR_BLOCKS_PRUNED: u32 = 6;
 pub const CXLKV_NDP_CTR_BUSY_NS: u32 = 7;
+pub const CXLKV_NDP_CTR_REFUSED: u32 = 8;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
 pub struct cxlkv_ndp_hot_entry {

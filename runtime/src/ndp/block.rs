@@ -1,6 +1,8 @@
 //! The checks both the device and the host fallback apply to the blocks and buffers a command
-//! names: [`resolve_block`] (header CRC and index sequence via [`Pool::block_ref`], then the typed
-//! layout against the command, scales of a quantized block included), overlap and lookup of token
+//! names: [`resolve_block`] (header CRC and index sequence via [`Pool::block_ref`], the block's
+//! tenant against the reader's ([`tenant_may_read`], the reader's from its participant slot:
+//! [`slot_tenant`]), then the typed layout against the command, scales of a quantized block
+//! included), overlap and lookup of token
 //! ranges ([`sorted_ranges`], [`locate_token`]), the stored key bounds ([`read_bounds`]), a
 //! quantized block's scales ([`read_scales`]) and value rows as GATHER returns them
 //! ([`read_value_row`]), and [`check_owned_range`] for argument and result buffers.
@@ -28,6 +30,9 @@ pub struct BlockExpect {
     pub dtype: DType,
     /// Head dimension.
     pub dim: u32,
+    /// The tenant the reader attached as (its participant slot's `tenant` word, [`slot_tenant`];
+    /// 0 = none). A block of another tenant is refused ([`tenant_may_read`]).
+    pub tenant: u64,
 }
 
 /// A validated typed block: where the selected head's K, V and bounds are.
@@ -81,8 +86,30 @@ impl ResolvedBlock {
     }
 }
 
+/// Whether a reader attached as tenant `reader` may read a block of tenant `block`: a block of
+/// tenant 0 (the pool's public space) serves every reader, any other only its own tenant. The
+/// device applies this to every block a command names, and the host fallback to every block it
+/// reads, so a client never gets from the host what the device refused.
+pub fn tenant_may_read(reader: u64, block: u32) -> bool {
+    block == 0 || u64::from(block) == reader
+}
+
+/// The tenant participant slot `participant` attached as (its `tenant` word, format 3.2; 0 =
+/// none). The device reads it for queue pair `participant` when a command runs; the host fallback
+/// for its client's own slot.
+pub fn slot_tenant(pool: &Pool, participant: u32) -> cxlkv_shm::mem::Result<u64> {
+    let off = pool.slot_off(participant) + format::slot::TENANT;
+    let mem = pool.memory();
+    // The holder writes the word before its first heartbeat; the device reads it as part of the
+    // command's context, like the command's arguments.
+    coherence::acquire(&**mem, Site::NdpSubmitRead, off, 8);
+    mem.load_u64(off, std::sync::atomic::Ordering::Acquire)
+}
+
 /// Finds and validates block `entry` for a command expecting `want`; `index` is its position in
-/// the block list (reported in errors). Both the device and the host fallback call this.
+/// the block list (reported in errors). Both the device and the host fallback call this. A block
+/// of another tenant than `want.tenant` is refused with `CXLKV_NDP_ERR_ACCESS` before any byte of
+/// its payload is read.
 pub fn resolve_block(
     pool: &Pool,
     entry: &cxlkv_ndp_block,
@@ -92,10 +119,18 @@ pub fn resolve_block(
     let block_err = DeviceStatus::at(CXLKV_NDP_ERR_BLOCK, index);
     let layout_err = DeviceStatus::at(CXLKV_NDP_ERR_LAYOUT, index);
     let key = Key::from_parts(entry.key_lo, entry.key_hi);
-    let r = match pool.block_ref(key) {
+    // Located as the reader's tenant: the partitions of other tenants are never probed, so their
+    // blocks are not found (`ERR_BLOCK`, as a miss, which tells nothing of what they hold); a
+    // block of another tenant in a partition the reader may read (one the runtime never writes)
+    // is found and refused below.
+    let reader = pool.scoped(u32::try_from(want.tenant).unwrap_or(u32::MAX));
+    let r = match reader.block_ref_any_tenant(key) {
         Ok(Some(r)) => r,
         _ => return Err(block_err),
     };
+    if !tenant_may_read(want.tenant, r.header.tenant) {
+        return Err(DeviceStatus::at(CXLKV_NDP_ERR_ACCESS, index));
+    }
     if Codec::from_code(r.header.codec) != Some(Codec::KvV1) || r.header.len < LAYOUT_SIZE as u64 {
         return Err(layout_err);
     }

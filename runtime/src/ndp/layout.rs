@@ -177,6 +177,7 @@ pub fn status_name(code: u32) -> &'static str {
         CXLKV_NDP_ERR_RESTARTED => "device restarted",
         CXLKV_NDP_ERR_INTERNAL => "internal device error",
         CXLKV_NDP_ERR_CHECKSUM => "payload checksum mismatch",
+        CXLKV_NDP_ERR_ACCESS => "block of another tenant",
         _ => "unknown status",
     }
 }

@@ -13,9 +13,9 @@
 //! - [`queue`]: [`Ring`], the shared-memory steps of a submission or completion ring, for both
 //!   ends (the client here, the device in `cxlkv-ndp`); the loom models run them.
 //! - [`block`]: [`resolve_block`], the block validation both the device and the host fallback
-//!   apply (header CRC and index sequence via [`crate::pool::Pool::block_ref`], then the typed
-//!   layout against the command, scales of a quantized block included), token lookup and the
-//!   owned-buffer check.
+//!   apply (header CRC and index sequence via [`crate::pool::Pool::block_ref`], the block's tenant
+//!   against the reader's ([`tenant_may_read`]), then the typed layout against the command, scales
+//!   of a quantized block included), token lookup and the owned-buffer check.
 //! - [`quant`]: scores, ATTEND and gathered rows over quantized (int8, int4) blocks: queries folded
 //!   with each block's key scales, values weighted by their token scales, rows dequantized.
 //! - [`result`]: [`encode_topk_result`] / [`decode_topk_result`], the result buffer format.
@@ -60,12 +60,12 @@ pub use cxlkv_shm::futex::{wait as futex_wait, wake as futex_wake};
 
 pub use block::{
     check_owned_range, gathered_dtype, locate_token, read_bounds, read_scales, read_sketch_scales,
-    resolve_block, sorted_ranges, BlockExpect, ResolvedBlock,
+    resolve_block, slot_tenant, sorted_ranges, tenant_may_read, BlockExpect, ResolvedBlock,
 };
 pub use client::{
-    host_attend, host_attend_with, host_gather, host_score_topk, AttendRequest, Attended,
-    BlockSpec, FallbackReason, NdpDevice, NdpError, NdpOptions, NdpPath, NdpStats, ScoreRequest,
-    Select, Ticket, TopK,
+    host_attend, host_attend_as, host_attend_with, host_gather, host_score_topk,
+    host_score_topk_as, AttendRequest, Attended, BlockSpec, FallbackReason, NdpDevice, NdpError,
+    NdpOptions, NdpPath, NdpStats, ScoreRequest, Select, Ticket, TopK,
 };
 pub use layout::{now_ns, qpi, reg, status_name, DeviceLayout, DeviceStatus, DEPTH};
 pub use queue::Ring;

@@ -107,7 +107,10 @@ impl Participant {
         let g = self.owner_word >> 32;
         let mask = self.pool.superblock().index_slots - 1;
         write_slot(&self.pool, p, slot, Key(0), ENTRY_TOMBSTONE, g)?;
-        st.indexed[block as usize] = None;
+        if st.indexed[block as usize].take().is_some() {
+            st.live = st.live.saturating_sub(1);
+            self.publish_live(st);
+        }
         st.policy.remove(block);
         let mut hole = slot;
         let mut j = slot;

@@ -8,12 +8,12 @@
 
 use super::beat::OwnLease;
 use super::liveness::participant_dead;
-use super::recovery::recover_partition;
 use super::state::{AttachOptions, Participant, Recovery};
 use crate::coherence::{self, Site};
 use crate::format::{self, counters, partition, pin, slot};
 use crate::key::Key;
 use crate::pool::{now_ns, Pool, PoolError, Result};
+use crate::tenant::Tenant;
 use crate::watch::beat_period_ns;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex};
@@ -39,6 +39,48 @@ impl Participant {
     /// pool handle's judgement (see the module): retry through the same handle to reclaim a holder
     /// that is not yet known dead.
     pub fn attach(pool: &Pool, opts: AttachOptions) -> Result<Participant> {
+        Self::attach_claiming(&pool.scoped(0), opts, None)
+    }
+
+    /// Attaches to `pool` as `tenant` (format 3.2, [`crate::tenant`]) with default options: the
+    /// tenant's declared entry, or on a hardware-coherent pool one registered now with the pool's
+    /// default quota ([`PoolError::UnknownTenant`] on a software-coherent pool). The participant
+    /// claims only a partition of its tenant or one without live blocks, writes blocks of its
+    /// tenant, puts under its tenant's quota, and reads only its tenant's and tenant 0's blocks.
+    pub fn attach_as(pool: &Pool, tenant: &Tenant) -> Result<Participant> {
+        Self::attach_as_with(pool, tenant, AttachOptions::default())
+    }
+
+    /// [`Participant::attach_as`] with options.
+    pub fn attach_as_with(
+        pool: &Pool,
+        tenant: &Tenant,
+        opts: AttachOptions,
+    ) -> Result<Participant> {
+        let id = crate::tenant::resolve(pool, tenant.name())?;
+        Self::attach_claiming(&pool.scoped(id), opts, Some(tenant.clone()))
+    }
+
+    /// [`Participant::attach_slot`] as `tenant`, which must be declared in the pool (a
+    /// software-coherent pool's tenants are declared at create).
+    pub fn attach_slot_as(
+        pool: &Pool,
+        slot_id: u32,
+        tenant: &Tenant,
+        opts: AttachOptions,
+    ) -> Result<Participant> {
+        let t = crate::tenant::find(pool, tenant.name())?
+            .ok_or_else(|| PoolError::UnknownTenant(tenant.name().to_owned()))?;
+        Self::attach_slot_claiming(&pool.scoped(t.id), slot_id, opts, Some(tenant.clone()))
+    }
+
+    /// Claims a free (or dead holder's) slot by compare-and-swap and initializes it; `pool` reads
+    /// as the participant's tenant.
+    fn attach_claiming(
+        pool: &Pool,
+        opts: AttachOptions,
+        tenant: Option<Tenant>,
+    ) -> Result<Participant> {
         let sb = *pool.superblock();
         let mem = pool.mem();
         let mut claimed = None;
@@ -57,7 +99,7 @@ impl Participant {
             }
         }
         let (id, token) = claimed.ok_or(PoolError::NoFreeParticipant(sb.participants))?;
-        Self::init_slot(pool, id, token, opts, None)
+        Self::init_slot(pool, id, token, opts, None, tenant)
     }
 
     /// Attaches as participant `slot` without a compare-and-swap: the mode for hosts that share no
@@ -67,6 +109,15 @@ impl Participant {
     /// partition `slot % partitions` if that is free, orphaned or its own — a dead host's partition
     /// is taken over by the one successor the operator designates by attaching to its slot.
     pub fn attach_slot(pool: &Pool, slot_id: u32, opts: AttachOptions) -> Result<Participant> {
+        Self::attach_slot_claiming(&pool.scoped(0), slot_id, opts, None)
+    }
+
+    fn attach_slot_claiming(
+        pool: &Pool,
+        slot_id: u32,
+        opts: AttachOptions,
+        tenant: Option<Tenant>,
+    ) -> Result<Participant> {
         let sb = *pool.superblock();
         if slot_id >= sb.participants {
             return Err(PoolError::BadConfig(format!(
@@ -85,16 +136,25 @@ impl Participant {
         }
         let token = new_token(slot_id);
         mem.store_u64(off, token, Ordering::Relaxed)?;
-        Self::init_slot(pool, slot_id, token, opts, Some(slot_id % sb.partitions))
+        Self::init_slot(
+            pool,
+            slot_id,
+            token,
+            opts,
+            Some(slot_id % sb.partitions),
+            tenant,
+        )
     }
 
     /// Initializes claimed slot `id` and claims a partition (`assigned`: exactly that one, no CAS).
+    /// `pool` reads as the participant's tenant (`tenant`'s id, or 0).
     fn init_slot(
         pool: &Pool,
         id: u32,
         token: u64,
         opts: AttachOptions,
         assigned: Option<u32>,
+        tenant: Option<Tenant>,
     ) -> Result<Participant> {
         let mem = pool.mem();
         let base = pool.slot_off(id);
@@ -109,6 +169,12 @@ impl Participant {
             Ordering::Relaxed,
         )?;
         mem.store_u64(base + slot::PARTITION, 0, Ordering::Relaxed)?;
+        // Before the first heartbeat (the device reads it for the queues of this slot).
+        mem.store_u64(
+            base + slot::TENANT,
+            u64::from(pool.tenant()),
+            Ordering::Relaxed,
+        )?;
         let layout = *pool.slot_layout();
         for c in 0..counters::COUNT {
             mem.store_u64(base + layout.counter(c), 0, Ordering::Relaxed)?;
@@ -135,16 +201,15 @@ impl Participant {
                 == Some(format::CoherenceMode::Software),
             heartbeat: None,
             recovery: Recovery::default(),
+            tenant,
         };
         if opts.own_partition {
-            let claim = match assigned {
+            let owned = match assigned {
                 Some(p) => me.claim_assigned_partition(p)?,
                 None => me.claim_free_partition()?,
             };
-            if let Some(claim) = claim {
+            if let Some((claim, state, mut rec)) = owned {
                 me.owner_word = claim.owner_word;
-                let (state, mut rec) =
-                    recover_partition(pool, claim.partition, claim.owner_word >> 32)?;
                 rec.took_over_from = claim.took_over_from;
                 me.recovery = rec;
                 me.owner = Some(Mutex::new(state));

@@ -194,6 +194,7 @@ pub(super) fn recover_partition(
             partition: p,
             free,
             deferred: Vec::new(),
+            live: by_seq.len() as u64,
             indexed,
             policy,
             next_seq,
@@ -207,7 +208,9 @@ pub(super) fn recover_partition(
 /// CRC right) and not quarantined.
 fn validates(pool: &Pool, key: Key, loc: &Location, generation: u64) -> Result<bool> {
     let mem = pool.mem();
-    let Some(h) = pool.checked_header(key, loc)? else {
+    // Whatever the block's tenant: a takeover keeps every committed block (the claimer checks
+    // the partition's tenant afterwards).
+    let Some(h) = pool.checked_header_any(key, loc)? else {
         return Ok(false);
     };
     if claim::quarantined(h.claim, generation) {

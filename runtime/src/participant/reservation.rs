@@ -18,6 +18,7 @@ impl Participant {
             return Err(PoolError::PayloadTooLarge { len, capacity: cap });
         }
         let mut st = self.owner()?;
+        self.within_quota(&mut st)?;
         let block = self.allocate(&mut st)?;
         crash_point("put:allocated");
         Ok(Reservation {

@@ -100,6 +100,8 @@ pub(super) struct OwnerState {
     pub(super) deferred: Vec<(u32, u64)>,
     /// For each block: (index slot, seq) while indexed.
     pub(super) indexed: Vec<Option<(u32, u64)>>,
+    /// Blocks indexed (the `Some`s of `indexed`), published as `partition::LIVE`.
+    pub(super) live: u64,
     pub(super) policy: Box<dyn EvictionPolicy>,
     pub(super) next_seq: u64,
     /// Multi-block objects: manifest block → its parts' (block, seq). Parts stay out of the
@@ -126,6 +128,8 @@ pub struct Participant {
     pub(super) heartbeat: Option<(mpsc::Sender<()>, std::thread::JoinHandle<()>)>,
     /// What attaching found and did (takeover, repaired slots), for reports.
     pub recovery: Recovery,
+    /// The tenant it attached as (its salt's derived key stays in private memory).
+    pub(super) tenant: Option<crate::tenant::Tenant>,
 }
 
 /// What attaching did to take a partition into ownership.
@@ -163,9 +167,19 @@ impl Participant {
         self.recovery.partition
     }
 
-    /// The pool.
+    /// The pool, as a handle that reads as this participant's tenant.
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// The tenant this participant attached as (`None`: tenant-less, the pool's public space).
+    pub fn tenant(&self) -> Option<&crate::tenant::Tenant> {
+        self.tenant.as_ref()
+    }
+
+    /// This participant's tenant id (0: none).
+    pub fn tenant_id(&self) -> u32 {
+        self.pool.tenant
     }
 
     /// Adds `n` to counter `c`, published in this participant's slot.

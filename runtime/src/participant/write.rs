@@ -92,6 +92,7 @@ impl Participant {
         payload: &[u8],
         crc: u32,
     ) -> Result<Location> {
+        self.within_quota(st)?;
         let block = self.allocate(st)?;
         crash_point("put:allocated");
         let p = st.partition;
@@ -186,11 +187,19 @@ impl Participant {
                 return Ok(st.deferred.swap_remove(i).0);
             }
         }
+        self.evict_one(st)?
+            .ok_or(PoolError::PartitionFull(st.partition))
+    }
+
+    /// Evicts the least recently used unpinned block of this participant's partition and returns
+    /// it, free for reuse; `None` if every indexed block is pinned (or none is indexed). A victim
+    /// that a reader pins at the last moment is deferred and the next one tried.
+    fn evict_one(&self, st: &mut OwnerState) -> Result<Option<u32>> {
         let pins = self.live_pins(st.partition)?;
         let mut skipped = Vec::new();
         let result = loop {
             let Some(victim) = st.policy.victim() else {
-                break Err(PoolError::PartitionFull(st.partition));
+                break Ok(None);
             };
             let (slot, seq) = st.indexed[victim as usize].expect("policy tracks indexed blocks");
             if pins.contains(&(victim, seq)) {
@@ -210,12 +219,45 @@ impl Participant {
                 st.deferred.push((victim, seq));
                 continue;
             }
-            break Ok(victim);
+            break Ok(Some(victim));
         };
         for b in skipped {
             st.policy.insert(b);
         }
         result
+    }
+
+    /// Makes room under this participant's tenant's quota before a put (format 3.2): while the
+    /// tenant's use (every partition tagged with it) is at its quota, evicts this partition's
+    /// least recently used block; with nothing left to evict, [`PoolError::QuotaExceeded`] and
+    /// nothing changes. Tenant 0 and a quota of 0 are unlimited. Writers of one tenant in other
+    /// processes read the use at the same time, so each may overshoot it by one block.
+    pub(super) fn within_quota(&self, st: &mut OwnerState) -> Result<()> {
+        let tenant = self.pool.tenant;
+        if tenant == 0 {
+            return Ok(());
+        }
+        let quota = crate::tenant::quota_of(&self.pool, tenant)?;
+        if quota == 0 {
+            return Ok(());
+        }
+        while crate::tenant::use_of(&self.pool, tenant)? >= quota {
+            match self.evict_one(st)? {
+                Some(b) => st.free.push(b),
+                None => return Err(PoolError::QuotaExceeded { tenant, quota }),
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes the partition's live-block count (`partition::LIVE`), which anyone sums to read
+    /// a tenant's use.
+    pub(super) fn publish_live(&self, st: &OwnerState) {
+        let off = self.pool.partition_off(st.partition) + partition::LIVE;
+        let mem = self.pool.mem();
+        // Only the owner writes the word; readers of a tenant's use pair with this publish.
+        let _ = mem.store_u64(off, st.live, Ordering::Release);
+        coherence::publish(mem, Site::OwnerWrite, off, 8);
     }
 
     /// Writes header and index entry for a filled block; the last step of put and commit.
@@ -258,6 +300,7 @@ impl Participant {
             codec: codec as u32,
             payload_crc: crc,
             owner_generation: g,
+            tenant: self.pool.tenant,
             ..Default::default()
         };
         h.header_crc = h.compute_crc();
@@ -320,10 +363,12 @@ impl Participant {
         write_slot(pool, p, s, key, encode_entry(block, seq), g)?;
         crash_point("put:indexed");
         st.indexed[block as usize] = Some((s, seq));
+        st.live += 1;
         st.policy.insert(block);
         if let Some((old_block, old_seq)) = old {
             if (old_block as usize) < st.indexed.len() && old_block != block {
                 st.indexed[old_block as usize] = None;
+                st.live = st.live.saturating_sub(1);
                 st.policy.remove(old_block);
                 fence(Ordering::SeqCst); // Dekker pair with `pin`, as in `allocate`.
                 if self.pinned_now(p, old_block, old_seq)? {
@@ -336,6 +381,7 @@ impl Participant {
                 let _ = self.drop_object_parts(st, old_block);
             }
         }
+        self.publish_live(st);
         self.count(counters::PUTS, 1);
         self.count(counters::BYTES_IN, len);
         Ok(Location {

@@ -10,7 +10,7 @@ use crate::metrics::{count_device, count_failure, global, Op};
 use crate::ndp::abi::*;
 use crate::ndp::block::{gathered_dtype, BlockExpect};
 use crate::ndp::client::error::{FallbackReason, NdpError, Result};
-use crate::ndp::client::fallback::{host_attend_with, host_gather, host_score_topk};
+use crate::ndp::client::fallback::{host_attend_as, host_gather, host_score_topk_as};
 use crate::ndp::client::request::{
     AttendRequest, Attended, BlockSpec, NdpPath, NdpStats, OwnedRequest, ScoreRequest, TopK,
 };
@@ -160,25 +160,29 @@ impl NdpDevice {
         r
     }
 
-    /// SCORE_TOPK computed on the host by this client (the reference path: [`host_score_topk`]
-    /// with the client's kernel; the answer the device gives too). Counted as `score_topk`, a
+    /// SCORE_TOPK computed on the host by this client (the reference path: [`host_score_topk_as`]
+    /// with the client's kernel and tenant; the answer the device gives too). Counted as `score_topk`, a
     /// fallback of reason `forced`.
     pub fn score_topk_on_host(&self, req: &ScoreRequest<'_>) -> Result<TopK> {
         req.check()?;
         let t0 = Instant::now();
-        let r = host_score_topk(&self.pool, req, self.opts.kernel);
+        let r = self
+            .tenant()
+            .and_then(|t| host_score_topk_as(&self.pool, t, req, self.opts.kernel));
         count_device(Op::ScoreTopk, t0, &r, |t| {
             (&t.stats, query_bytes(req.queries), topk_bytes_out(t))
         });
         r
     }
 
-    /// ATTEND computed on the host by this client (the reference path, [`host_attend_with`] with
-    /// the client's kernel). Counted as `attend`, a fallback of reason `forced`.
+    /// ATTEND computed on the host by this client (the reference path, [`host_attend_as`] with
+    /// the client's kernel and tenant). Counted as `attend`, a fallback of reason `forced`.
     pub fn attend_on_host(&self, req: &AttendRequest<'_>) -> Result<Attended> {
         req.check()?;
         let t0 = Instant::now();
-        let r = host_attend_with(&self.pool, req, self.opts.kernel);
+        let r = self
+            .tenant()
+            .and_then(|t| host_attend_as(&self.pool, t, req, self.opts.kernel));
         count_device(Op::Attend, t0, &r, |a| {
             (&a.stats, query_bytes(req.queries), attend_bytes_out(a))
         });
@@ -483,8 +487,11 @@ impl NdpDevice {
     fn on_host(&self, p: Pending, why: FallbackReason) -> Result<Answer> {
         // Published in the participant's slot (`fallbacks`), so `cxlkv pool stat` sees it.
         self.participant.count_fallbacks(1);
+        // The host reads as this client's tenant: it never returns what the device refuses.
+        let tenant = self.tenant()?;
         if p.req.attend {
-            let mut a = host_attend_with(&self.pool, &p.req.borrow_attend(), self.opts.kernel)?;
+            let req = p.req.borrow_attend();
+            let mut a = host_attend_as(&self.pool, tenant, &req, self.opts.kernel)?;
             let mut stats = p.stats;
             stats.path = Some(NdpPath::Host(why));
             stats.host_scan_bytes = a.stats.host_scan_bytes;
@@ -494,7 +501,7 @@ impl NdpDevice {
             a.stats = stats;
             return Ok(Answer::Attend(a));
         }
-        let mut r = host_score_topk(&self.pool, &p.req.borrow(), self.opts.kernel)?;
+        let mut r = host_score_topk_as(&self.pool, tenant, &p.req.borrow(), self.opts.kernel)?;
         let mut stats = p.stats;
         stats.path = Some(NdpPath::Host(why));
         stats.host_scan_bytes = r.stats.host_scan_bytes;
@@ -759,6 +766,7 @@ impl NdpDevice {
         tokens: &[u32],
     ) -> Result<(Vec<u8>, NdpStats)> {
         let want = BlockExpect {
+            tenant: self.tenant()?,
             sequence,
             layer,
             kv_head,

@@ -95,9 +95,14 @@ fn split_lists(lists: &[Vec<Hit>]) -> (Vec<Vec<u32>>, Vec<Vec<f32>>) {
 
 /// SCORE_TOPK with an active selection on the host: every key of every block is scored (in block
 /// list order, like the device) and fed to the shared [`Selection`].
-fn host_select(pool: &Pool, req: &ScoreRequest<'_>, kernel: ScoreKernel) -> Result<TopK> {
+fn host_select(
+    pool: &Pool,
+    tenant: u64,
+    req: &ScoreRequest<'_>,
+    kernel: ScoreKernel,
+) -> Result<TopK> {
     let start = Instant::now();
-    let want = req.expect();
+    let want = req.expect(tenant);
     let queries =
         QueryGroup::new(req.queries, req.dim).map_err(|e| NdpError::BadRequest(e.to_string()))?;
     let g = queries.count();
@@ -164,19 +169,31 @@ fn host_select(pool: &Pool, req: &ScoreRequest<'_>, kernel: ScoreKernel) -> Resu
 
 /// SCORE_TOPK computed on the host: every key of every block is read across the link (a full
 /// scan, no pruning) into private memory and scored with the same kernels as the device, so the
-/// answer is identical. The stats count every byte pulled.
+/// answer is identical. The stats count every byte pulled. It reads as no tenant: blocks of
+/// tenant 0 only ([`host_score_topk_as`] reads as a tenant).
 pub fn host_score_topk(pool: &Pool, req: &ScoreRequest<'_>, kernel: ScoreKernel) -> Result<TopK> {
+    host_score_topk_as(pool, 0, req, kernel)
+}
+
+/// [`host_score_topk`] for a reader attached as `tenant`: a block of another tenant is refused
+/// with `CXLKV_NDP_ERR_ACCESS`, as the device refuses it ([`crate::ndp::tenant_may_read`]).
+pub fn host_score_topk_as(
+    pool: &Pool,
+    tenant: u64,
+    req: &ScoreRequest<'_>,
+    kernel: ScoreKernel,
+) -> Result<TopK> {
     req.check()?;
     if req.select.is_active() {
-        return host_select(pool, req, kernel);
+        return host_select(pool, tenant, req, kernel);
     }
     let start = Instant::now();
-    let want = req.expect();
+    let want = req.expect(tenant);
     let mem = pool.memory();
     let queries =
         QueryGroup::new(req.queries, req.dim).map_err(|e| NdpError::BadRequest(e.to_string()))?;
     if req.dtype.is_quantized() {
-        return host_folded_topk(pool, req, kernel, &queries);
+        return host_folded_topk(pool, tenant, req, kernel, &queries);
     }
     for _attempt in 0..crate::pool::READ_RETRIES {
         let (blocks, order) = resolve_all(pool, req.blocks, &want)?;
@@ -251,12 +268,13 @@ fn read_k_scales(pool: &Pool, b: &ResolvedBlock, dim: usize) -> Result<Vec<f32>>
 /// pruning does not apply to quantized blocks).
 fn host_folded_topk(
     pool: &Pool,
+    tenant: u64,
     req: &ScoreRequest<'_>,
     kernel: ScoreKernel,
     queries: &QueryGroup<'_>,
 ) -> Result<TopK> {
     let start = Instant::now();
-    let want = req.expect();
+    let want = req.expect(tenant);
     for _attempt in 0..crate::pool::READ_RETRIES {
         let (blocks, order) = resolve_all(pool, req.blocks, &want)?;
         let topk = cxlkv_kernels::TopK {
@@ -313,7 +331,8 @@ fn host_folded_topk(
 /// ATTEND computed on the host: every key and value row of every block is read across the link
 /// into private memory and attended with the same fused kernel as the device
 /// ([`cxlkv_kernels::attend_block`]), the blocks' partials merged in block-list order, so the
-/// answer is identical to the device's.
+/// answer is identical to the device's. It reads as no tenant: blocks of tenant 0 only
+/// ([`host_attend_as`] reads as a tenant).
 pub fn host_attend(pool: &Pool, req: &AttendRequest<'_>) -> Result<Attended> {
     host_attend_with(pool, req, ScoreKernel::detect())
 }
@@ -324,12 +343,23 @@ pub fn host_attend_with(
     req: &AttendRequest<'_>,
     kernel: ScoreKernel,
 ) -> Result<Attended> {
+    host_attend_as(pool, 0, req, kernel)
+}
+
+/// [`host_attend_with`] for a reader attached as `tenant`: a block of another tenant is refused
+/// with `CXLKV_NDP_ERR_ACCESS`, as the device refuses it ([`crate::ndp::tenant_may_read`]).
+pub fn host_attend_as(
+    pool: &Pool,
+    tenant: u64,
+    req: &AttendRequest<'_>,
+    kernel: ScoreKernel,
+) -> Result<Attended> {
     req.check()?;
     if let Some(sp) = &req.sparse {
-        return host_sparse_attend(pool, req, kernel, sp);
+        return host_sparse_attend(pool, tenant, req, kernel, sp);
     }
     let start = Instant::now();
-    let want = req.as_score().expect();
+    let want = req.as_score().expect(tenant);
     let mem = pool.memory();
     let queries =
         QueryGroup::new(req.queries, req.dim).map_err(|e| NdpError::BadRequest(e.to_string()))?;
@@ -381,15 +411,16 @@ pub fn host_attend_with(
 /// On key sketches or quantized blocks, [`crate::ndp::sketch::sparse_rows`] over pulled rows.
 fn host_sparse_attend(
     pool: &Pool,
+    tenant: u64,
     req: &AttendRequest<'_>,
     kernel: ScoreKernel,
     sp: &Sparse,
 ) -> Result<Attended> {
     if sp.candidates.is_some() || req.dtype.is_quantized() {
-        return host_sparse_rows(pool, req, kernel, sp);
+        return host_sparse_rows(pool, tenant, req, kernel, sp);
     }
     let start = Instant::now();
-    let want = req.as_score().expect();
+    let want = req.as_score().expect(tenant);
     let mem = pool.memory();
     let shape = |e: cxlkv_kernels::ShapeError| NdpError::BadRequest(e.to_string());
     let queries = QueryGroup::new(req.queries, req.dim).map_err(shape)?;
@@ -461,12 +492,13 @@ fn host_sparse_attend(
 /// ([`sparse_rows`]) over rows pulled across the link, which then carries what the device reads.
 fn host_sparse_rows(
     pool: &Pool,
+    tenant: u64,
     req: &AttendRequest<'_>,
     kernel: ScoreKernel,
     sp: &Sparse,
 ) -> Result<Attended> {
     let start = Instant::now();
-    let want = req.as_score().expect();
+    let want = req.as_score().expect(tenant);
     let mem = pool.memory();
     let queries =
         QueryGroup::new(req.queries, req.dim).map_err(|e| NdpError::BadRequest(e.to_string()))?;
@@ -506,7 +538,7 @@ fn host_sparse_rows(
 }
 
 /// GATHER computed on the host: the value rows of `tokens`, `[tokens][dim]` raw (dequantized f32
-/// rows for quantized blocks, as the device returns them).
+/// rows for quantized blocks, as the device returns them). It reads as `want.tenant`.
 pub fn host_gather(
     pool: &Pool,
     blocks: &[BlockSpec],

@@ -9,7 +9,9 @@
 //!   the answers [`TopK`] and [`Attended`] and their [`NdpStats`], [`NdpOptions`].
 //! - [`ring`]: [`NdpDevice`] and its queue pair (staging buffers, submission, completion, waits).
 //! - [`commands`]: SCORE_TOPK and ATTEND (submit, poll, wait, fallback) and the other commands.
-//! - [`fallback`]: the host path ([`host_score_topk`], [`host_attend`], [`host_gather`]).
+//! - [`fallback`]: the host path ([`host_score_topk`], [`host_attend`], [`host_gather`]), which
+//!   reads as a tenant ([`host_score_topk_as`], [`host_attend_as`]) and refuses another tenant's
+//!   blocks as the device does.
 
 pub mod commands;
 pub mod error;
@@ -20,7 +22,8 @@ pub mod ring;
 
 pub use error::{FallbackReason, NdpError, Result};
 pub use fallback::{
-    host_attend, host_attend_with, host_gather, host_score_topk, HOST_META_BYTES_PER_BLOCK,
+    host_attend, host_attend_as, host_attend_with, host_gather, host_score_topk,
+    host_score_topk_as, HOST_META_BYTES_PER_BLOCK,
 };
 pub use request::{
     AttendRequest, Attended, BlockSpec, NdpOptions, NdpPath, NdpStats, ScoreRequest, Select,

@@ -159,8 +159,10 @@ impl ScoreRequest<'_> {
         self.queries.len().checked_div(self.dim).unwrap_or(0)
     }
 
-    pub(super) fn expect(&self) -> BlockExpect {
+    /// What every block must be, for a reader attached as `tenant`.
+    pub(super) fn expect(&self, tenant: u64) -> BlockExpect {
         BlockExpect {
+            tenant,
             sequence: self.sequence,
             layer: self.layer,
             kv_head: self.kv_head,

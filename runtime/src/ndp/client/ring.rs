@@ -184,6 +184,12 @@ impl NdpDevice {
         &self.participant
     }
 
+    /// The tenant this client's participant slot attached as (0 = none): the device serves its
+    /// queue only blocks of this tenant or of tenant 0, and the host fallback reads as it.
+    pub fn tenant(&self) -> Result<u64> {
+        Ok(crate::ndp::block::slot_tenant(&self.pool, self.qp)?)
+    }
+
     /// Pool offsets of the staging blocks (for tools and tests).
     pub fn staging_offsets(&self) -> Vec<u64> {
         self.staging.iter().map(|s| s.off).collect()

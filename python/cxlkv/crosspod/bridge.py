@@ -1,0 +1,303 @@
+"""The bridge process: one per pod (and tenant), between the pod's pool and Mooncake Store.
+
+It attaches to the pool as a participant of its tenant, registers the pool's mapping with the store
+once, and serves requests on a Unix socket (client.py). Store objects, for a pool key K of model M
+and tenant T (Mooncake's `tenant_id` is T too): `cxlkv/M/T/K`, the block's payload followed by a
+16-byte trailer (its length and CRC-32C), written from the pool's memory and the trailer in one
+`batch_put_from_multi_buffers`. Mooncake makes an object visible only once its put completed, and
+keeps the first value of a duplicate put, so two pods publishing at once leave one object, whose
+own trailer checks it.
+
+Import of a chain: one `batch_get_replica_desc` (a question to the master, no transfer) gives the
+objects' sizes and ends the chain at the first key without a complete replica; a reservation per
+block in the pool (`Participant.reserve`); one `batch_get_into_multi_buffers` of the objects,
+payloads straight into the reserved pool memory and trailers into a registered buffer; the CRC of
+each block against its trailer; then a commit of each leading block that matches and an abort of
+the rest. Any store error, short read or mismatch ends the chain there: a miss, never wrong data.
+A bridge killed mid-import leaves reservations, which the pool
+reclaims like any dead participant's (`cxlkv pool check`).
+"""
+
+import json
+import os
+import re
+import socket
+import struct
+import sys
+import threading
+import time
+
+import numpy as np
+
+import cxlkv
+
+META = struct.Struct("<QQ")  # payload length, CRC-32C of it (`cxlkv.crc32c`, the pool's own)
+MAX_CHAIN = 512  # keys per request: as many trailer slots in the registered buffer
+# Where an import's time goes: the master's answer on the chain, the reservations, the payload read, the
+# CRC checks and commits.
+PHASES = ("index", "reserve", "read", "check_commit")
+REASONS = ("store_error", "owner_gone", "crc_mismatch", "short_read", "pool_full", "pool_error")
+# Mooncake's code for a read from a segment whose owner is gone (the master still lists the
+# object until the owner's lease ends).
+TRANSFER_FAIL = -800
+OBJECT_NOT_FOUND = -704  # the end of what the store has of a chain: a miss, not a failure
+
+
+class Metrics:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.c = {"published": 0, "published_bytes": 0, "imported": 0, "imported_bytes": 0,
+                  "import_requests": 0, "import_ns_total": 0, "import_ns_max": 0,
+                  "import_phase_ns": {p: 0 for p in PHASES},
+                  "failures": {r: 0 for r in REASONS}}
+
+    def add(self, name, n=1):
+        with self.lock:
+            self.c[name] += n
+
+    def fail(self, reason, n=1):
+        with self.lock:
+            self.c["failures"][reason] += n
+
+    def phase(self, name, since):
+        """Adds the time from `since` (perf_counter_ns) to phase `name`; returns now."""
+        now = time.perf_counter_ns()
+        with self.lock:
+            self.c["import_phase_ns"][name] += now - since
+        return now
+
+    def timed(self, ns):
+        with self.lock:
+            self.c["import_requests"] += 1
+            self.c["import_ns_total"] += ns
+            self.c["import_ns_max"] = max(self.c["import_ns_max"], ns)
+
+    def snapshot(self):
+        with self.lock:
+            return json.loads(json.dumps(self.c))
+
+
+def mapping_of(addr):
+    """(start, length) of the mapping of this process that holds `addr` (/proc/self/maps)."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= addr < hi:
+                return lo, hi - lo
+    raise RuntimeError("address %#x is in no mapping" % addr)
+
+
+def pause_here():
+    """Test hook (scripts/crosspod.sh check 5): while the file named by CXLKV_CROSSPOD_TEST_PAUSE
+    exists, an import waits between reading into its reservations and committing them."""
+    flag = os.environ.get("CXLKV_CROSSPOD_TEST_PAUSE")
+    while flag and os.path.exists(flag):
+        time.sleep(0.05)
+
+
+def addr_of(buf):
+    return np.frombuffer(buf, np.uint8).ctypes.data
+
+
+class Bridge:
+    def __init__(self, pool_spec, master, tenant=None, salt=None, model="default",
+                 segment=256 << 20, host="127.0.0.1"):
+        from mooncake.store import MooncakeDistributedStore, ReplicaStatus
+
+        self.complete = ReplicaStatus.COMPLETE  # a replica whose put has finished
+
+        self.pool = cxlkv.Pool.open(pool_spec)
+        self.me = self.pool.attach(tenant=tenant, salt=salt) if tenant else self.pool.attach()
+        self.prefix = "cxlkv/%s/%s/" % (model, tenant or "default")
+        self.metrics = Metrics()
+        self.store = MooncakeDistributedStore()
+        rc = self.store.setup(host, "P2PHANDSHAKE", segment, 16 << 20, "tcp", "", master,
+                              None, False, "", tenant or "default")
+        if rc != 0:
+            raise RuntimeError("MooncakeDistributedStore.setup(%s) returned %d" % (master, rc))
+        # Objects live in this bridge's own segment: they are the pod's blocks, and they go when
+        # the pod's bridge goes (a miss elsewhere), not when some other pod's bridge does.
+        from mooncake.store import ReplicateConfig
+
+        self.placement = ReplicateConfig()
+        self.placement.preferred_segment = self.store.get_hostname()
+        # The pool's mapping, registered once: found through a throwaway reservation.
+        probe = self.me.reserve(cxlkv.Key.from_bytes(b"cxlkv-crosspod-probe-%d" % os.getpid()), 1)
+        view = memoryview(probe)
+        base, length = mapping_of(addr_of(view))
+        view.release()
+        probe.abort()
+        rc = self.store.register_buffer(base, length)
+        if rc != 0:
+            raise RuntimeError("register_buffer of the pool mapping returned %d" % rc)
+        self.meta = np.zeros(META.size * MAX_CHAIN, np.uint8)  # registered: the trailers
+        rc = self.store.register_buffer(self.meta.ctypes.data, self.meta.nbytes)
+        if rc != 0:
+            raise RuntimeError("register_buffer of the trailer buffer returned %d" % rc)
+
+    def name(self, key):
+        return self.prefix + "%032x" % key
+
+    def publish(self, keys):
+        """Puts each committed key's block into the store (payload from pool memory, then its
+        trailer); how many leading keys are published afterwards."""
+        keys = keys[:MAX_CHAIN]
+        pins, names, ptrs, sizes = [], [], [], []
+        try:
+            for i, k in enumerate(keys):
+                pin = self.me.pin(cxlkv.Key(k))
+                if pin is None:
+                    break
+                pins.append(pin)
+                view = memoryview(pin)
+                names.append(self.name(k))
+                ptrs.append(addr_of(view))
+                sizes.append(len(view))
+                META.pack_into(self.meta, i * META.size, len(view), cxlkv.crc32c(view))
+                view.release()
+            if not names:
+                return 0
+            slots = [self.meta.ctypes.data + i * META.size for i in range(len(names))]
+            done = self._put(names, [[p, m] for p, m in zip(ptrs, slots)],
+                             [[n, META.size] for n in sizes])
+        finally:
+            for p in pins:
+                p.release()
+        self.metrics.add("published", done)
+        self.metrics.add("published_bytes", sum(sizes[:done]))
+        return done
+
+    def _put(self, names, ptrs, sizes):
+        """How many leading puts left an object in the store (one already there counts: Mooncake
+        keeps the first value, and its trailer checks it)."""
+        try:
+            rcs = self.store.batch_put_from_multi_buffers(names, ptrs, sizes, self.placement)
+        except Exception:
+            rcs = [-1] * len(names)
+        for i, rc in enumerate(rcs):
+            if rc != 0 and self.store.is_exist(names[i]) != 1:
+                self.metrics.fail("store_error")
+                return i
+        return len(names)
+
+    def import_chain(self, keys):
+        """Imports the leading run of `keys` found in the store; how many are now committed."""
+        t0 = time.perf_counter_ns()
+        try:
+            return self._import(keys[:MAX_CHAIN])
+        finally:
+            self.metrics.timed(time.perf_counter_ns() - t0)
+
+    def _import(self, keys):
+        t = time.perf_counter_ns()
+        # One question to the master finds the chain and its sizes.
+        names = [self.name(k) for k in keys]
+        try:
+            desc = self.store.batch_get_replica_desc(names)
+        except Exception:
+            self.metrics.fail("store_error")
+            return 0
+        lens = []
+        for name in names:
+            size = next((r.get_memory_descriptor().buffer_descriptor.size
+                         for r in desc.get(name, ())
+                         if r.is_memory_replica() and r.status == self.complete), 0)
+            if size <= META.size:
+                break
+            lens.append(size - META.size)
+        t = self.metrics.phase("index", t)
+        base = self.meta.ctypes.data
+        held, ptrs, sizes, done = [], [], [], 0
+        try:
+            for i, length in enumerate(lens):
+                try:
+                    r = self.me.reserve(cxlkv.Key(keys[i]), length)
+                except cxlkv.FullError:
+                    self.metrics.fail("pool_full")
+                    break
+                except cxlkv.Error:
+                    self.metrics.fail("pool_error")
+                    break
+                view = memoryview(r)
+                held.append((r, view))
+                ptrs.append([addr_of(view), base + i * META.size])
+                sizes.append([length, META.size])
+            t = self.metrics.phase("reserve", t)
+            got = self._get(names[: len(held)], ptrs, sizes)
+            t = self.metrics.phase("read", t)
+            pause_here()
+            for r, view in held[:got]:
+                trailer = META.unpack_from(self.meta, done * META.size)
+                if trailer != (len(view), cxlkv.crc32c(view)):
+                    self.metrics.fail("crc_mismatch")
+                    break
+                view.release()
+                r.commit()
+                done += 1
+            self.metrics.phase("check_commit", t)
+        finally:
+            # Whatever was not committed is given back: nothing half-read becomes visible.
+            for r, view in held[done:]:
+                view.release()
+                r.abort()
+        self.metrics.add("imported", done)
+        self.metrics.add("imported_bytes", sum(n for n, _ in sizes[:done]))
+        return done
+
+    def _get(self, names, ptrs, sizes):
+        """How many leading reads of `names`, each scattered into its `ptrs`, read exactly the
+        sum of its `sizes`."""
+        if not names:
+            return 0
+        try:
+            rcs = self.store.batch_get_into_multi_buffers(names, ptrs, sizes)
+        except Exception:
+            self.metrics.fail("store_error")
+            return 0
+        # Every object whose owner is gone is dropped from the store's listing (not only the
+        # first), so that a pod that still holds those blocks can publish them again.
+        gone = [n for n, rc in zip(names, rcs) if rc == TRANSFER_FAIL]
+        if gone:
+            self.store.batch_remove(gone, True)
+            self.metrics.fail("owner_gone", len(gone))
+        for i, rc in enumerate(rcs):
+            if rc != sum(sizes[i]):
+                if rc not in (TRANSFER_FAIL, OBJECT_NOT_FOUND):
+                    self.metrics.fail("store_error" if rc < 0 else "short_read")
+                return i
+        return len(names)
+
+    def answer(self, line):
+        words = line.split()
+        if words == ["stat"]:
+            return "ok " + json.dumps(self.metrics.snapshot())
+        if len(words) >= 2 and words[0] in ("import", "publish") and words[1].isdigit():
+            n = int(words[1])
+            if len(words) != n + 2 or not all(re.fullmatch("[0-9a-f]{32}", w) for w in words[2:]):
+                return "err expected %s N and N keys of 32 hex digits" % words[0]
+            keys = [int(w, 16) for w in words[2:]]
+            op = self.import_chain if words[0] == "import" else self.publish
+            return "ok %d" % (op(keys) if keys else 0)
+        return "err unknown request (import, publish, stat)"
+
+    def serve(self, path):
+        if os.path.exists(path):
+            os.unlink(path)
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        srv.bind(path)
+        srv.listen(64)
+        print("crosspod bridge pid %d serving %s" % (os.getpid(), path), flush=True)
+        while True:
+            conn, _ = srv.accept()
+            with conn:
+                conn.settimeout(5.0)
+                try:
+                    line = conn.makefile("rb").readline(1 << 22).decode(errors="replace")
+                    try:
+                        answer = self.answer(line)
+                    except Exception as e:  # a bad request or a pool error: said, and serving on
+                        answer = "err %s: %s" % (type(e).__name__, e)
+                        print("crosspod bridge: %s" % answer, file=sys.stderr, flush=True)
+                    conn.sendall((answer.replace("\n", " ") + "\n").encode())
+                except OSError as e:
+                    print("crosspod bridge: request dropped: %s" % e, file=sys.stderr, flush=True)

@@ -1,0 +1,161 @@
+//! `cxlkv crosspod`: the pod's bridge to Mooncake Store (docs/CROSSPOD.md). `serve` runs the
+//! bridge, which is Python (Mooncake's only published API), under its supervisor:
+//! `$CXLKV_PYTHON -m cxlkv.crosspod serve ...` (default `python3`, which must have the cxlkv and
+//! mooncake packages). `stat` asks a running bridge for its metrics over its socket.
+
+use super::{Error, Result};
+use clap::Subcommand;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// The `crosspod` subcommands.
+#[derive(Subcommand)]
+pub enum CrosspodCommand {
+    /// Run the bridge (supervised: restarted when it dies). Options: --pool SPEC --master
+    /// HOST:PORT --socket PATH [--tenant NAME --salt HEX] [--model NAME] [--segment-mib N]
+    /// [--pid-file PATH]; `cxlkv crosspod serve --help` lists them.
+    #[command(disable_help_flag = true)]
+    Serve {
+        /// The bridge's options.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Print a running bridge's metrics: published, imported, bytes, failures by reason, import
+    /// latency and where it goes.
+    Stat {
+        /// The bridge's Unix socket (what CXLKV_CROSSPOD_SOCKET names for the runtimes).
+        #[arg(long)]
+        socket: String,
+        /// Print the bridge's JSON as it is.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs one `crosspod` subcommand.
+pub fn run(command: CrosspodCommand) -> Result<ExitCode> {
+    match command {
+        CrosspodCommand::Serve { args } => serve(&args),
+        CrosspodCommand::Stat { socket, json } => stat(&socket, json),
+    }
+}
+
+fn serve(args: &[String]) -> Result<ExitCode> {
+    let python = std::env::var("CXLKV_PYTHON").unwrap_or_else(|_| "python3".into());
+    let status = std::process::Command::new(&python)
+        .args(["-m", "cxlkv.crosspod", "serve"])
+        .args(args)
+        .status()
+        .map_err(|e| Error::Other(format!("run {python} -m cxlkv.crosspod: {e}")))?;
+    Ok(ExitCode::from(
+        status.code().unwrap_or(1).clamp(0, 255) as u8
+    ))
+}
+
+fn stat(socket: &str, json: bool) -> Result<ExitCode> {
+    let answer = ask(socket, "stat")
+        .map_err(|e| Error::Other(format!("no bridge answers on {socket}: {e}")))?;
+    let body = answer
+        .strip_prefix("ok ")
+        .ok_or_else(|| Error::Other(format!("bridge on {socket} answered {answer:?}")))?;
+    if json {
+        println!("{body}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let m: serde_json::Value = serde_json::from_str(body)
+        .map_err(|e| Error::Other(format!("bridge on {socket}: bad metrics: {e}")))?;
+    print!("{}", render(&m));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The cross-pod tier's section of `cxlkv pool stat`: the metrics of the bridge that
+/// `CXLKV_CROSSPOD_SOCKET` names, or why there are none.
+pub fn print_tier() {
+    let socket = std::env::var(cxlkv_runtime::crosspod::SOCKET_ENV).unwrap_or_default();
+    if socket.is_empty() {
+        println!("cross-pod tier: off (CXLKV_CROSSPOD_SOCKET is not set)");
+        return;
+    }
+    let metrics = ask(&socket, "stat").ok().and_then(|a| {
+        let body = a.strip_prefix("ok ")?.to_string();
+        serde_json::from_str::<serde_json::Value>(&body).ok()
+    });
+    match metrics {
+        Some(m) => println!(
+            "cross-pod tier (bridge {socket}):\n{}",
+            render(&m).trim_end()
+        ),
+        None => println!("cross-pod tier: no bridge answers on {socket} (lookups are pod-local)"),
+    }
+}
+
+/// The metrics as `name value` lines, the import latency as a mean and a maximum.
+fn render(m: &serde_json::Value) -> String {
+    let n = |k: &str| m.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+    let mut out = String::new();
+    for k in [
+        "published",
+        "published_bytes",
+        "imported",
+        "imported_bytes",
+        "import_requests",
+    ] {
+        out.push_str(&format!("{k:<18} {}\n", n(k)));
+    }
+    let mean_us = n("import_ns_total") / n("import_requests").max(1) / 1000;
+    out.push_str(&format!(
+        "{:<18} mean {mean_us} us, max {} us\n",
+        "import_latency",
+        n("import_ns_max") / 1000
+    ));
+    if let Some(p) = m
+        .get("import_phase_ns")
+        .and_then(serde_json::Value::as_object)
+    {
+        for (phase, ns) in p {
+            let us = ns.as_u64().unwrap_or(0) / n("import_requests").max(1) / 1000;
+            out.push_str(&format!("phase.{phase:<12} mean {us} us\n"));
+        }
+    }
+    if let Some(f) = m.get("failures").and_then(serde_json::Value::as_object) {
+        for (reason, count) in f {
+            out.push_str(&format!("failures.{reason:<9} {count}\n"));
+        }
+    }
+    out
+}
+
+fn ask(socket: &str, line: &str) -> std::io::Result<String> {
+    let mut s = UnixStream::connect(socket)?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    s.write_all(format!("{line}\n").as_bytes())?;
+    let mut answer = String::new();
+    BufReader::new(s).read_line(&mut answer)?;
+    Ok(answer.trim_end().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_shows_counts_latency_and_failures() {
+        let m = serde_json::json!({"published": 3, "imported": 2, "import_requests": 2,
+            "import_ns_total": 4_000_000, "import_ns_max": 3_000_000,
+            "import_phase_ns": {"read": 2_000_000}, "failures": {"store_error": 1}});
+        let text = render(&m);
+        assert!(text.contains("imported           2\n"), "{text}");
+        assert!(text.contains("mean 2000 us, max 3000 us"), "{text}");
+        assert!(text.contains("failures.store_error 1"), "{text}");
+        assert!(text.contains("phase.read         mean 1000 us"), "{text}");
+    }
+
+    #[test]
+    fn no_bridge_is_a_clear_error() {
+        let e = stat("/nonexistent/cxlkv-crosspod.sock", false).unwrap_err();
+        assert!(e.to_string().contains("no bridge answers"), "{e}");
+    }
+}
