@@ -3,11 +3,12 @@
 #   - system libraries: libhwloc (topology), libclang (bindgen for the device ABI), a C toolchain,
 #     valgrind (C ABI tests), python3 with venv and headers (the Python package: a venv for
 #     pip install ./python; libpython for linking the extension crate in workspace builds),
-#     libibverbs1 (Mooncake Store's wheel loads it even for TCP: scripts/crosspod.sh);
+#     libibverbs1 (Mooncake Store's wheel loads it even for TCP: scripts/crosspod.sh,
+#     scripts/bench-peers.sh), redis-server (the peer benchmark's Redis rows);
 #   - a Rust toolchain (rustup when reachable, else the distribution's cargo).
 set -euo pipefail
 
-need_pkgs=(build-essential pkg-config libhwloc-dev libudev-dev libclang-dev clang valgrind python3 python3-venv python3-dev ca-certificates curl libibverbs1)
+need_pkgs=(build-essential pkg-config libhwloc-dev libudev-dev libclang-dev clang valgrind python3 python3-venv python3-dev ca-certificates curl libibverbs1 redis-server)
 missing=()
 for p in "${need_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

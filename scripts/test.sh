@@ -89,6 +89,11 @@ CXLKV_NDPD="$target_dir/debug/cxlkv-ndpd" "$venv/bin/python" -m pytest -q -rs py
 step "cross-pod tier: a mooncake_master and two pods in a private network namespace (scripts/crosspod.sh test; docs/CROSSPOD.md)"
 ./scripts/crosspod.sh test "$venv"
 
+step "peer benchmark, quick (scripts/bench-peers.sh --quick: cxlkv against Redis 7 and llama.cpp's own caches, memcpy as the ceiling; answers checked)"
+SECONDS=0
+CXLKV_PEERS_VENV="$venv" ./scripts/bench-peers.sh --quick
+echo "peer benchmark, quick: ${SECONDS} s"
+
 step "cxlkv topo"
 cargo run -q --features cxlkv-runtime/hwloc -- topo
 

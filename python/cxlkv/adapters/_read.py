@@ -1,8 +1,24 @@
 """Reading a value for an adapter with as few copies as the pool allows."""
 
+import threading
 from contextlib import contextmanager
 
 import cxlkv
+
+# A multi-block object is copied out into a buffer this thread keeps for the next read: a fresh
+# buffer of a few hundred KiB costs more than the copy (zero fill, or page faults of a new
+# mapping). Only one read_view per thread uses it at a time; a nested one gets its own buffer.
+_scratch = threading.local()
+
+
+def _take_scratch(n):
+    buf = getattr(_scratch, "buf", None)
+    if getattr(_scratch, "busy", False):
+        return bytearray(n), False
+    if buf is None or len(buf) < n:
+        buf = _scratch.buf = bytearray(n)
+    _scratch.busy = True
+    return buf, True
 
 
 @contextmanager
@@ -11,7 +27,8 @@ def read_view(me, key):
 
     A value within one block is pinned and viewed in place (no copy; the pin is released when the
     block ends). A multi-block object cannot be pinned (a pin holds one block), so it is copied
-    once with `get_into` into a private buffer sized by `length`."""
+    once with `get_into` into a buffer of this thread sized by `length`, reused by its next read:
+    the view is valid only inside the `with` block."""
     try:
         pin = me.pin(key)
     except cxlkv.BadInputError as e:
@@ -30,9 +47,23 @@ def read_view(me, key):
                 view.release()
         return
     n = me.length(key)
-    buf = bytearray(n or 0)
+    if n is None:
+        yield None
+        return
+    buf, mine = _take_scratch(n)
+    view = memoryview(buf)[:n]
     try:
-        got = me.get_into(key, buf) if n is not None else None
-    except cxlkv.BadInputError:
-        got = None  # replaced by a larger object between length and get_into: a miss
-    yield None if got is None else memoryview(buf)[:got]
+        try:
+            got = me.get_into(key, view)
+        except cxlkv.BadInputError:
+            got = None  # replaced by a larger object between length and get_into: a miss
+        out = None if got is None else view[:got]
+        try:
+            yield out
+        finally:
+            if out is not None:
+                out.release()
+    finally:
+        view.release()
+        if mine:
+            _scratch.busy = False

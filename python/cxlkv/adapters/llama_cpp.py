@@ -107,7 +107,8 @@ def encode_state(state: "llama_cpp.llama.LlamaState", model_id: str, keep_scores
 
 def decode_state(buf, model_id: str) -> "llama_cpp.llama.LlamaState":
     """Parses and verifies what `encode_state` wrote (a bytes-like object); StateFormatError
-    when it is torn, corrupt or of another model."""
+    when it is torn, corrupt or of another model. The state's `llama_state` is a read-only view
+    into `buf` (no copy of the largest part)."""
     mv = memoryview(buf)
     if len(mv) < _STATE_HEAD.size + _DIGEST:
         raise StateFormatError("state object too short (%d bytes)" % len(mv))
@@ -144,7 +145,9 @@ def decode_state(buf, model_id: str) -> "llama_cpp.llama.LlamaState":
         input_ids=ids,
         scores=scores,
         n_tokens=int(n_tokens),
-        llama_state=bytes(mv[off : off + ls_size]),
+        # A view of `buf`, not a copy: `Llama.load_state` copies it into the context itself
+        # (`from_buffer_copy`), and the state keeps `buf` alive.
+        llama_state=mv.toreadonly()[off : off + ls_size],
         llama_state_size=int(ls_size),
         seed=int(seed),
     )
@@ -250,12 +253,13 @@ class CxlkvLlamaCache(BaseLlamaCache):
                 if self.me.contains(skey):
                     return None, e, i
                 continue
-            buf = bytearray(length)
+            # np.empty, not bytearray: no zero fill of tens of MB that get_into overwrites anyway.
+            buf = np.empty(length, np.uint8)
             try:
                 got = self.me.get_into(skey, buf)
             except cxlkv.BadInputError:
                 continue  # replaced by a longer object since the entry was written
-            if got != length or bytes(buf[-_DIGEST:]) != digest:
+            if got != length or buf[-_DIGEST:].tobytes() != digest:
                 continue
             try:
                 return decode_state(buf, self.model_id), e, i

@@ -13,16 +13,20 @@ LMCache loads it from its own configuration (`storage_plugins` and `extra_config
       cxlkv.namespace: "lmcache"    # optional: separates tenants of one pool
 
 Every LMCache chunk (a `MemoryObj`, e.g. a 256-token `KV_2LTD` tensor `[2, layers, tokens,
-hidden]`) is one pool object under the key of its `CacheEngineKey` string (model, world size,
-worker, chunk hash, dtype, tags): a header (magic, format, dtype, shape, payload length) then the
-tensor's bytes. Puts are synchronous and atomic in the pool (a chunk is visible only whole, also
-when it spans several blocks as a multi-block object); `get_blocking` reads the header in place
-(a pin, zero copy; a chunk larger than a block is first copied out with `get_into`), allocates
-the chunk from LMCache's own allocator (`local_cpu_backend.allocate(shape, dtype, fmt)`) and
-copies the payload into it; `batched_async_contains` is one `lookup_prefix` over the request's
-chunk keys (LMCache chains its chunk hashes, so the leading present keys are the cached prefix),
-pinning them when asked (a pool pin, or a private copy of a chunk larger than a block: pins hold one block). Any
-process attached to the pool finds the chunks another process put.
+hidden]`) is two pool objects under keys of its `CacheEngineKey` string (model, world size,
+worker, chunk hash, dtype, tags): the tensor's bytes alone, then a small header (magic, format,
+dtype, shape, payload length) under the same string with "#head" appended. The header is put
+after the payload, so a present header names a payload that was whole when it was put; puts are
+synchronous and atomic in the pool (an object is visible only whole, also when it spans several
+blocks as a multi-block object). `get_blocking` reads the header, allocates the chunk from
+LMCache's own allocator (`local_cpu_backend.allocate(shape, dtype, fmt)`) and copies the payload
+straight into it with one `get_into` (one copy, its CRC checked; a payload of another length is a
+miss). Putting the header apart is what lets the one copy land in LMCache's memory: with header
+and payload in one object, a chunk larger than a block was copied out of the pool and then again
+into the chunk. `batched_async_contains` is one `lookup_prefix` over the request's header keys
+(LMCache chains its chunk hashes, so the leading present keys are the cached prefix), pinning them
+when asked (a pool pin of the payload, or a private copy of a payload larger than a block: pins
+hold one block). Any process attached to the pool finds the chunks another process put.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ _MAGIC = b"CXLKVLM1"
 _MAX_DIMS = 8
 # magic, memory format, dtype name (16 bytes), ndim, dims[8], payload length
 _HEAD = struct.Struct("<8sI16sI%dQQ" % _MAX_DIMS)
+_KEY_MEMO = 1 << 16
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -57,21 +62,25 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 class _Held:
-    """A pinned chunk: a pool pin (`pin`) or, for a multi-block object, a private copy (`copy`)."""
+    """A pinned chunk: its header's bytes (`head`) and a pool pin of its payload (`pin`) or, for a
+    multi-block payload, a private copy (`copy`)."""
 
-    def __init__(self, pin=None, copy=None):
-        self.pin, self.copy = pin, copy
+    def __init__(self, head, pin=None, copy=None):
+        self.head, self.pin, self.copy = head, pin, copy
 
     @staticmethod
-    def take(me, k) -> Optional["_Held"]:
+    def take(me, k, hk) -> Optional["_Held"]:
+        head = me.get(hk)
+        if head is None:
+            return None
         try:
             p = me.pin(k)
         except cxlkv.BadInputError as e:
             if e.code != cxlkv.ERR_PAYLOAD_TOO_LARGE:
                 raise
             with read_view(me, k) as view:
-                return None if view is None else _Held(copy=bytes(view))
-        return None if p is None else _Held(pin=p)
+                return None if view is None else _Held(head, copy=bytes(view))
+        return None if p is None else _Held(head, pin=p)
 
     def release(self):
         if self.pin is not None:
@@ -113,6 +122,7 @@ class CxlkvStorageBackend(StoragePluginInterface):
         self.me = self.pool.attach()
         self._pins = {}
         self._request_pins = {}
+        self._key_memo = {}
         self._lock = threading.Lock()
 
     def __str__(self) -> str:
@@ -120,11 +130,30 @@ class CxlkvStorageBackend(StoragePluginInterface):
 
     # --- keys and records ---------------------------------------------------------------------
 
+    def _keys(self, key: CacheEngineKey):
+        """(payload key, header key) of a chunk. LMCache asks for the same chunks again and again
+        (lookup, then get; every request of a shared prefix), and the key's string costs more than
+        the pool's lookup, so the pairs of recent chunks are kept (at most _KEY_MEMO of them)."""
+        pair = self._key_memo.get(key)
+        if pair is None:
+            s = "%s/%s" % (self.namespace, key.to_string())
+            pair = (cxlkv.Key.from_bytes(s.encode()), cxlkv.Key.from_bytes((s + "#head").encode()))
+            if len(self._key_memo) >= _KEY_MEMO:
+                self._key_memo.clear()
+            self._key_memo[key] = pair
+        return pair
+
     def _key(self, key: CacheEngineKey) -> "cxlkv.Key":
-        return cxlkv.Key.from_bytes(("%s/%s" % (self.namespace, key.to_string())).encode())
+        """The key of the chunk's payload."""
+        return self._keys(key)[0]
+
+    def _head_key(self, key: CacheEngineKey) -> "cxlkv.Key":
+        """The key of the chunk's header, put after the payload: the chunk is present when it is."""
+        return self._keys(key)[1]
 
     @staticmethod
-    def _encode(obj: MemoryObj) -> bytes:
+    def _encode(obj: MemoryObj):
+        """(header bytes, a view of the payload) of `obj`."""
         shape = tuple(obj.get_shape())
         if len(shape) > _MAX_DIMS:
             raise ValueError("cxlkv LMCache plugin: %d dims (at most %d)" % (len(shape), _MAX_DIMS))
@@ -137,11 +166,11 @@ class CxlkvStorageBackend(StoragePluginInterface):
             *(list(shape) + [0] * (_MAX_DIMS - len(shape))),
             len(payload),
         )
-        return head + payload
+        return head, payload
 
     @staticmethod
     def _decode_head(buf):
-        if len(buf) < _HEAD.size:
+        if buf is None or len(buf) != _HEAD.size:
             return None
         fields = _HEAD.unpack_from(buf, 0)
         magic, fmt, dname, ndim = fields[:4]
@@ -149,11 +178,9 @@ class CxlkvStorageBackend(StoragePluginInterface):
         dname = dname.rstrip(b"\0").decode(errors="replace")
         if magic != _MAGIC or ndim > _MAX_DIMS or dname not in _DTYPES:
             return None
-        if len(buf) != _HEAD.size + length:
-            return None
         shape = torch.Size(dims[:ndim])
         dtype = _DTYPES[dname]
-        if shape.numel() * torch.tensor([], dtype=dtype).element_size() != length:
+        if shape.numel() * dtype.itemsize != length:
             return None
         return MemoryFormat(fmt), dtype, shape, length
 
@@ -162,7 +189,7 @@ class CxlkvStorageBackend(StoragePluginInterface):
     def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
         if pin:
             return self.pin(key)
-        return self.me.contains(self._key(key))
+        return self.me.contains(self._head_key(key))
 
     def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
         return False  # puts are synchronous: none is ever in flight
@@ -175,7 +202,10 @@ class CxlkvStorageBackend(StoragePluginInterface):
         on_complete_callback: Optional[Callable[[CacheEngineKey], None]] = None,
     ) -> None:
         for key, obj in zip(keys, objs, strict=True):
-            self.me.put(self._key(key), self._encode(obj))
+            head, payload = self._encode(obj)
+            self.me.put(self._key(key), payload)  # from LMCache's memory, no copy before the pool's
+            del payload
+            self.me.put(self._head_key(key), head)
             if on_complete_callback is not None:
                 try:
                     on_complete_callback(key)
@@ -188,29 +218,46 @@ class CxlkvStorageBackend(StoragePluginInterface):
     ):
         self.batched_submit_put_task(keys, objs, transfer_spec, on_complete_callback)
 
-    def _restore(self, view) -> Optional[MemoryObj]:
-        """A chunk allocated from LMCache's allocator holding the record in `view`."""
-        head = self._decode_head(view)
+    def _restore(self, head, fill) -> Optional[MemoryObj]:
+        """A chunk allocated from LMCache's allocator for the header `head`, its payload written by
+        `fill(dst)` (which returns the bytes written, or None for a miss)."""
+        head = self._decode_head(head)
         if head is None:
             return None
         fmt, dtype, shape, length = head
         obj = self.local_cpu_backend.allocate(shape, dtype, fmt)
         if obj is None:
             return None
-        dst = memoryview(obj.byte_array).cast("B")
-        dst[:length] = view[_HEAD.size : _HEAD.size + length]
-        del dst
+        dst = memoryview(obj.byte_array).cast("B")[:length]
+        try:
+            got = fill(dst)
+        except cxlkv.BadInputError:
+            got = None  # the payload is larger than its header says (replaced): a miss
+        finally:
+            dst.release()
+        if got != length:
+            obj.ref_count_down()
+            return None
         return obj
 
     def get_blocking(self, key: CacheEngineKey) -> Optional[MemoryObj]:
         k = self._key(key)
         with self._lock:
             ent = self._pins.get(k)
-            held = ent[0].copy if ent is not None else None
-        if held is not None:
-            return self._restore(memoryview(held))
-        with read_view(self.me, k) as view:
-            return None if view is None else self._restore(view)
+            head, copy = (ent[0].head, ent[0].copy) if ent is not None else (None, None)
+        if copy is not None:  # a pinned multi-block payload: this process's copy
+
+            def fill(dst):
+                if len(copy) != len(dst):
+                    return None
+                dst[:] = copy
+                return len(dst)
+
+            return self._restore(head, fill)
+        # A pool pin of the payload (if any) keeps its block; read it once, straight into the chunk.
+        if head is None:
+            head = self.me.get(self._head_key(key))
+        return self._restore(head, lambda dst: self.me.get_into(k, dst))
 
     def get_non_blocking(
         self, key: CacheEngineKey, location: Optional[str] = None
@@ -239,7 +286,7 @@ class CxlkvStorageBackend(StoragePluginInterface):
     async def batched_async_contains(
         self, lookup_id: str, keys: List[CacheEngineKey], pin: bool = False
     ) -> int:
-        n = self.me.lookup_prefix([self._key(k) for k in keys])
+        n = self.me.lookup_prefix([self._head_key(k) for k in keys])
         if pin:
             pinned = []
             for k in keys[:n]:
@@ -254,17 +301,18 @@ class CxlkvStorageBackend(StoragePluginInterface):
     def batched_contains(self, keys: List[CacheEngineKey], pin: bool = False) -> int:
         if pin:
             return super().batched_contains(keys, pin)
-        return self.me.lookup_prefix([self._key(k) for k in keys])
+        return self.me.lookup_prefix([self._head_key(k) for k in keys])
 
     def pin(self, key: CacheEngineKey) -> bool:
-        """Keeps the chunk for this process until `unpin`: a pool pin of its block, or, for a
-        chunk larger than a block (pins hold one block), a private copy taken now."""
+        """Keeps the chunk for this process until `unpin`: its header and a pool pin of its
+        payload's block, or, for a payload larger than a block (pins hold one block), a private
+        copy taken now."""
         k = self._key(key)
         with self._lock:
             if k in self._pins:
                 self._pins[k][1] += 1
                 return True
-        held = _Held.take(self.me, k)
+        held = _Held.take(self.me, k, self._head_key(key))
         if held is None:
             return False
         with self._lock:
@@ -297,7 +345,8 @@ class CxlkvStorageBackend(StoragePluginInterface):
         if ent is not None:
             ent[0].release()
         try:
-            return self.me.delete(k)
+            had = self.me.delete(self._head_key(key))
+            return self.me.delete(k) or had
         except cxlkv.NotOwnerError:
             return False  # another participant's chunk: only its owner removes it
 

@@ -12,13 +12,15 @@ SGLang loads it with its `dynamic` storage backend:
 `CxlkvHiCacheStorage(storage_config, kwargs)`.) Optional extra-config fields: `namespace`
 (separates tenants of one pool; default "sglang").
 
-Each HiCache page (a flat tensor, the key a page hash SGLang chains over the prefix) is one pool
-object under the key of (namespace, model, TP rank, page hash): a header (magic, dtype, element
-count) then the tensor's bytes. Sets are atomic in the pool (a page is visible only whole);
-`get` reads the header in place (a pin, zero copy; a page larger than a block is first copied out
-with `get_into`) and copies the payload into the caller's `target_location` tensor when given;
-`batch_exists` is one `lookup_prefix` over the keys (the number of leading pages present), so a
-second process finds what the first one set.
+Each HiCache page (a flat tensor, the key a page hash SGLang chains over the prefix) is two pool
+objects under keys of (namespace, model, TP rank, page hash): the tensor's bytes, then a small
+header (magic, dtype, element count, length) under the same key with "#head" appended, put after
+the payload, so a present header names a whole page. Sets are atomic in the pool (an object is
+visible only whole); `get` reads the header and copies the payload with one `get_into` straight
+into the caller's `target_location` tensor (or a new one): one copy, its CRC checked, also for a
+page larger than a block, which with header and payload in one object was copied out of the pool
+and then again. `batch_exists` is one `lookup_prefix` over the header keys (the number of leading
+pages present), so a second process finds what the first one set.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 
 import cxlkv
 
-from ._read import read_view
 from ._torch import DTYPES as _DTYPES, dtype_name
 
 __all__ = ["CxlkvHiCacheStorage"]
@@ -74,7 +75,12 @@ class CxlkvHiCacheStorage(HiCacheStorage):
         self.me = self.pool.attach()
 
     def _key(self, key: str) -> "cxlkv.Key":
+        """The key of the page's payload."""
         return cxlkv.Key.from_bytes((self.prefix + str(key)).encode())
+
+    def _head_key(self, key: str) -> "cxlkv.Key":
+        """The key of the page's header, put after the payload: the page is present when it is."""
+        return cxlkv.Key.from_bytes((self.prefix + str(key) + "#head").encode())
 
     # --- single pages -------------------------------------------------------------------------
 
@@ -94,32 +100,39 @@ class CxlkvHiCacheStorage(HiCacheStorage):
             value.numel(),
             len(payload),
         )
-        self.me.put(self._key(key), head + payload)
+        self.me.put(self._key(key), payload)  # from the caller's tensor, no copy before the pool's
+        self.me.put(self._head_key(key), head)
         return True
 
     def get(
         self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None
     ) -> Optional[torch.Tensor]:
-        with read_view(self.me, self._key(key)) as view:
-            if view is None or len(view) < _HEAD.size:
-                return None
-            magic, dname, numel, length = _HEAD.unpack_from(view, 0)
-            dname = dname.rstrip(b"\0").decode(errors="replace")
-            if magic != _MAGIC or dname not in _DTYPES or len(view) != _HEAD.size + length:
-                return None
-            dtype = _DTYPES[dname]
-            out = target_location
-            if out is None:
-                out = torch.empty(numel, dtype=dtype)
-            elif out.dtype != dtype or out.numel() != numel or not out.is_contiguous():
-                return None
-            dst = _bytes_of(out)
-            dst[:] = view[_HEAD.size :]
-            del dst
-            return out
+        head = self.me.get(self._head_key(key))
+        if head is None or len(head) != _HEAD.size:
+            return None
+        magic, dname, numel, length = _HEAD.unpack(head)
+        dname = dname.rstrip(b"\0").decode(errors="replace")
+        if magic != _MAGIC or dname not in _DTYPES:
+            return None
+        dtype = _DTYPES[dname]
+        if numel * dtype.itemsize != length:
+            return None
+        out = target_location
+        if out is None:
+            out = torch.empty(numel, dtype=dtype)
+        elif out.dtype != dtype or out.numel() != numel or not out.is_contiguous():
+            return None
+        dst = _bytes_of(out)
+        try:
+            got = self.me.get_into(self._key(key), dst)
+        except cxlkv.BadInputError:
+            got = None  # the payload is larger than its header says (replaced): a miss
+        finally:
+            dst.release()
+        return out if got == length else None
 
     def exists(self, key: str) -> bool:
-        return self.me.contains(self._key(key))
+        return self.me.contains(self._head_key(key))
 
     # --- batches ------------------------------------------------------------------------------
 
@@ -144,7 +157,7 @@ class CxlkvHiCacheStorage(HiCacheStorage):
         return all(self.set(k, v) for k, v in zip(keys, values))
 
     def batch_exists(self, keys: List[str], extra_info=None) -> int:
-        return self.me.lookup_prefix([self._key(k) for k in keys])
+        return self.me.lookup_prefix([self._head_key(k) for k in keys])
 
     def close(self) -> None:
         self.me.detach()
