@@ -48,6 +48,7 @@ import llama_cpp.llama
 from llama_cpp.llama_cache import BaseLlamaCache
 
 import cxlkv
+from cxlkv.adapters import _tenant
 
 __all__ = ["CxlkvLlamaCache", "encode_state", "decode_state", "StateFormatError"]
 
@@ -160,7 +161,10 @@ class CxlkvLlamaCache(BaseLlamaCache):
     `pool` is a `cxlkv.Pool` or a backend spec (`shm:NAME`, `file:PATH`, `dax:PATH`) opened with
     `Pool.open`. `model_id` names the model and the context shape (states are only restored into
     the same); `for_llama` derives it from a `Llama`. `chunk_tokens` is the prefix granularity of
-    the index. `namespace` separates tenants sharing a pool."""
+    the index. `namespace` separates deployments' keys. `tenant` and `salt` (the tenant's secret
+    bytes, which stay in this process) attach the cache as that pool tenant: it writes under the
+    tenant's quota, reads only its tenant's and the public states, and salts every key, so another
+    tenant (or salt) neither forms nor finds them (`cxlkv.adapters._tenant`)."""
 
     def __init__(
         self,
@@ -171,6 +175,8 @@ class CxlkvLlamaCache(BaseLlamaCache):
         keep_scores: bool = True,
         namespace: str = "llama_cpp",
         capacity_bytes: int = (2 << 30),
+        tenant: Optional[str] = None,
+        salt: Optional[bytes] = None,
     ):
         super().__init__(capacity_bytes)
         if chunk_tokens <= 0:
@@ -178,7 +184,9 @@ class CxlkvLlamaCache(BaseLlamaCache):
         if isinstance(pool, str):
             pool = cxlkv.Pool.open(pool)
         self.pool = pool
-        self.me = pool.attach()
+        tenant, salt = _tenant.tenant_of({"tenant": tenant, "tenant_salt": salt})
+        self.me = _tenant.attach(pool, tenant, salt)
+        self._salt = _tenant.key_salt(salt, None)
         self.model_id = model_id
         self.chunk_tokens = int(chunk_tokens)
         self.keep_scores = bool(keep_scores)
@@ -216,13 +224,21 @@ class CxlkvLlamaCache(BaseLlamaCache):
 
     def _chain(self, tokens: Sequence[int]):
         return cxlkv.key_chain(
-            self.namespace, self.model_id, 0, 0, [int(t) for t in tokens], self.chunk_tokens
+            self.namespace,
+            self.model_id,
+            0,
+            0,
+            [int(t) for t in tokens],
+            self.chunk_tokens,
+            salt=self._salt,
         )
 
     def _state_key(self, tokens: Sequence[int]) -> "cxlkv.Key":
         h = hashlib.blake2b(digest_size=16)
         h.update(b"cxlkv-llama-state\0%s\0%s\0" % (self.namespace.encode(), self.model_id.encode()))
         h.update(np.asarray(tokens, dtype=np.int64).tobytes())
+        if self._salt is not None:
+            return cxlkv.Key(_tenant.key(h.digest(), self._salt))
         return cxlkv.Key(int.from_bytes(h.digest(), "little"))
 
     # --- lookup -----------------------------------------------------------------------------

@@ -10,7 +10,9 @@ LMCache loads it from its own configuration (`storage_plugins` and `extra_config
       storage_plugin.cxlkv.module_path: cxlkv.adapters.lmcache
       storage_plugin.cxlkv.class_name: CxlkvStorageBackend
       cxlkv.pool: "shm:kv"          # the pool's spec (Pool.open); it must exist
-      cxlkv.namespace: "lmcache"    # optional: separates tenants of one pool
+      cxlkv.namespace: "lmcache"    # optional: separates deployments' keys
+      cxlkv.tenant: "acme"          # optional: the pool tenant to attach as, with its secret salt
+      cxlkv.tenant_salt_env: "ACME_KV_SALT"   # in this environment variable (or cxlkv.tenant_salt)
 
 Every LMCache chunk (a `MemoryObj`, e.g. a 256-token `KV_2LTD` tensor `[2, layers, tokens,
 hidden]`) is two pool objects under keys of its `CacheEngineKey` string (model, world size,
@@ -27,6 +29,11 @@ into the chunk. `batched_async_contains` is one `lookup_prefix` over the request
 (LMCache chains its chunk hashes, so the leading present keys are the cached prefix), pinning them
 when asked (a pool pin of the payload, or a private copy of a payload larger than a block: pins
 hold one block). Any process attached to the pool finds the chunks another process put.
+
+Tenants (`cxlkv.adapters._tenant`): with `cxlkv.tenant`, the plugin attaches as that pool tenant
+(its quota; it reads only its tenant's and the public chunks), and its keys are salted with the
+tenant's secret and a chunk's `cache_salt` tag, if LMCache's key carries one (LMCache's
+`lmcache.tag.cache_salt` request config): another tenant or salt forms other keys and misses.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 import cxlkv
+from cxlkv.adapters import _tenant
 
 from ._read import read_view
 from ._torch import DTYPES as _DTYPES, dtype_name
@@ -119,7 +127,10 @@ class CxlkvStorageBackend(StoragePluginInterface):
             )
         self.namespace = str(extra.get("cxlkv.namespace", "lmcache"))
         self.pool = cxlkv.Pool.open(str(spec))
-        self.me = self.pool.attach()
+        tenant, self._tenant_salt = _tenant.tenant_of(
+            {k[len("cxlkv.") :]: v for k, v in extra.items() if k.startswith("cxlkv.tenant")}
+        )
+        self.me = _tenant.attach(self.pool, tenant, self._tenant_salt)
         self._pins = {}
         self._request_pins = {}
         self._key_memo = {}
@@ -137,7 +148,14 @@ class CxlkvStorageBackend(StoragePluginInterface):
         pair = self._key_memo.get(key)
         if pair is None:
             s = "%s/%s" % (self.namespace, key.to_string())
-            pair = (cxlkv.Key.from_bytes(s.encode()), cxlkv.Key.from_bytes((s + "#head").encode()))
+            request_salt = dict(key.tags or ()).get("cache_salt")
+            salt = _tenant.key_salt(
+                self._tenant_salt, None if request_salt is None else str(request_salt)
+            )
+            pair = (
+                cxlkv.Key(_tenant.key(s.encode(), salt)),
+                cxlkv.Key(_tenant.key((s + "#head").encode(), salt)),
+            )
             if len(self._key_memo) >= _KEY_MEMO:
                 self._key_memo.clear()
             self._key_memo[key] = pair

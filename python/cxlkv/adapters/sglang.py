@@ -10,7 +10,10 @@ SGLang loads it with its `dynamic` storage backend:
 
 (`StorageBackendFactory` imports `module_path`, checks the class is a `HiCacheStorage` and calls
 `CxlkvHiCacheStorage(storage_config, kwargs)`.) Optional extra-config fields: `namespace`
-(separates tenants of one pool; default "sglang").
+(separates deployments' keys; default "sglang"); `tenant` with `tenant_salt_env` (the name of an
+environment variable holding the tenant's secret salt) or `tenant_salt`: the pool tenant to attach
+as (its quota; it reads only its tenant's and the public pages), whose salt keys every page
+(`cxlkv.adapters._tenant`; SGLang folds a request's `cache_salt` into its page hashes).
 
 Each HiCache page (a flat tensor, the key a page hash SGLang chains over the prefix) is two pool
 objects under keys of (namespace, model, TP rank, page hash): the tensor's bytes, then a small
@@ -33,6 +36,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
 import cxlkv
+from cxlkv.adapters import _tenant
 
 from ._torch import DTYPES as _DTYPES, dtype_name
 
@@ -72,15 +76,17 @@ class CxlkvHiCacheStorage(HiCacheStorage):
         size = getattr(storage_config, "tp_size", 1) if storage_config else 1
         self.prefix = "%s/%s/tp%d-of-%d/" % (extra.get("namespace", "sglang"), model, rank, size)
         self.pool = cxlkv.Pool.open(str(spec))
-        self.me = self.pool.attach()
+        tenant, tenant_salt = _tenant.tenant_of(extra)
+        self._salt = _tenant.key_salt(tenant_salt, None)
+        self.me = _tenant.attach(self.pool, tenant, tenant_salt)
 
     def _key(self, key: str) -> "cxlkv.Key":
         """The key of the page's payload."""
-        return cxlkv.Key.from_bytes((self.prefix + str(key)).encode())
+        return cxlkv.Key(_tenant.key((self.prefix + str(key)).encode(), self._salt))
 
     def _head_key(self, key: str) -> "cxlkv.Key":
         """The key of the page's header, put after the payload: the page is present when it is."""
-        return cxlkv.Key.from_bytes((self.prefix + str(key) + "#head").encode())
+        return cxlkv.Key(_tenant.key((self.prefix + str(key) + "#head").encode(), self._salt))
 
     # --- single pages -------------------------------------------------------------------------
 
