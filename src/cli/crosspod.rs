@@ -13,14 +13,38 @@ use std::time::Duration;
 /// The `crosspod` subcommands.
 #[derive(Subcommand)]
 pub enum CrosspodCommand {
-    /// Run the bridge (supervised: restarted when it dies). Options: --pool SPEC --master
-    /// HOST:PORT --socket PATH [--tenant NAME --salt HEX] [--model NAME] [--segment-mib N]
-    /// [--pid-file PATH]; `cxlkv crosspod serve --help` lists them.
-    #[command(disable_help_flag = true)]
+    /// Run the bridge (supervised: restarted when it dies), which is Python:
+    /// `$CXLKV_PYTHON -m cxlkv.crosspod serve` with these options (default `python3`, which must
+    /// have the cxlkv and mooncake packages).
     Serve {
-        /// The bridge's options.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
+        /// The pool's spec (shm:NAME, file:PATH, ...).
+        #[arg(long)]
+        pool: String,
+        /// The mooncake_master's address.
+        #[arg(long, value_name = "HOST:PORT")]
+        master: String,
+        /// The Unix socket the runtimes ask (what CXLKV_CROSSPOD_SOCKET names for them).
+        #[arg(long, value_name = "PATH")]
+        socket: String,
+        /// The pool tenant the bridge attaches as (and Mooncake's tenant_id); with --salt-env or
+        /// --salt.
+        #[arg(long, value_name = "NAME")]
+        tenant: Option<String>,
+        /// The name of an environment variable holding the tenant's salt, in hex.
+        #[arg(long, value_name = "VAR")]
+        salt_env: Option<String>,
+        /// The tenant's salt, in hex (visible in the process list: prefer --salt-env).
+        #[arg(long, value_name = "HEX")]
+        salt: Option<String>,
+        /// The model's name in the store keys.
+        #[arg(long, value_name = "NAME")]
+        model: Option<String>,
+        /// Memory the bridge lends to the store, in MiB.
+        #[arg(long, value_name = "N")]
+        segment_mib: Option<u64>,
+        /// Where the running bridge writes its pid.
+        #[arg(long, value_name = "PATH")]
+        pid_file: Option<String>,
     },
     /// Print a running bridge's metrics: published, imported, bytes, failures by reason, import
     /// latency and where it goes.
@@ -37,7 +61,40 @@ pub enum CrosspodCommand {
 /// Runs one `crosspod` subcommand.
 pub fn run(command: CrosspodCommand) -> Result<ExitCode> {
     match command {
-        CrosspodCommand::Serve { args } => serve(&args),
+        CrosspodCommand::Serve {
+            pool,
+            master,
+            socket,
+            tenant,
+            salt_env,
+            salt,
+            model,
+            segment_mib,
+            pid_file,
+        } => {
+            let mut args = vec![
+                "--pool".to_owned(),
+                pool,
+                "--master".to_owned(),
+                master,
+                "--socket".to_owned(),
+                socket,
+            ];
+            let optional = [
+                ("--tenant", tenant),
+                ("--salt-env", salt_env),
+                ("--salt", salt),
+                ("--model", model),
+                ("--segment-mib", segment_mib.map(|n| n.to_string())),
+                ("--pid-file", pid_file),
+            ];
+            for (flag, value) in optional {
+                if let Some(v) = value {
+                    args.extend([flag.to_owned(), v]);
+                }
+            }
+            serve(&args)
+        }
         CrosspodCommand::Stat { socket, json } => stat(&socket, json),
     }
 }

@@ -17,7 +17,10 @@ def main(argv=None):
     s.add_argument("--master", required=True, help="mooncake_master address HOST:PORT")
     s.add_argument("--socket", required=True, help="Unix socket path the runtimes ask")
     s.add_argument("--tenant", help="pool tenant (and Mooncake tenant_id); with --salt")
-    s.add_argument("--salt", help="the tenant's salt, hex")
+    s.add_argument("--salt", help="the tenant's salt, hex (visible in the process list)")
+    s.add_argument(
+        "--salt-env", help="the name of an environment variable holding the tenant's salt, hex"
+    )
     s.add_argument("--model", default="default", help="model name in the store keys")
     s.add_argument("--segment-mib", type=int, default=256, help="memory lent to the store")
     s.add_argument("--pid-file", help="where the running bridge writes its pid")
@@ -39,7 +42,20 @@ def main(argv=None):
         return supervise(sys.argv[1:] if argv is None else argv)
     from .bridge import Bridge
 
-    salt = bytes.fromhex(a.salt) if a.salt else None
+    if a.salt and a.salt_env:
+        print("cxlkv crosspod: give the salt once: --salt or --salt-env", file=sys.stderr)
+        return 2
+    hex_salt = a.salt
+    if a.salt_env:
+        hex_salt = os.environ.get(a.salt_env)
+        if not hex_salt:
+            print("cxlkv crosspod: %s (--salt-env) is not set" % a.salt_env, file=sys.stderr)
+            return 2
+    try:
+        salt = bytes.fromhex(hex_salt) if hex_salt else None
+    except ValueError:
+        print("cxlkv crosspod: the salt is not hex", file=sys.stderr)
+        return 2
     b = Bridge(a.pool, a.master, a.tenant, salt, a.model, a.segment_mib << 20)
     if a.pid_file:
         with open(a.pid_file + ".tmp", "w") as f:
