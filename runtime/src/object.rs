@@ -203,9 +203,15 @@ impl Pool {
         let mut off = 0usize;
         for p in &m.parts {
             let pk = Key::from_parts(p.key_lo, p.key_hi);
+            // Parts lie in the manifest's partition, or (a participant holding several
+            // partitions) in another: the part key is unique to this put, so wherever it is found
+            // it is this object's part.
             let ploc = match self.probe(loc.partition, pk)? {
                 Probe::Found(l) => l,
-                Probe::Absent => return manifest_gone(self),
+                Probe::Absent => match self.locate(pk)? {
+                    Some(l) => l,
+                    None => return manifest_gone(self),
+                },
                 Probe::Busy => return Ok(ObjectRead::Retry),
             };
             let Some(ph) = self.checked_header(pk, &ploc)? else {

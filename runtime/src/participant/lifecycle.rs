@@ -202,6 +202,8 @@ impl Participant {
             heartbeat: None,
             recovery: Recovery::default(),
             tenant,
+            holdings: Default::default(),
+            grows: assigned.is_none(),
         };
         if opts.own_partition {
             let owned = match assigned {

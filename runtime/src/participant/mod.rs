@@ -17,6 +17,8 @@
 //! - `liveness`: what this handle's watch says of others ([`participant_liveness`],
 //!   [`participant_dead`]), and when this participant is fenced.
 //! - `claim` and `recovery`: taking a partition into ownership and rebuilding its state.
+//! - `holdings`: the further partitions a participant claims as it fills and gives back when
+//!   empty, each through an extra slot of its own.
 //! - `write`, `index` and `reservation`: put, commit, eviction, delete; in-place writes
 //!   ([`Reservation`]).
 //! - `object`: multi-block objects (put, replacement and eviction as a unit) and
@@ -28,6 +30,7 @@
 mod beat;
 mod claim;
 mod crash;
+mod holdings;
 mod index;
 mod lifecycle;
 pub(crate) mod liveness;

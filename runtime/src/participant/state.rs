@@ -130,6 +130,10 @@ pub struct Participant {
     pub recovery: Recovery,
     /// The tenant it attached as (its salt's derived key stays in private memory).
     pub(super) tenant: Option<crate::tenant::Tenant>,
+    /// Further partitions held through extra slots ([`super::holdings`]).
+    pub(super) holdings: Mutex<super::holdings::Holdings>,
+    /// Claims further partitions when its own is full (false: an extra, or an assigned slot).
+    pub(super) grows: bool,
 }
 
 /// What attaching did to take a partition into ownership.
