@@ -19,8 +19,6 @@ use xxhash_rust::xxh3::xxh3_128;
 
 /// Bytes of a manifest's head.
 pub const MANIFEST_HEAD: u64 = std::mem::size_of::<ObjectManifest>() as u64;
-/// Bytes copied, then checksummed, at a time when reading a part (fits L1 with room to spare).
-const CRC_PIECE: usize = 16 << 10;
 /// Bytes of one part entry.
 pub const PART_ENTRY: u64 = std::mem::size_of::<ObjectPartEntry>() as u64;
 
@@ -225,14 +223,7 @@ impl Pool {
             // Pairs with the publish of the part's payload in its commit.
             coherence::acquire(self.mem(), Site::PayloadRead, poff, p.len);
             // Checksummed piece by piece right after each piece's copy, while it is in L1.
-            let mut crc = format::Crc32c::default();
-            let mut at = 0u64;
-            for piece in dst.chunks_mut(CRC_PIECE) {
-                self.mem().read(poff + at, piece)?;
-                crc.update(piece);
-                at += piece.len() as u64;
-            }
-            if crc.finish() != p.crc
+            if crate::read::copy_checksummed(self, poff, dst)? != p.crc
                 || self.slot_version(ploc.partition, ploc.slot)? != ploc.version
             {
                 return Ok(ObjectRead::Retry);

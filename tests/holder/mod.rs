@@ -71,7 +71,8 @@ pub fn holder_if_asked() {
     unreachable!()
 }
 
-/// How the parent strikes the holder.
+/// How the parent strikes the holder (each including test binary uses one).
+#[allow(dead_code)]
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Strike {
     Kill,
@@ -107,7 +108,10 @@ pub fn holder_of_several_partitions(strike: Strike, entry: &str) {
             break l[2..].split(' ').map(|p| p.parse().unwrap()).collect();
         }
         assert!(child.try_wait().unwrap().is_none(), "holder exited early");
-        assert!(Instant::now() < deadline, "holder never held {HOLD} partitions");
+        assert!(
+            Instant::now() < deadline,
+            "holder never held {HOLD} partitions"
+        );
         std::thread::sleep(Duration::from_millis(5));
     };
     assert!(held.len() >= HOLD, "{held:?}");
@@ -127,7 +131,10 @@ pub fn holder_of_several_partitions(strike: Strike, entry: &str) {
     let mut successors: Vec<Participant> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(30);
     while successors.len() < pool.superblock().partitions as usize {
-        assert!(Instant::now() < deadline, "partitions {held:?} not taken over");
+        assert!(
+            Instant::now() < deadline,
+            "partitions {held:?} not taken over"
+        );
         match pool.attach() {
             Ok(p) if p.partition().is_some() => successors.push(p),
             Ok(_) | Err(PoolError::NoFreeParticipant(_)) => {

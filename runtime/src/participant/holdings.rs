@@ -13,8 +13,9 @@
 //! can always attach. A pool meant for multi-partition holders wants `participants` above
 //! `partitions`.
 //!
-//! Only compare-and-swap claims grow: a participant attached to an operator-assigned slot (a
-//! software-coherent pool) holds its one partition.
+//! Only participants of a hardware-coherent pool attached by compare-and-swap grow: on a
+//! software-coherent pool (no cross-host compare-and-swap; operator-assigned slots) every
+//! participant holds its one partition.
 
 use super::state::Participant;
 use crate::coherence::{self, Site};
@@ -73,6 +74,7 @@ impl Participant {
             None => store(self),
             Some(x) => store(x),
         };
+        let mut emptied = false;
         if r.as_ref().is_ok_and(stored) {
             let holders = std::iter::once(self).chain(h.extra.iter().map(|x| &**x));
             for other in holders {
@@ -81,9 +83,12 @@ impl Participant {
                     Some(x) => std::ptr::eq(other, &**x),
                 };
                 if !chosen {
-                    other.drop_stale(key)?;
+                    emptied |= other.drop_stale(key)?;
                 }
             }
+        }
+        if emptied {
+            give_back_empty(&mut h);
         }
         r
     }
@@ -122,15 +127,23 @@ impl Participant {
         r
     }
 
-    /// Removes a replaced copy of `key` from this participant's (one) partition, if it has one.
-    fn drop_stale(&self, key: Key) -> Result<()> {
+    /// Removes a replaced copy of `key` from this participant's (one) partition, if it has one:
+    /// true if it did.
+    fn drop_stale(&self, key: Key) -> Result<bool> {
         let Some(p) = self.partition() else {
-            return Ok(());
+            return Ok(false);
         };
         if let Probe::Found(_) = self.pool.probe(p, key)? {
-            self.delete_key(key)?;
+            return self.delete_key(key);
         }
-        Ok(())
+        Ok(false)
+    }
+
+    /// Live blocks of this participant's own partition (the count it publishes).
+    fn live_count(&self) -> u64 {
+        self.owner
+            .as_ref()
+            .map_or(0, |m| m.lock().unwrap_or_else(|e| e.into_inner()).live)
     }
 
     /// Free blocks of this participant's own partition (no eviction needed for that many).
@@ -228,7 +241,7 @@ impl Participant {
 
 /// Gives back (detaches) every further partition without a live block.
 fn give_back_empty(h: &mut Holdings) {
-    h.extra.retain(|x| x.live_blocks() > 0);
+    h.extra.retain(|x| x.live_count() > 0);
     h.retry_at = None;
 }
 
@@ -360,7 +373,9 @@ impl Participant {
 /// Deletes `key` from whichever of `holders` holds it.
 fn drop_everywhere(holders: &[&Participant], key: Key) -> Result<()> {
     for x in holders {
-        x.drop_stale(key)?;
+        if x.drop_stale(key)? {
+            return Ok(());
+        }
     }
     Ok(())
 }

@@ -203,7 +203,11 @@ impl Participant {
             recovery: Recovery::default(),
             tenant,
             holdings: Default::default(),
-            grows: assigned.is_none(),
+            // Only compare-and-swap participants of a hardware-coherent pool claim further
+            // partitions (docs/COHERENCE.md).
+            grows: assigned.is_none()
+                && format::CoherenceMode::from_code(pool.superblock().coherence)
+                    == Some(format::CoherenceMode::Hardware),
         };
         if opts.own_partition {
             let owned = match assigned {

@@ -1,7 +1,8 @@
 //! Participants: the processes (or hosts) attached to a pool.
 //!
 //! Attaching claims a slot in the participant table (its "host id") and, when one is free or its
-//! owner is dead, a data partition. The participant alone writes its slot (heartbeat, counters,
+//! owner is dead, a data partition; a participant whose partitions are full claims further ones,
+//! each through a further slot of its own (`holdings`). The participant alone writes its slot (heartbeat, counters,
 //! pins) and its partition (allocator, index, blocks): there is one writer per cache line, and no
 //! cross-host atomic is needed on the data path. The owner's allocator and eviction order live in
 //! private memory and are rebuilt from the index when a partition changes hands.

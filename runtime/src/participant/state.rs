@@ -166,7 +166,8 @@ impl Participant {
         self.generation
     }
 
-    /// The partition this participant owns, if any.
+    /// The partition this participant owns through its own slot, if any (further ones it claimed
+    /// as it filled: [`Participant::partitions`]).
     pub fn partition(&self) -> Option<u32> {
         self.recovery.partition
     }
@@ -208,7 +209,7 @@ impl Participant {
         }))
     }
 
-    /// Number of blocks indexed in this participant's partition.
+    /// Number of blocks indexed in this participant's own partition (not its further ones).
     pub fn live_blocks(&self) -> usize {
         self.owner.as_ref().map_or(0, |m| {
             m.lock()
