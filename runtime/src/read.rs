@@ -4,27 +4,10 @@
 //! [`crate::object`], which reads the parts the same way.
 
 use crate::coherence::{self, Site};
-use crate::format::{self, Codec};
+use crate::format::Codec;
 use crate::key::Key;
 use crate::object::ObjectRead;
 use crate::pool::{BlockInfo, Pool, ReadBuf, Result, READ_RETRIES};
-
-/// Bytes copied, then checksummed, at a time (fits L1 with room to spare): the CRC reads each
-/// piece while it is still in L1 instead of a second pass over a buffer larger than the caches.
-const CRC_PIECE: usize = 16 << 10;
-
-/// Copies `dst.len()` bytes of the pool from `off` into `dst` and returns their CRC, computed piece
-/// by piece right after each piece's copy (the CRC of the copy, as the read protocol requires).
-pub(crate) fn copy_checksummed(pool: &Pool, off: u64, dst: &mut [u8]) -> Result<u32> {
-    let mut crc = format::Crc32c::default();
-    let mut at = 0u64;
-    for piece in dst.chunks_mut(CRC_PIECE) {
-        pool.mem().read(off + at, piece)?;
-        crc.update(piece);
-        at += piece.len() as u64;
-    }
-    Ok(crc.finish())
-}
 
 impl Pool {
     /// The optimistic read loop: returns the block's info with its payload in `dst`, or `None` on
@@ -67,7 +50,7 @@ impl Pool {
             let off = self.payload_off(loc.partition, loc.block);
             // Pairs with the publish of the payload in the owner's commit.
             coherence::acquire(self.mem(), Site::PayloadRead, off, h.len);
-            if copy_checksummed(self, off, buf)? != h.payload_crc
+            if crate::object::copy_checksummed(self, off, buf)? != h.payload_crc
                 || self.slot_version(loc.partition, loc.slot)? != loc.version
             {
                 *retries += 1;

@@ -17,7 +17,7 @@
 //! software-coherent pool (no cross-host compare-and-swap; operator-assigned slots) every
 //! participant holds its one partition.
 
-use super::state::Participant;
+use super::state::{Holdings, Participant};
 use crate::coherence::{self, Site};
 use crate::format::{self, slot, Codec, ObjectPartEntry};
 use crate::key::Key;
@@ -27,14 +27,6 @@ use crate::tenant;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// The further partitions a participant holds, each through an extra slot.
-#[derive(Default)]
-pub(super) struct Holdings {
-    pub(super) extra: Vec<Arc<Participant>>,
-    /// No further claim before this instant (the last attempt found nothing to claim).
-    retry_at: Option<Instant>,
-}
 
 impl Participant {
     /// The partitions this participant holds: its own first, then the further ones it claimed.

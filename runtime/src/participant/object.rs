@@ -58,7 +58,7 @@ impl Participant {
                 Ok(None) => self
                     .put_object_spanning(key, Codec::Raw, payload)
                     .map(PutOutcome::Stored),
-                Err(e) => Err(e.into()),
+                Err(e) => Err(e),
             };
             count_call(Op::Put, t0, &r, |o| {
                 let bytes = if o.stored() { payload.len() as u64 } else { 0 };

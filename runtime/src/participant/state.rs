@@ -109,6 +109,14 @@ pub(super) struct OwnerState {
     pub(super) objects: HashMap<u32, Vec<(u32, u64)>>,
 }
 
+/// The further partitions a participant holds, each through an extra slot.
+#[derive(Default)]
+pub(super) struct Holdings {
+    pub(super) extra: Vec<Arc<Participant>>,
+    /// No further claim before this instant (the last attempt found nothing to claim).
+    pub(super) retry_at: Option<std::time::Instant>,
+}
+
 /// A participant attached to a pool. Detaches (releasing its slot and partition, keeping every
 /// block) when dropped.
 pub struct Participant {
@@ -131,7 +139,7 @@ pub struct Participant {
     /// The tenant it attached as (its salt's derived key stays in private memory).
     pub(super) tenant: Option<crate::tenant::Tenant>,
     /// Further partitions held through extra slots ([`super::holdings`]).
-    pub(super) holdings: Mutex<super::holdings::Holdings>,
+    pub(super) holdings: Mutex<Holdings>,
     /// Claims further partitions when its own is full (false: an extra, or an assigned slot).
     pub(super) grows: bool,
 }
