@@ -1,11 +1,12 @@
 //! Pool benches, each beside the limit it chases, measured in the same run:
 //!
-//! - `get` and `put` of 4 KiB, 64 KiB, 256 KiB and 2 MiB blocks against `memcpy` of the same bytes, on a
-//!   working set larger than the last-level cache ("cold": every call touches another block, in the
-//!   same shuffled order for the pool and for memcpy) and on one block ("hot").
+//! - `get` and `put` of 4 KiB, 64 KiB, 256 KiB and 2 MiB blocks against `memcpy` of the same
+//!   bytes, on a working set larger than the last-level cache ("cold": every call touches another
+//!   block, in the same shuffled order for the pool and for memcpy) and on one block ("hot").
 //! - `lookup_prefix` of one key, hit and miss, with 1, 4 and 16 partitions.
 //! - `get_into` and `put` of a 64 MiB multi-block object (256 KiB parts) against memcpy of 64 MiB
-//!   (target: get >= 0.9 x memcpy, as for the 4 KiB, 256 KiB and 2 MiB gets: issue #24); `CXLKV_BENCH_OBJECT_ONLY=1` runs only this one.
+//!   (target: get >= 0.9 x memcpy, as for the 4 KiB, 256 KiB and 2 MiB gets: issue #24);
+//!   `CXLKV_BENCH_OBJECT_ONLY=1` runs only this one.
 //!
 //! The pools live in `/dev/shm` (unlinked after). The memcpy baseline copies between private
 //! buffers of the same working-set size and rotation. After criterion's groups, a summary table
