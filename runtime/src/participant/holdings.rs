@@ -252,8 +252,9 @@ impl Participant {
     /// evicted), so its parts never evict one another; then the parts go to whichever partitions
     /// have free blocks, the first to the partition whose sequence number makes the nonce, and the
     /// manifest last. Readers find parts outside the manifest's partition by key
-    /// ([`crate::object`]). Those parts stay in their partition's eviction order: evicting one makes
-    /// the object a miss, and once its manifest is gone they are orphans that eviction reclaims.
+    /// ([`crate::object`]). Those parts stay in their partition's eviction order: evicting one
+    /// makes the object a miss, and once its manifest is gone they are orphans that eviction
+    /// reclaims.
     pub(super) fn put_object_spanning(
         &self,
         key: Key,
