@@ -1,11 +1,12 @@
 //! Pool benches, each beside the limit it chases, measured in the same run:
 //!
-//! - `get` and `put` of 64 KiB, 256 KiB and 2 MiB blocks against `memcpy` of the same bytes, on a
-//!   working set larger than the last-level cache ("cold": every call touches another block, in the
-//!   same shuffled order for the pool and for memcpy) and on one block ("hot").
+//! - `get` and `put` of 4 KiB, 64 KiB, 256 KiB and 2 MiB blocks against `memcpy` of the same
+//!   bytes, on a working set larger than the last-level cache ("cold": every call touches another
+//!   block, in the same shuffled order for the pool and for memcpy) and on one block ("hot").
 //! - `lookup_prefix` of one key, hit and miss, with 1, 4 and 16 partitions.
 //! - `get_into` and `put` of a 64 MiB multi-block object (256 KiB parts) against memcpy of 64 MiB
-//!   (target: get >= 0.8 x memcpy); `CXLKV_BENCH_OBJECT_ONLY=1` runs only this one.
+//!   (target: get >= 0.9 x memcpy, as for the 4 KiB, 256 KiB and 2 MiB gets: issue #24);
+//!   `CXLKV_BENCH_OBJECT_ONLY=1` runs only this one.
 //!
 //! The pools live in `/dev/shm` (unlinked after). The memcpy baseline copies between private
 //! buffers of the same working-set size and rotation. After criterion's groups, a summary table
@@ -24,7 +25,12 @@ use std::hint::black_box;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-const SIZES: [(u64, &str); 3] = [(64 << 10, "64K"), (256 << 10, "256K"), (2 << 20, "2M")];
+const SIZES: [(u64, &str); 4] = [
+    (4 << 10, "4K"),
+    (64 << 10, "64K"),
+    (256 << 10, "256K"),
+    (2 << 20, "2M"),
+];
 const PARTITION_COUNTS: [u32; 3] = [1, 4, 16];
 /// Keys per partition in the lookup pools (a quarter of the index slots: load factor 0.25).
 const LOOKUP_KEYS_PER_PARTITION: u64 = 1024;
@@ -267,10 +273,11 @@ fn bench_block_size(c: &mut Criterion, block: u64, label: &str) {
         ],
     );
     let pct = |a: f64, m: f64| 100.0 * a / m;
-    let target = if label == "256K" {
-        "  (target >= 80 %)"
-    } else {
+    // Issue #24: every get from 4 KiB to 64 MiB at >= 0.9 of memcpy.
+    let target = if label == "64K" {
         ""
+    } else {
+        "  (target >= 90 %)"
     };
     summary(format!(
         "get {label:>4} cold: {:6.2} GB/s vs memcpy {:6.2} GB/s = {:5.1} %{target}",
@@ -385,7 +392,7 @@ fn bench_object(c: &mut Criterion) {
         ],
     );
     summary(format!(
-        "get 64 MiB object: {:6.2} GB/s vs memcpy {:6.2} GB/s = {:5.1} %  (target >= 80 %)",
+        "get 64 MiB object: {:6.2} GB/s vs memcpy {:6.2} GB/s = {:5.1} %  (target >= 90 %)",
         gbs(get),
         gbs(copy),
         100.0 * get / copy

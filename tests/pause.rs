@@ -11,7 +11,8 @@
 //! (the last step), A's next put is `Fenced`, every key reads back byte-exact or (only A's paused
 //! key, when its write did not land) not at all, and `pool check` passes (library and CLI).
 //!
-//! Writers are this test binary re-executed with `CXLKV_PAUSE_ROLE=writer`.
+//! Writers are this test binary re-executed with `CXLKV_PAUSE_ROLE=writer`. A SIGSTOPped holder of
+//! several partitions, taken over and resumed, is `holder` (issue #24).
 
 use cxlkv::kernels::rng::SplitMix64;
 use cxlkv::runtime::region::{Backend, Region, RegionOptions};
@@ -22,6 +23,8 @@ use cxlkv::runtime::{
 use std::io::Write;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+
+mod holder;
 
 const BLOCK: u64 = 4096;
 /// Blocks A commits before the paused write.
@@ -338,4 +341,16 @@ fn writer_paused_in_a_put_cannot_land_after_a_takeover() {
 #[test]
 fn writer_paused_in_a_put_cannot_land_after_a_takeover_software_coherent() {
     pause_at_every_step(CoherenceMode::Software);
+}
+
+#[test]
+fn holder_entry() {
+    holder::holder_if_asked();
+}
+
+/// A SIGSTOPped holder of several partitions: all taken over, its next put after SIGCONT fenced,
+/// every committed block readable.
+#[test]
+fn a_stopped_holder_of_several_partitions_is_taken_over_and_fenced() {
+    holder::holder_of_several_partitions(holder::Strike::Stop, "holder_entry");
 }

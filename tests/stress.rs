@@ -9,7 +9,8 @@
 //! byte, `cxlkv pool check` passes, and every key any worker logged as committed (the killed ones
 //! included) reads back exactly.
 //!
-//! Workers are this test binary re-executed with `CXLKV_STRESS_ROLE=worker`.
+//! Workers are this test binary re-executed with `CXLKV_STRESS_ROLE=worker`. A holder of several
+//! partitions SIGKILLed mid-put is `holder` (issue #24).
 
 use cxlkv::kernels::rng::SplitMix64;
 use cxlkv::runtime::region::{Backend, Region, RegionOptions};
@@ -19,6 +20,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+
+mod holder;
 
 const WORKERS: u32 = 4;
 const KEYS_PER_INCARNATION: u64 = 150;
@@ -257,6 +260,17 @@ fn stress_worker_entry() {
     if std::env::var("CXLKV_STRESS_ROLE").as_deref() == Ok("worker") {
         worker();
     }
+}
+
+#[test]
+fn holder_entry() {
+    holder::holder_if_asked();
+}
+
+/// A SIGKILLed holder of several partitions: all taken over, every committed block readable.
+#[test]
+fn a_killed_holder_of_several_partitions_is_taken_over_whole() {
+    holder::holder_of_several_partitions(holder::Strike::Kill, "holder_entry");
 }
 
 #[test]

@@ -19,8 +19,23 @@ use xxhash_rust::xxh3::xxh3_128;
 
 /// Bytes of a manifest's head.
 pub const MANIFEST_HEAD: u64 = std::mem::size_of::<ObjectManifest>() as u64;
-/// Bytes copied, then checksummed, at a time when reading a part (fits L1 with room to spare).
+/// Bytes copied, then checksummed, at a time (fits L1 with room to spare): the CRC reads each
+/// piece while it is still in L1 instead of a second pass over a buffer larger than the caches.
 const CRC_PIECE: usize = 16 << 10;
+
+/// Copies `dst.len()` bytes of the pool from `off` into `dst` and returns their CRC, computed piece
+/// by piece right after each piece's copy (the CRC of the copy, as the read protocol requires).
+pub(crate) fn copy_checksummed(pool: &Pool, off: u64, dst: &mut [u8]) -> Result<u32> {
+    let mut crc = format::Crc32c::default();
+    let mut at = 0u64;
+    for piece in dst.chunks_mut(CRC_PIECE) {
+        pool.mem().read(off + at, piece)?;
+        crc.update(piece);
+        at += piece.len() as u64;
+    }
+    Ok(crc.finish())
+}
+
 /// Bytes of one part entry.
 pub const PART_ENTRY: u64 = std::mem::size_of::<ObjectPartEntry>() as u64;
 
@@ -203,9 +218,15 @@ impl Pool {
         let mut off = 0usize;
         for p in &m.parts {
             let pk = Key::from_parts(p.key_lo, p.key_hi);
+            // Parts lie in the manifest's partition, or (a participant holding several
+            // partitions) in another: the part key is unique to this put, so wherever it is found
+            // it is this object's part.
             let ploc = match self.probe(loc.partition, pk)? {
                 Probe::Found(l) => l,
-                Probe::Absent => return manifest_gone(self),
+                Probe::Absent => match self.locate(pk)? {
+                    Some(l) => l,
+                    None => return manifest_gone(self),
+                },
                 Probe::Busy => return Ok(ObjectRead::Retry),
             };
             let Some(ph) = self.checked_header(pk, &ploc)? else {
@@ -219,14 +240,7 @@ impl Pool {
             // Pairs with the publish of the part's payload in its commit.
             coherence::acquire(self.mem(), Site::PayloadRead, poff, p.len);
             // Checksummed piece by piece right after each piece's copy, while it is in L1.
-            let mut crc = format::Crc32c::default();
-            let mut at = 0u64;
-            for piece in dst.chunks_mut(CRC_PIECE) {
-                self.mem().read(poff + at, piece)?;
-                crc.update(piece);
-                at += piece.len() as u64;
-            }
-            if crc.finish() != p.crc
+            if copy_checksummed(self, poff, dst)? != p.crc
                 || self.slot_version(ploc.partition, ploc.slot)? != ploc.version
             {
                 return Ok(ObjectRead::Retry);

@@ -4,7 +4,7 @@
 //! [`crate::object`], which reads the parts the same way.
 
 use crate::coherence::{self, Site};
-use crate::format::{self, Codec};
+use crate::format::Codec;
 use crate::key::Key;
 use crate::object::ObjectRead;
 use crate::pool::{BlockInfo, Pool, ReadBuf, Result, READ_RETRIES};
@@ -50,8 +50,7 @@ impl Pool {
             let off = self.payload_off(loc.partition, loc.block);
             // Pairs with the publish of the payload in the owner's commit.
             coherence::acquire(self.mem(), Site::PayloadRead, off, h.len);
-            self.mem().read(off, buf)?;
-            if format::crc32c(buf) != h.payload_crc
+            if crate::object::copy_checksummed(self, off, buf)? != h.payload_crc
                 || self.slot_version(loc.partition, loc.slot)? != loc.version
             {
                 *retries += 1;

@@ -436,6 +436,18 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
                     c.pin_full
                 );
             }
+            // A participant holding several partitions holds each further one through a further
+            // slot of its own process (docs/FORMAT.md §7, Several partitions): group by process.
+            let mut held: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
+            for p in &st.participants {
+                if let Some(x) = p.partition {
+                    held.entry(p.pid).or_default().push(x.to_string());
+                }
+            }
+            println!("partitions held, by process:");
+            for (pid, parts) in &held {
+                println!("  pid {pid}: {}", parts.join(" "));
+            }
             println!("partitions:");
             println!(
                 "  {:>4} {:>6} {:>4} {:>8} {:>8} {:>6} {:>10}",

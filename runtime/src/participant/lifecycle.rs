@@ -202,6 +202,12 @@ impl Participant {
             heartbeat: None,
             recovery: Recovery::default(),
             tenant,
+            holdings: Default::default(),
+            // Only compare-and-swap participants of a hardware-coherent pool claim further
+            // partitions (docs/COHERENCE.md).
+            grows: assigned.is_none()
+                && format::CoherenceMode::from_code(pool.superblock().coherence)
+                    == Some(format::CoherenceMode::Hardware),
         };
         if opts.own_partition {
             let owned = match assigned {

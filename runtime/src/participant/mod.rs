@@ -1,7 +1,8 @@
 //! Participants: the processes (or hosts) attached to a pool.
 //!
 //! Attaching claims a slot in the participant table (its "host id") and, when one is free or its
-//! owner is dead, a data partition. The participant alone writes its slot (heartbeat, counters,
+//! owner is dead, a data partition; a participant whose partitions are full claims further ones,
+//! each through a further slot of its own (`holdings`). The participant alone writes its slot (heartbeat, counters,
 //! pins) and its partition (allocator, index, blocks): there is one writer per cache line, and no
 //! cross-host atomic is needed on the data path. The owner's allocator and eviction order live in
 //! private memory and are rebuilt from the index when a partition changes hands.
@@ -17,6 +18,8 @@
 //! - `liveness`: what this handle's watch says of others ([`participant_liveness`],
 //!   [`participant_dead`]), and when this participant is fenced.
 //! - `claim` and `recovery`: taking a partition into ownership and rebuilding its state.
+//! - `holdings`: the further partitions a participant claims as it fills and gives back when
+//!   empty, each through an extra slot of its own.
 //! - `write`, `index` and `reservation`: put, commit, eviction, delete; in-place writes
 //!   ([`Reservation`]).
 //! - `object`: multi-block objects (put, replacement and eviction as a unit) and
@@ -28,6 +31,7 @@
 mod beat;
 mod claim;
 mod crash;
+mod holdings;
 mod index;
 mod lifecycle;
 pub(crate) mod liveness;

@@ -50,7 +50,28 @@ impl Participant {
     /// Counted as a `put`: of `payload.len()` bytes when stored, of none when the key was present.
     pub fn put_if_absent(&self, key: Key, payload: &[u8]) -> Result<PutOutcome> {
         let t0 = Instant::now();
-        let r = self.put_unless_present(key, payload);
+        let blocks = super::holdings::blocks_for(payload.len() as u64, self.pool.block_size());
+        if blocks > u64::from(self.pool.superblock().blocks_per_partition) && self.grows {
+            // Larger than a partition: spans the partitions held (`put` documents how).
+            let r = match self.pool.locate(key) {
+                Ok(Some(loc)) => Ok(PutOutcome::Present(loc)),
+                Ok(None) => self
+                    .put_object_spanning(key, Codec::Raw, payload)
+                    .map(PutOutcome::Stored),
+                Err(e) => Err(e),
+            };
+            count_call(Op::Put, t0, &r, |o| {
+                let bytes = if o.stored() { payload.len() as u64 } else { 0 };
+                (Outcome::Ok, bytes, 0)
+            });
+            return r;
+        }
+        let r = self.store_spread(
+            key,
+            blocks,
+            |w| w.put_unless_present(key, payload),
+            PutOutcome::stored,
+        );
         count_call(Op::Put, t0, &r, |o| {
             let bytes = if o.stored() { payload.len() as u64 } else { 0 };
             (Outcome::Ok, bytes, 0)
@@ -90,10 +111,14 @@ impl Participant {
     }
 
     /// The largest payload [`put`](Self::put) accepts in this pool: objects up to what one
-    /// partition holds (less one block for the manifest) and one manifest block can list.
+    /// manifest block can list and what the partitions it may hold hold (less one block for the
+    /// manifest): every partition of the pool for a participant that claims further partitions,
+    /// else its one.
     pub fn max_object_len(&self) -> u64 {
         let sb = self.pool.superblock();
-        max_object_len(sb.block_size, u64::from(sb.blocks_per_partition)).max(sb.block_size)
+        let held = if self.grows { sb.partitions } else { 1 };
+        let blocks = u64::from(held) * u64::from(sb.blocks_per_partition);
+        max_object_len(sb.block_size, blocks).max(sb.block_size)
     }
 
     /// Stores `payload` (larger than a block) as a multi-block object under `key`: parts of a
@@ -107,7 +132,7 @@ impl Participant {
 
     /// [`PoolError::PayloadTooLarge`] for an object this pool cannot hold, before anything is
     /// written.
-    fn check_object_len(&self, len: u64) -> Result<()> {
+    pub(super) fn check_object_len(&self, len: u64) -> Result<()> {
         let bs = self.pool.block_size();
         let max = self.max_object_len();
         if len > max || MANIFEST_HEAD + len.div_ceil(bs) * PART_ENTRY > bs {

@@ -109,6 +109,14 @@ pub(super) struct OwnerState {
     pub(super) objects: HashMap<u32, Vec<(u32, u64)>>,
 }
 
+/// The further partitions a participant holds, each through an extra slot.
+#[derive(Default)]
+pub(super) struct Holdings {
+    pub(super) extra: Vec<Arc<Participant>>,
+    /// No further claim before this instant (the last attempt found nothing to claim).
+    pub(super) retry_at: Option<std::time::Instant>,
+}
+
 /// A participant attached to a pool. Detaches (releasing its slot and partition, keeping every
 /// block) when dropped.
 pub struct Participant {
@@ -130,6 +138,10 @@ pub struct Participant {
     pub recovery: Recovery,
     /// The tenant it attached as (its salt's derived key stays in private memory).
     pub(super) tenant: Option<crate::tenant::Tenant>,
+    /// Further partitions held through extra slots ([`super::holdings`]).
+    pub(super) holdings: Mutex<Holdings>,
+    /// Claims further partitions when its own is full (false: an extra, or an assigned slot).
+    pub(super) grows: bool,
 }
 
 /// What attaching did to take a partition into ownership.
@@ -162,7 +174,8 @@ impl Participant {
         self.generation
     }
 
-    /// The partition this participant owns, if any.
+    /// The partition this participant owns through its own slot, if any (further ones it claimed
+    /// as it filled: [`Participant::partitions`]).
     pub fn partition(&self) -> Option<u32> {
         self.recovery.partition
     }
@@ -204,7 +217,7 @@ impl Participant {
         }))
     }
 
-    /// Number of blocks indexed in this participant's partition.
+    /// Number of blocks indexed in this participant's own partition (not its further ones).
     pub fn live_blocks(&self) -> usize {
         self.owner.as_ref().map_or(0, |m| {
             m.lock()

@@ -6,6 +6,7 @@
 //! once its pins are gone.
 
 use super::crash::crash_point;
+use super::holdings::blocks_for;
 use super::index::write_slot;
 use super::state::{OwnerState, Participant};
 use crate::coherence::{self, Site};
@@ -21,8 +22,10 @@ use std::sync::atomic::{fence, Ordering};
 use std::time::Instant;
 
 impl Participant {
-    /// Stores `payload` under `key` in this participant's partition (replacing an older block of
-    /// the same key there), evicting least recently used unpinned blocks when the partition is full.
+    /// Stores `payload` under `key` in a partition this participant holds (replacing an older
+    /// block of the same key in any of them): its own while it has a free block, else a further
+    /// one with room or claimed now (`holdings`), else evicting least recently used unpinned
+    /// blocks.
     ///
     /// A payload larger than one block is stored as a multi-block object (parts, then a manifest
     /// under `key`; see [`crate::object`]): readers see it only once whole, and `get`, `get_into`,
@@ -30,10 +33,21 @@ impl Participant {
     /// process's metrics as a `put` of `payload.len()` bytes ([`crate::metrics`]).
     pub fn put(&self, key: Key, payload: &[u8]) -> Result<Location> {
         let t0 = Instant::now();
-        let r = if payload.len() as u64 > self.pool.block_size() {
-            self.put_object(key, Codec::Raw, payload)
+        let bs = self.pool.block_size();
+        let blocks = blocks_for(payload.len() as u64, bs);
+        // An object larger than one partition spans the partitions this participant holds.
+        let spans = blocks > u64::from(self.pool.superblock().blocks_per_partition);
+        let r = if spans && self.grows && self.owner.is_some() {
+            self.put_object_spanning(key, Codec::Raw, payload)
         } else {
-            self.put_with_codec(key, Codec::Raw, payload)
+            let store = |w: &Participant| {
+                if payload.len() as u64 > bs {
+                    w.put_object(key, Codec::Raw, payload)
+                } else {
+                    w.put_with_codec(key, Codec::Raw, payload)
+                }
+            };
+            self.store_spread(key, blocks, store, |_| true)
         };
         count_call(Op::Put, t0, &r, |_| (Outcome::Ok, payload.len() as u64, 0));
         r
@@ -56,8 +70,14 @@ impl Participant {
         sketch: kv::Sketch,
     ) -> Result<Location> {
         let t0 = Instant::now();
-        let r = kv::encode_with(shape, k, v, sketch)
-            .and_then(|payload| self.put_with_codec(key, Codec::KvV1, &payload));
+        let r = kv::encode_with(shape, k, v, sketch).and_then(|payload| {
+            self.store_spread(
+                key,
+                1,
+                |w| w.put_with_codec(key, Codec::KvV1, &payload),
+                |_| true,
+            )
+        });
         count_call(Op::Put, t0, &r, |_| {
             (Outcome::Ok, (k.len() + v.len()) as u64, 0)
         });
@@ -194,7 +214,7 @@ impl Participant {
     /// Evicts the least recently used unpinned block of this participant's partition and returns
     /// it, free for reuse; `None` if every indexed block is pinned (or none is indexed). A victim
     /// that a reader pins at the last moment is deferred and the next one tried.
-    fn evict_one(&self, st: &mut OwnerState) -> Result<Option<u32>> {
+    pub(super) fn evict_one(&self, st: &mut OwnerState) -> Result<Option<u32>> {
         let pins = self.live_pins(st.partition)?;
         let mut skipped = Vec::new();
         let result = loop {
@@ -393,12 +413,13 @@ impl Participant {
         })
     }
 
-    /// Deletes `key` from this participant's partition. `Ok(false)` if it is nowhere;
+    /// Deletes `key` from the partitions this participant holds (a further partition left empty is
+    /// given back). `Ok(false)` if it is nowhere;
     /// [`PoolError::NotOwner`] if it lives in another participant's partition. Counted as a
     /// `delete` (`Ok(false)`: a miss).
     pub fn delete(&self, key: Key) -> Result<bool> {
         let t0 = Instant::now();
-        let r = self.delete_key(key);
+        let r = self.delete_spread(key);
         count_call(Op::Delete, t0, &r, |&found| {
             let outcome = if found { Outcome::Ok } else { Outcome::Miss };
             (outcome, 0, 0)
@@ -406,7 +427,7 @@ impl Participant {
         r
     }
 
-    fn delete_key(&self, key: Key) -> Result<bool> {
+    pub(super) fn delete_key(&self, key: Key) -> Result<bool> {
         let mut st = self.owner()?;
         let p = st.partition;
         match self.pool.probe(p, key)? {
