@@ -237,6 +237,8 @@ fn stat_tenants(spec: &str) -> Vec<(u32, String, u32, u64, u64)> {
     text.lines()
         .skip_while(|l| !l.starts_with("tenants"))
         .skip(2)
+        // The table's rows are indented; the next section's heading is not.
+        .take_while(|l| l.starts_with(' '))
         .map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
             (

@@ -27,9 +27,14 @@ pub enum PoolCommand {
         /// Payload capacity of a block (a multiple of 4 KiB).
         #[arg(long, default_value = "256K")]
         block_size: String,
-        /// Participant slots (and partitions, one each).
+        /// Participant slots (and partitions, one each, unless --partitions says otherwise).
         #[arg(long, default_value_t = 8)]
         participants: u32,
+        /// Data partitions (default: one per participant). A participant claims further
+        /// partitions as it fills (hardware-coherent pools) while one slot stays free, so with
+        /// more participants than partitions one process can hold every partition.
+        #[arg(long, value_name = "N")]
+        partitions: Option<u32>,
         /// Milliseconds an observer must watch a participant's heartbeat counter stand still (on
         /// its own clock) before it may declare it dead.
         #[arg(long, default_value_t = 2000)]
@@ -232,6 +237,7 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
             size,
             block_size,
             participants,
+            partitions,
             lease_ms,
             pins,
             prefault,
@@ -274,6 +280,7 @@ pub fn run(cmd: PoolCommand) -> Result<ExitCode> {
             let cfg = PoolConfig {
                 block_size,
                 participants,
+                partitions,
                 lease: Duration::from_millis(lease_ms),
                 pins_per_participant: pins,
                 ..Default::default()
