@@ -18,7 +18,7 @@ use common::*;
 use cxlkv_kernels::attention::default_scale;
 use cxlkv_kernels::{rng::SplitMix64, DType, GroupMode, Partial};
 use cxlkv_ndp::daemon::Daemon;
-use cxlkv_ndp::{Device, DeviceConfig, Engine};
+use cxlkv_ndp::{Device, DeviceConfig, DeviceHandle, Engine};
 use cxlkv_runtime::kv::{chunk_kv, Sketch};
 use cxlkv_runtime::ndp::abi::*;
 use cxlkv_runtime::ndp::sparse::Sparse;
@@ -626,6 +626,18 @@ fn daemon(engine: &str) {
     scene.check_host_fallback();
 }
 
+/// A 16 MiB pool of 64 KiB blocks and an in-process device on `engine` serving it.
+fn served_pool(tag: &str, engine: Engine) -> (TempBackend, Pool, DeviceHandle) {
+    let backend = shm_backend(tag);
+    let pool = create_pool(backend.backend(), 16 << 20, 64 << 10);
+    let cfg = DeviceConfig {
+        engine,
+        ..DeviceConfig::default()
+    };
+    let dev = Device::start(pool.clone(), cfg).unwrap();
+    (backend, pool, dev)
+}
+
 #[test]
 fn fuzz_style_mixed_tenant_lists_rust_engine() {
     mixed_tenant_lists(Engine::Rust);
@@ -642,16 +654,7 @@ fn fuzz_style_mixed_tenant_lists_hls_engine() {
 /// others as the host does; its refusal counter counts each refusal.
 fn mixed_tenant_lists(engine: Engine) {
     const CASES: usize = 300;
-    let backend = shm_backend(&format!("tenants-mixed-{engine}"));
-    let pool = create_pool(backend.backend(), 16 << 20, 64 << 10);
-    let dev = Device::start(
-        pool.clone(),
-        DeviceConfig {
-            engine,
-            ..DeviceConfig::default()
-        },
-    )
-    .unwrap();
+    let (_backend, pool, dev) = served_pool(&format!("tenants-mixed-{engine}"), engine);
     let (p1, p2) = (pool.attach().unwrap(), pool.attach().unwrap());
     attach_as(&pool, &p1, T1);
     attach_as(&pool, &p2, T2);
@@ -725,16 +728,7 @@ fn tenants_attached_through_the_runtime_hls_engine() {
 /// host's answers) and refused over the other tenant's: located as the queue's tenant, the device
 /// never probes the other tenant's partition, so the block is not found (`ERR_BLOCK`, as a miss).
 fn through_the_runtime(engine: Engine) {
-    let backend = shm_backend(&format!("tenants-runtime-{engine}"));
-    let pool = create_pool(backend.backend(), 16 << 20, 64 << 10);
-    let dev = Device::start(
-        pool.clone(),
-        DeviceConfig {
-            engine,
-            ..DeviceConfig::default()
-        },
-    )
-    .unwrap();
+    let (_backend, pool, dev) = served_pool(&format!("tenants-runtime-{engine}"), engine);
     let alice = Tenant::new("alice", b"alice's secret").unwrap();
     let bob = Tenant::new("bob", b"bob's secret").unwrap();
     let (pa, pb) = (
