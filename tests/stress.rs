@@ -390,17 +390,7 @@ fn stress(coherence: CoherenceMode) {
     );
     assert!(committed > 0);
 
-    let report = check(&pool).unwrap();
-    assert!(report.ok(), "{report}");
-    let cli = Command::new(env!("CARGO_BIN_EXE_cxlkv"))
-        .args(["pool", "check", &spec])
-        .output()
-        .unwrap();
-    assert!(
-        cli.status.success(),
-        "cxlkv pool check failed:\n{}",
-        String::from_utf8_lossy(&cli.stdout)
-    );
+    holder::checks_clean(&pool, &spec);
     drop(pool);
     Region::unlink(&backend).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();

@@ -189,10 +189,19 @@ pub fn holder_of_several_partitions(strike: Strike, entry: &str) {
         held.len(),
         committed.len()
     );
-    let report = check(&pool).unwrap();
+    checks_clean(&pool, &spec);
+    drop(successors);
+    drop(pool);
+    Region::unlink(&backend).unwrap();
+    let _ = std::fs::remove_file(&log);
+}
+
+/// `pool check` finds no damage in `pool` (at `spec`), through the library and through the CLI.
+pub fn checks_clean(pool: &Pool, spec: &str) {
+    let report = check(pool).unwrap();
     assert!(report.ok(), "{report}");
     let cli = Command::new(env!("CARGO_BIN_EXE_cxlkv"))
-        .args(["pool", "check", &spec])
+        .args(["pool", "check", spec])
         .output()
         .unwrap();
     assert!(
@@ -200,8 +209,4 @@ pub fn holder_of_several_partitions(strike: Strike, entry: &str) {
         "cxlkv pool check failed:\n{}",
         String::from_utf8_lossy(&cli.stdout)
     );
-    drop(successors);
-    drop(pool);
-    Region::unlink(&backend).unwrap();
-    let _ = std::fs::remove_file(&log);
 }
