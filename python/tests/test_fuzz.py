@@ -226,7 +226,16 @@ class Fuzz:
                 r.choice([res.commit, res.abort, res.__len__])()
         elif op == 16:
             if len(self.participants) < PARTICIPANTS and r.random() < 0.5:
-                self.participants.append(self.pool.attach())
+                if r.random() < 0.4:
+                    # As a tenant (format 3.2): names and salts valid and not.
+                    self.participants.append(
+                        self.pool.attach(
+                            tenant=r.choice(["t1", "t2", "", "x" * 300, None, 5, b"t1"]),
+                            salt=r.choice([b"s1", b"", None, "s1", 5]),
+                        )
+                    )
+                else:
+                    self.participants.append(self.pool.attach())
             elif self.participants and r.random() < 0.2:
                 # Its pins and reservations would keep its slot held: release them first, mostly.
                 if r.random() < 0.8:
@@ -245,8 +254,24 @@ class Fuzz:
                 owner=r.choice([None, "no-such-user-cxlkv", 2**40]),
             )
         elif op == 18:
-            cxlkv.Pool.open(r.choice(["shm:cxlkv-py-fuzz-absent", "bogus", "", None, self.spec + "x"]))
+            if r.random() < 0.5:
+                cxlkv.Pool.open(r.choice(["shm:cxlkv-py-fuzz-absent", "bogus", "", None, self.spec + "x"]))
+            else:
+                # The tenant table: declare, set a quota, list (names and quotas valid and not).
+                name = r.choice(["t1", "t2", "", "x" * 300, None, 5])
+                quota = r.choice([0, 1, 50, -1, 2**64, None, "q"])
+                r.choice(
+                    [
+                        lambda: self.pool.declare_tenant(name, quota),
+                        lambda: self.pool.set_tenant_quota(name, quota),
+                        self.pool.tenants,
+                    ]
+                )()
         else:
+            salt = r.choice([None, None, b"s1", b"", "s1", 5])
+            if r.random() < 0.3:
+                cxlkv.Key.from_bytes(r.choice([b"n", "n", None, 5]), salt=salt)
+                return
             cxlkv.key_chain(
                 r.choice(["tenant", "", None]),
                 r.choice(["m", None]),
@@ -254,6 +279,7 @@ class Fuzz:
                 r.choice([0, 3, 2**32]),
                 r.choice([[r.randrange(50_000) for _ in range(r.randrange(40))], [], [-1], None]),
                 r.choice([0, 1, 16, -1]),
+                salt=salt,
             )
 
     def call(self):
