@@ -40,7 +40,7 @@ impl Pool {
     /// True when this handle's tenant may read partition `p`: it is tagged with that tenant or
     /// with 0 (format 3.2). Other tenants' partitions are never probed.
     pub(crate) fn reads_partition(&self, p: u32) -> Result<bool> {
-        let (tag, _) = partition_tag(self, p)?;
+        let tag = partition_tenant(self, p)?;
         Ok(tag == 0 || tag == self.tenant)
     }
 
@@ -368,13 +368,23 @@ pub(crate) fn quota_of(pool: &Pool, id: u32) -> Result<u64> {
 
 /// Tag and live-block count of partition `p` (owner-written words; any party may read them).
 pub(crate) fn partition_tag(pool: &Pool, p: u32) -> Result<(u32, u64)> {
+    let tag = partition_tenant(pool, p)?;
+    // The same line as the tag, acquired with it.
+    let live = pool
+        .mem()
+        .load_u64(pool.partition_off(p) + partition::LIVE, Ordering::Relaxed)?;
+    Ok((tag, live))
+}
+
+/// The tenant tag of partition `p` alone: what every lookup reads before probing the partition.
+fn partition_tenant(pool: &Pool, p: u32) -> Result<u32> {
     let base = pool.partition_off(p);
     let mem = pool.mem();
-    // Pairs with the OwnerWrite publish of the tag line by the partition's owner.
+    // Pairs with the OwnerWrite publish of the tag line by the partition's owner (the tag and
+    // the live count share the line).
     coherence::acquire(mem, Site::OwnerRead, base + partition::TENANT, 16);
     let tag = mem.load_u64(base + partition::TENANT, Ordering::Acquire)?;
-    let live = mem.load_u64(base + partition::LIVE, Ordering::Relaxed)?;
-    Ok((tag.min(u64::from(u32::MAX)) as u32, live))
+    Ok(tag.min(u64::from(u32::MAX)) as u32)
 }
 
 /// Live blocks of tenant `id`: the sum over the partitions tagged with it.

@@ -1,6 +1,6 @@
 //! The checks both the device and the host fallback apply to the blocks and buffers a command
 //! names: [`resolve_block`] (header CRC and index sequence via [`Pool::block_ref`], the block's
-//! tenant against the reader's ([`tenant_may_read`], the reader's from its participant slot:
+//! tenant against the reader's ([`Pool::reads_tenant`], the reader's from its participant slot:
 //! [`slot_tenant`]), then the typed layout against the command, scales of a quantized block
 //! included), overlap and lookup of token
 //! ranges ([`sorted_ranges`], [`locate_token`]), the stored key bounds ([`read_bounds`]), a
@@ -31,7 +31,7 @@ pub struct BlockExpect {
     /// Head dimension.
     pub dim: u32,
     /// The tenant the reader attached as (its participant slot's `tenant` word, [`slot_tenant`];
-    /// 0 = none). A block of another tenant is refused ([`tenant_may_read`]).
+    /// 0 = none). A block of another tenant is refused ([`Pool::reads_tenant`]).
     pub tenant: u64,
 }
 
@@ -86,14 +86,6 @@ impl ResolvedBlock {
     }
 }
 
-/// Whether a reader attached as tenant `reader` may read a block of tenant `block`: a block of
-/// tenant 0 (the pool's public space) serves every reader, any other only its own tenant. The
-/// device applies this to every block a command names, and the host fallback to every block it
-/// reads, so a client never gets from the host what the device refused.
-pub fn tenant_may_read(reader: u64, block: u32) -> bool {
-    block == 0 || u64::from(block) == reader
-}
-
 /// The tenant participant slot `participant` attached as (its `tenant` word, format 3.2; 0 =
 /// none). The device reads it for queue pair `participant` when a command runs; the host fallback
 /// for its client's own slot.
@@ -128,7 +120,7 @@ pub fn resolve_block(
         Ok(Some(r)) => r,
         _ => return Err(block_err),
     };
-    if !tenant_may_read(want.tenant, r.header.tenant) {
+    if !reader.reads_tenant(r.header.tenant) {
         return Err(DeviceStatus::at(CXLKV_NDP_ERR_ACCESS, index));
     }
     if Codec::from_code(r.header.codec) != Some(Codec::KvV1) || r.header.len < LAYOUT_SIZE as u64 {

@@ -14,7 +14,7 @@
 //!   ends (the client here, the device in `cxlkv-ndp`); the loom models run them.
 //! - [`block`]: [`resolve_block`], the block validation both the device and the host fallback
 //!   apply (header CRC and index sequence via [`crate::pool::Pool::block_ref`], the block's tenant
-//!   against the reader's ([`tenant_may_read`]), then the typed layout against the command, scales
+//!   against the reader's ([`Pool::reads_tenant`](crate::Pool::reads_tenant)), then the typed layout against the command, scales
 //!   of a quantized block included), token lookup and the owned-buffer check.
 //! - [`quant`]: scores, ATTEND and gathered rows over quantized (int8, int4) blocks: queries folded
 //!   with each block's key scales, values weighted by their token scales, rows dequantized.
@@ -60,7 +60,7 @@ pub use cxlkv_shm::futex::{wait as futex_wait, wake as futex_wake};
 
 pub use block::{
     check_owned_range, gathered_dtype, locate_token, read_bounds, read_scales, read_sketch_scales,
-    resolve_block, slot_tenant, sorted_ranges, tenant_may_read, BlockExpect, ResolvedBlock,
+    resolve_block, slot_tenant, sorted_ranges, BlockExpect, ResolvedBlock,
 };
 pub use client::{
     host_attend, host_attend_as, host_attend_with, host_gather, host_score_topk,

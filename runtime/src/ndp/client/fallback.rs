@@ -176,7 +176,7 @@ pub fn host_score_topk(pool: &Pool, req: &ScoreRequest<'_>, kernel: ScoreKernel)
 }
 
 /// [`host_score_topk`] for a reader attached as `tenant`: a block of another tenant is refused
-/// with `CXLKV_NDP_ERR_ACCESS`, as the device refuses it ([`crate::ndp::tenant_may_read`]).
+/// with `CXLKV_NDP_ERR_ACCESS`, as the device refuses it ([`Pool::reads_tenant`]).
 pub fn host_score_topk_as(
     pool: &Pool,
     tenant: u64,
@@ -347,7 +347,7 @@ pub fn host_attend_with(
 }
 
 /// [`host_attend_with`] for a reader attached as `tenant`: a block of another tenant is refused
-/// with `CXLKV_NDP_ERR_ACCESS`, as the device refuses it ([`crate::ndp::tenant_may_read`]).
+/// with `CXLKV_NDP_ERR_ACCESS`, as the device refuses it ([`Pool::reads_tenant`]).
 pub fn host_attend_as(
     pool: &Pool,
     tenant: u64,
