@@ -8,12 +8,15 @@ import cxlkv
 # A multi-block object is copied out into a buffer this thread keeps for the next read: a fresh
 # buffer of a few hundred KiB costs more than the copy (zero fill, or page faults of a new
 # mapping). Only one read_view per thread uses it at a time; a nested one gets its own buffer.
+# Objects above _SCRATCH_MAX get a buffer of their own, so a thread does not keep the largest
+# object it ever read.
 _scratch = threading.local()
+_SCRATCH_MAX = 16 << 20
 
 
 def _take_scratch(n):
     buf = getattr(_scratch, "buf", None)
-    if getattr(_scratch, "busy", False):
+    if getattr(_scratch, "busy", False) or n > _SCRATCH_MAX:
         return bytearray(n), False
     if buf is None or len(buf) < n:
         buf = _scratch.buf = bytearray(n)

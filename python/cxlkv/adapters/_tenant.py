@@ -7,8 +7,8 @@ Two knobs, one per level:
   (`tenant_salt_env`). The adapter's participant attaches as that tenant: it writes the tenant's
   blocks under its quota and reads only its tenant's and tenant 0's blocks.
 - **The request's salt** (vLLM's and SGLang's `cache_salt`, LMCache's per-request salt): it salts
-  the keys of that request's blocks, together with the tenant's salt, with the pool's keyed hash
-  (`cxlkv.Key.from_bytes(name, salt=...)`), so requests under another salt form other keys and
+  the keys of that request's blocks, together with the tenant's salt (`key_salt`), with the pool's
+  keyed hash (`cxlkv.Key.from_bytes(name, salt=key_salt(...))`, unsalted when it is `None`), so requests under another salt form other keys and
   miss, and no one without the salts can form or probe them. Neither salt enters the pool.
 """
 
@@ -68,8 +68,3 @@ def key_salt(tenant_salt: Optional[bytes], request_salt: Optional[str]) -> Optio
         out += len(part).to_bytes(4, "little") + part
     out += b"\1" if request_salt is not None else b"\0"
     return bytes(out)
-
-
-def key(name: bytes, salt: Optional[bytes]) -> int:
-    """The pool key of the engine's name `name` under `salt` (`key_salt`), as an int."""
-    return int(cxlkv.Key.from_bytes(name, salt=salt) if salt is not None else cxlkv.Key.from_bytes(name))

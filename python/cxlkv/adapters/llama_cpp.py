@@ -238,7 +238,7 @@ class CxlkvLlamaCache(BaseLlamaCache):
         h.update(b"cxlkv-llama-state\0%s\0%s\0" % (self.namespace.encode(), self.model_id.encode()))
         h.update(np.asarray(tokens, dtype=np.int64).tobytes())
         if self._salt is not None:
-            return cxlkv.Key(_tenant.key(h.digest(), self._salt))
+            return cxlkv.Key.from_bytes(h.digest(), salt=self._salt)
         return cxlkv.Key(int.from_bytes(h.digest(), "little"))
 
     # --- lookup -----------------------------------------------------------------------------

@@ -153,8 +153,8 @@ class CxlkvStorageBackend(StoragePluginInterface):
                 self._tenant_salt, None if request_salt is None else str(request_salt)
             )
             pair = (
-                cxlkv.Key(_tenant.key(s.encode(), salt)),
-                cxlkv.Key(_tenant.key((s + "#head").encode(), salt)),
+                cxlkv.Key.from_bytes(s.encode(), salt=salt),
+                cxlkv.Key.from_bytes((s + "#head").encode(), salt=salt),
             )
             if len(self._key_memo) >= _KEY_MEMO:
                 self._key_memo.clear()

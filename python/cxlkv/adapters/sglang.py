@@ -82,11 +82,11 @@ class CxlkvHiCacheStorage(HiCacheStorage):
 
     def _key(self, key: str) -> "cxlkv.Key":
         """The key of the page's payload."""
-        return cxlkv.Key(_tenant.key((self.prefix + str(key)).encode(), self._salt))
+        return cxlkv.Key.from_bytes((self.prefix + str(key)).encode(), salt=self._salt)
 
     def _head_key(self, key: str) -> "cxlkv.Key":
         """The key of the page's header, put after the payload: the page is present when it is."""
-        return cxlkv.Key(_tenant.key((self.prefix + str(key) + "#head").encode(), self._salt))
+        return cxlkv.Key.from_bytes((self.prefix + str(key) + "#head").encode(), salt=self._salt)
 
     # --- single pages -------------------------------------------------------------------------
 

@@ -139,7 +139,8 @@ class _PoolSide:
         with the tenant's salt and the request's `cache_salt` (neither enters the pool), so
         another salt forms other keys."""
         ns = (self._prefix + ("salt" if salt is not None else _NO_SALT) + "\0").encode()
-        return _tenant.key(ns + bytes(block_hash), _tenant.key_salt(self._tenant_salt, salt))
+        salt = _tenant.key_salt(self._tenant_salt, salt)
+        return int(cxlkv.Key.from_bytes(ns + bytes(block_hash), salt=salt))
 
     def close(self) -> None:
         with self._lock:
