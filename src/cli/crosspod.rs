@@ -45,6 +45,11 @@ pub enum CrosspodCommand {
         /// Where the running bridge writes its pid.
         #[arg(long, value_name = "PATH")]
         pid_file: Option<String>,
+        /// When blocks are published: writers' publish requests (on-put, the default), evictions
+        /// (on-eviction: write-back, asked by the runtime of each participant that evicts),
+        /// both, or never.
+        #[arg(long, value_name = "POLICY", value_parser = ["on-put", "on-eviction", "both", "never"])]
+        publish: Option<String>,
     },
     /// Print a running bridge's metrics: published, imported, bytes, failures by reason, import
     /// latency and where it goes.
@@ -71,6 +76,7 @@ pub fn run(command: CrosspodCommand) -> Result<ExitCode> {
             model,
             segment_mib,
             pid_file,
+            publish,
         } => {
             let mut args = vec![
                 "--pool".to_owned(),
@@ -87,6 +93,7 @@ pub fn run(command: CrosspodCommand) -> Result<ExitCode> {
                 ("--model", model),
                 ("--segment-mib", segment_mib.map(|n| n.to_string())),
                 ("--pid-file", pid_file),
+                ("--publish", publish),
             ];
             for (flag, value) in optional {
                 if let Some(v) = value {
@@ -152,9 +159,13 @@ pub fn print_tier() {
 fn render(m: &serde_json::Value) -> String {
     let n = |k: &str| m.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
     let mut out = String::new();
+    if let Some(policy) = m.get("policy").and_then(serde_json::Value::as_str) {
+        out.push_str(&format!("{:<18} {policy}\n", "publish_policy"));
+    }
     for k in [
         "published",
         "published_bytes",
+        "written_back",
         "imported",
         "imported_bytes",
         "import_requests",
@@ -200,11 +211,14 @@ mod tests {
 
     #[test]
     fn render_shows_counts_latency_and_failures() {
-        let m = serde_json::json!({"published": 3, "imported": 2, "import_requests": 2,
+        let m = serde_json::json!({"policy": "on-eviction", "published": 3, "written_back": 1,
+            "imported": 2, "import_requests": 2,
             "import_ns_total": 4_000_000, "import_ns_max": 3_000_000,
             "import_phase_ns": {"read": 2_000_000}, "failures": {"store_error": 1}});
         let text = render(&m);
         assert!(text.contains("imported           2\n"), "{text}");
+        assert!(text.contains("publish_policy     on-eviction\n"), "{text}");
+        assert!(text.contains("written_back       1\n"), "{text}");
         assert!(text.contains("mean 2000 us, max 3000 us"), "{text}");
         assert!(text.contains("failures.store_error 1"), "{text}");
         assert!(text.contains("phase.read         mean 1000 us"), "{text}");

@@ -16,6 +16,12 @@ each block against its trailer; then a commit of each leading block that matches
 the rest. Any store error, short read or mismatch ends the chain there: a miss, never wrong data.
 A bridge killed mid-import leaves reservations, which the pool
 reclaims like any dead participant's (`cxlkv pool check`).
+
+Publish policy (`--publish`): `on-put` serves writers' `publish` requests, `on-eviction` serves the
+runtime's `writeback` requests (a participant of the pod about to evict a committed block names it
+while it is still indexed; the bridge pins it, publishes it and answers before the space is
+reused), `both` serves both, `never` neither. A request the policy does not serve is answered
+`off` (writeback; the runtime then stops asking for a while) or with an error (publish).
 """
 
 import json
@@ -43,10 +49,14 @@ TRANSFER_FAIL = -800
 OBJECT_NOT_FOUND = -704  # the end of what the store has of a chain: a miss, not a failure
 
 
+POLICIES = ("on-put", "on-eviction", "both", "never")
+
+
 class Metrics:
     def __init__(self):
         self.lock = threading.Lock()
-        self.c = {"published": 0, "published_bytes": 0, "imported": 0, "imported_bytes": 0,
+        self.c = {"published": 0, "published_bytes": 0, "written_back": 0,
+                  "imported": 0, "imported_bytes": 0,
                   "import_requests": 0, "import_ns_total": 0, "import_ns_max": 0,
                   "import_phase_ns": {p: 0 for p in PHASES},
                   "failures": {r: 0 for r in REASONS}}
@@ -101,9 +111,15 @@ def addr_of(buf):
 
 class Bridge:
     def __init__(self, pool_spec, master, tenant=None, salt=None, model="default",
-                 segment=256 << 20, host="127.0.0.1"):
+                 segment=256 << 20, host="127.0.0.1", policy="on-put"):
         from mooncake.store import MooncakeDistributedStore, ReplicaStatus
 
+        if policy not in POLICIES:
+            raise ValueError("publish policy %r is not one of %s" % (policy, ", ".join(POLICIES)))
+        self.policy = policy
+        # The bridge's own evictions (of blocks it imported, which the store has) are not offered
+        # to a bridge: its runtime must not ask itself while it serves a request.
+        os.environ.pop("CXLKV_CROSSPOD_SOCKET", None)
         self.complete = ReplicaStatus.COMPLETE  # a replica whose put has finished
 
         self.pool = cxlkv.Pool.open(pool_spec)
@@ -270,15 +286,25 @@ class Bridge:
     def answer(self, line):
         words = line.split()
         if words == ["stat"]:
-            return "ok " + json.dumps(self.metrics.snapshot())
-        if len(words) >= 2 and words[0] in ("import", "publish") and words[1].isdigit():
+            return "ok " + json.dumps(dict(self.metrics.snapshot(), policy=self.policy))
+        verbs = ("import", "publish", "writeback")
+        if len(words) >= 2 and words[0] in verbs and words[1].isdigit():
             n = int(words[1])
             if len(words) != n + 2 or not all(re.fullmatch("[0-9a-f]{32}", w) for w in words[2:]):
                 return "err expected %s N and N keys of 32 hex digits" % words[0]
             keys = [int(w, 16) for w in words[2:]]
-            op = self.import_chain if words[0] == "import" else self.publish
-            return "ok %d" % (op(keys) if keys else 0)
-        return "err unknown request (import, publish, stat)"
+            if words[0] == "import":
+                return "ok %d" % (self.import_chain(keys) if keys else 0)
+            if words[0] == "publish":
+                if self.policy not in ("on-put", "both"):
+                    return "err publishing on put is off (--publish %s)" % self.policy
+                return "ok %d" % (self.publish(keys) if keys else 0)
+            if self.policy not in ("on-eviction", "both"):
+                return "off"
+            done = self.publish(keys) if keys else 0
+            self.metrics.add("written_back", done)
+            return "ok %d" % done
+        return "err unknown request (import, publish, writeback, stat)"
 
     def serve(self, path):
         if os.path.exists(path):
