@@ -4,7 +4,7 @@
 //! mooncake packages). `stat` asks a running bridge for its metrics over its socket.
 
 use super::{Error, Result};
-use clap::Subcommand;
+use clap::{Subcommand, ValueEnum};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
@@ -48,8 +48,8 @@ pub enum CrosspodCommand {
         /// When blocks are published: writers' publish requests (on-put, the default), evictions
         /// (on-eviction: write-back, asked by the runtime of each participant that evicts),
         /// both, or never.
-        #[arg(long, value_name = "POLICY", value_parser = ["on-put", "on-eviction", "both", "never"])]
-        publish: Option<String>,
+        #[arg(long, value_name = "POLICY")]
+        publish: Option<Publish>,
     },
     /// Print a running bridge's metrics: published, imported, bytes, failures by reason, import
     /// latency and where it goes.
@@ -61,6 +61,19 @@ pub enum CrosspodCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// When a bridge publishes blocks (`--publish`; docs/CROSSPOD.md).
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Publish {
+    /// When a writer asks (`publish` requests).
+    OnPut,
+    /// When a participant evicts a block (write-back).
+    OnEviction,
+    /// Both.
+    Both,
+    /// Never.
+    Never,
 }
 
 /// Runs one `crosspod` subcommand.
@@ -93,7 +106,10 @@ pub fn run(command: CrosspodCommand) -> Result<ExitCode> {
                 ("--model", model),
                 ("--segment-mib", segment_mib.map(|n| n.to_string())),
                 ("--pid-file", pid_file),
-                ("--publish", publish),
+                (
+                    "--publish",
+                    publish.and_then(|p| Some(p.to_possible_value()?.get_name().to_owned())),
+                ),
             ];
             for (flag, value) in optional {
                 if let Some(v) = value {
@@ -208,6 +224,15 @@ fn ask(socket: &str, line: &str) -> std::io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn publish_policies_are_passed_by_their_bridge_names() {
+        let names: Vec<_> = Publish::value_variants()
+            .iter()
+            .map(|p| p.to_possible_value().unwrap().get_name().to_owned())
+            .collect();
+        assert_eq!(names, ["on-put", "on-eviction", "both", "never"]);
+    }
 
     #[test]
     fn render_shows_counts_latency_and_failures() {
