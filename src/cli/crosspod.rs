@@ -50,6 +50,10 @@ pub enum CrosspodCommand {
         /// both, or never.
         #[arg(long, value_name = "POLICY")]
         publish: Option<Publish>,
+        /// Do not fault the pool's pages in at start (a pool too large to fault in; imports then
+        /// pay first-touch page faults).
+        #[arg(long)]
+        no_prefault: bool,
     },
     /// Print a running bridge's metrics: published, imported, bytes, failures by reason, import
     /// latency and where it goes.
@@ -90,6 +94,7 @@ pub fn run(command: CrosspodCommand) -> Result<ExitCode> {
             segment_mib,
             pid_file,
             publish,
+            no_prefault,
         } => {
             let mut args = vec![
                 "--pool".to_owned(),
@@ -115,6 +120,9 @@ pub fn run(command: CrosspodCommand) -> Result<ExitCode> {
                 if let Some(v) = value {
                     args.extend([flag.to_owned(), v]);
                 }
+            }
+            if no_prefault {
+                args.push("--no-prefault".to_owned());
             }
             serve(&args)
         }

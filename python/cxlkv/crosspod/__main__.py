@@ -28,6 +28,8 @@ def main(argv=None):
                    help="when blocks are published: writers' publish requests (on-put), "
                    "evictions (on-eviction, write-back), both, or never")
     s.add_argument("--pid-file", help="where the running bridge writes its pid")
+    s.add_argument("--no-prefault", action="store_true",
+                   help="do not fault the pool's pages in at start (imports then pay first touches)")
     s.add_argument("--once", action="store_true", help="no supervisor")
     t = sub.add_parser("stat", help="the bridge's metrics")
     t.add_argument("--socket", required=True)
@@ -60,7 +62,8 @@ def main(argv=None):
     except ValueError:
         print("cxlkv crosspod: the salt is not hex", file=sys.stderr)
         return 2
-    b = Bridge(a.pool, a.master, a.tenant, salt, a.model, a.segment_mib << 20, policy=a.publish)
+    b = Bridge(a.pool, a.master, a.tenant, salt, a.model, a.segment_mib << 20, policy=a.publish,
+               prefault=not a.no_prefault)
     if a.pid_file:
         with open(a.pid_file + ".tmp", "w") as f:
             f.write("%d\n" % os.getpid())

@@ -114,7 +114,7 @@ def addr_of(buf):
 
 class Bridge:
     def __init__(self, pool_spec, master, tenant=None, salt=None, model="default",
-                 segment=256 << 20, host="127.0.0.1", policy="on-put"):
+                 segment=256 << 20, host="127.0.0.1", policy="on-put", prefault=True):
         from mooncake.store import MooncakeDistributedStore, ReplicaStatus
 
         if policy not in POLICIES:
@@ -127,7 +127,7 @@ class Bridge:
 
         # Prefaulted: a transfer into the pool never pays a first-touch page fault (an import into
         # fresh pages took twice as long as the same read into warm memory).
-        self.pool = cxlkv.Pool.open(pool_spec, prefault=True)
+        self.pool = cxlkv.Pool.open(pool_spec, prefault=prefault)
         self.me = self.pool.attach(tenant=tenant, salt=salt) if tenant else self.pool.attach()
         self.prefix = "cxlkv/%s/%s/" % (model, tenant or "default")
         self.block_size = self.pool.block_size
