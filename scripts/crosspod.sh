@@ -2,6 +2,8 @@
 # The cross-pod tier (docs/CROSSPOD.md) against a real Mooncake Store, on one machine.
 #   scripts/crosspod.sh test [VENV]    the end-to-end checks of issue #25 (python/tests/crosspod_pods.py)
 #   scripts/crosspod.sh bench [VENV]   the import benchmark (benches/crosspod/import.py)
+#   scripts/crosspod.sh lmcache [VENV] LMCache in pod A stores chunks, LMCache in pod B finds them
+#                                      (python/tests/crosspod_lmcache.py; VENV needs torch and lmcache)
 # VENV (default: the test command's target/py-venv) must have the cxlkv package installed
 # (pip install ./python); this script adds mooncake-transfer-engine-non-cuda (pinned) from PyPI
 # unless CXLKV_CROSSPOD_NO_INSTALL=1, and needs Debian's libibverbs1 (scripts/setup.sh's list).
@@ -17,8 +19,9 @@ what="${1:-test}"
 case "$what" in
     test) driver=python/tests/crosspod_pods.py ;;
     bench) driver=benches/crosspod/import.py ;;
+    lmcache) driver=python/tests/crosspod_lmcache.py ;;
     *)
-        echo "usage: scripts/crosspod.sh test|bench [VENV]" >&2
+        echo "usage: scripts/crosspod.sh test|bench|lmcache [VENV]" >&2
         exit 2
         ;;
 esac
@@ -40,6 +43,10 @@ if [ "${CXLKV_CROSSPOD_INSIDE:-0}" != 1 ]; then
     fi
     if ! "$py" -c "import mooncake.store" 2>/dev/null; then
         echo "crosspod: SKIP: Mooncake Store does not import ($MOONCAKE; it needs Debian's libibverbs1)" >&2
+        exit 0
+    fi
+    if [ "$what" = lmcache ] && ! "$py" -c "import torch, lmcache" 2>/dev/null; then
+        echo "crosspod: SKIP: torch and lmcache do not import in $venv (scripts/setup-engines.sh)" >&2
         exit 0
     fi
     if ! unshare -rn true 2>/dev/null; then

@@ -107,12 +107,18 @@ impl PyPool {
         })
     }
 
-    /// Opens the pool on `spec`, validating its superblock.
+    /// Opens the pool on `spec`, validating its superblock. `prefault=True` faults every page of
+    /// this process's mapping in now (writable), so that no later first touch pays a page fault:
+    /// what the cross-pod bridge does before it lends the mapping to Mooncake's transfers.
     #[staticmethod]
-    fn open(py: Python<'_>, spec: String) -> PyResult<PyPool> {
+    #[pyo3(signature = (spec, prefault=false))]
+    fn open(py: Python<'_>, spec: String, prefault: bool) -> PyResult<PyPool> {
         let b = backend(&spec)?;
-        let pool =
-            py.detach(|| Pool::open_on(&b, &RegionOptions::default()).map_err(Fail::from))?;
+        let opts = RegionOptions {
+            prefault,
+            ..RegionOptions::default()
+        };
+        let pool = py.detach(|| Pool::open_on(&b, &opts).map_err(Fail::from))?;
         Ok(PyPool {
             pool: RwLock::new(Some(pool)),
             spec,

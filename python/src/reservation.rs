@@ -138,16 +138,24 @@ impl PyReservation {
     }
 
     /// Checksums the payload in place and publishes it under its key (a `put` of the reserved
-    /// length in the metrics). BufferError while views are exported; ClosedError once finished.
-    fn commit(&self, py: Python<'_>) -> PyResult<()> {
+    /// length in the metrics). With `length`, only the first `length` bytes are the block; with
+    /// `crc`, it publishes only if their CRC-32C is `crc`, else BadInputError and the block is
+    /// freed (one pass over the bytes checks them and makes the block's checksum). BufferError
+    /// while views are exported; ClosedError once finished.
+    #[pyo3(signature = (length=None, crc=None))]
+    fn commit(&self, py: Python<'_>, length: Option<u64>, crc: Option<u32>) -> PyResult<()> {
         let Some(h) = self.finish()? else {
             return Err(Fail::new(Code::InvalidHandle, "the reservation was finished").into());
         };
         py.detach(|| {
-            h.participant
-                .commit_raw(h.raw)
-                .map(drop)
-                .map_err(Fail::from)
+            let r = match (length, crc) {
+                (None, None) => h.participant.commit_raw(h.raw),
+                _ => {
+                    let len = length.unwrap_or(h.raw.len());
+                    h.participant.commit_raw_prefix(h.raw, len, crc)
+                }
+            };
+            r.map(drop).map_err(Fail::from)
         })?;
         Ok(())
     }
@@ -173,7 +181,7 @@ impl PyReservation {
         _tb: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
         if t.is_none() && self.open() {
-            self.commit(py)?;
+            self.commit(py, None, None)?;
         } else {
             self.abort()?;
         }

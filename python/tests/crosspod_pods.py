@@ -21,7 +21,8 @@ import cxlkv
 BLOCK = 256 << 10
 PY = sys.executable
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TENANTS = {"t1": b"salt-one", "t2": b"salt-two"}
+TENANTS = {"t1": b"salt-one", "t2": b"salt-two", "t3": b"salt-three"}
+SERVED = ("t1", "t2")  # tenants whose bridges start with the pods (t3's start in check 7)
 procs = []  # (name, Popen): stopped by pid at the end
 results = []
 
@@ -62,17 +63,17 @@ def stop(p):
 
 
 class Pod:
-    def __init__(self, name, work, master, size=192 << 20, segment_mib=96):
+    def __init__(self, name, work, master, size=192 << 20, segment_mib=96, block=BLOCK + 4096,
+                 served=SERVED):
         self.name, self.work, self.master = name, work, master
         self.spec = "shm:cxlkv-xp-%s-%d" % (name, os.getpid())
-        self.pool = cxlkv.Pool.create(self.spec, size, block_size=BLOCK + 4096,
-                                      participants=16)
+        self.pool = cxlkv.Pool.create(self.spec, size, block_size=block, participants=16)
         for t in TENANTS:
             self.pool.declare_tenant(t)
         self.segment_mib = segment_mib
         self.log = open(os.path.join(work, "pod-%s.log" % name), "w")
         self.bridges = {}
-        for t in TENANTS:
+        for t in served:
             self.start_bridge(t)
 
     def sock(self, tenant):
@@ -81,11 +82,12 @@ class Pod:
     def pid_file(self, tenant):
         return os.path.join(self.work, "%s-%s.pid" % (self.name, tenant))
 
-    def start_bridge(self, tenant):
+    def start_bridge(self, tenant, publish="on-put"):
         env = dict(os.environ, CXLKV_CROSSPOD_TEST_PAUSE=os.path.join(self.work, "pause-%s" % self.name))
         argv = [PY, "-m", "cxlkv.crosspod", "serve", "--pool", self.spec, "--master", self.master,
                 "--socket", self.sock(tenant), "--tenant", tenant, "--salt", TENANTS[tenant].hex(),
-                "--model", "smollm2", "--segment-mib", str(self.segment_mib), "--pid-file", self.pid_file(tenant)]
+                "--model", "smollm2", "--segment-mib", str(self.segment_mib),
+                "--pid-file", self.pid_file(tenant), "--publish", publish]
         self.bridges[tenant] = start("bridge %s/%s" % (self.name, tenant), argv, self.log, env)
         self.wait_bridge(tenant)
 
@@ -114,7 +116,7 @@ class Pod:
                    "args = json.loads(sys.stdin.read())\n"
                    "keys = [cxlkv.Key(int(k)) for k in args.get('keys', [])]\n"
                    "out = None\n") % (self.spec, tenant, TENANTS[tenant])
-        env = dict(os.environ)
+        env = dict(os.environ, CXLKV_CROSSPOD_WRITE_BACK_MS="2000")
         env.pop("CXLKV_CROSSPOD_SOCKET", None)
         if crosspod:
             env["CXLKV_CROSSPOD_SOCKET"] = self.sock(tenant)
@@ -144,6 +146,31 @@ for k in keys:
 LOOKUP = "out = me.lookup_prefix(keys)"
 LOOKUP_AND_DIGESTS = "n = me.lookup_prefix(keys)\n" + DIGESTS + "\nout = [n, out]"
 DELETE = "out = sum(bool(me.delete(k)) for k in keys)"
+# Puts `keys`, then (with the pod's bridge stopped by SIGSTOP, pid `stop`) the keys `more`;
+# `out`: for each round, the slowest put (s) and this process's write-back counts by result so far.
+PUT_WRITE_BACKS = """
+import os, re, signal, time
+def puts(ks, first):
+    slowest = 0.0
+    for i, k in enumerate(ks):
+        rng = np.random.default_rng(args['seed'] * 1000 + first + i)
+        v = rng.integers(0, 256, args['size'], np.uint8)
+        t = time.perf_counter()
+        me.put(k, v)
+        slowest = max(slowest, time.perf_counter() - t)
+    found = re.findall(r'cxlkv_crosspod_write_backs_total\\{result="(\\w+)"\\} (\\S+)',
+                       cxlkv.metrics_text())
+    return [slowest, {r: int(float(n)) for r, n in found if float(n)}]
+out = puts(keys, 0)
+# The stuck bridge meets the default timeout (the first round's longer one only keeps a loaded
+# machine from failing the check).
+del os.environ['CXLKV_CROSSPOD_WRITE_BACK_MS']
+os.kill(args['stop'], signal.SIGSTOP)
+try:
+    out += puts([cxlkv.Key(int(k)) for k in args['more']], len(keys))
+finally:
+    os.kill(args['stop'], signal.SIGCONT)
+"""
 
 
 def expected(seed, n, size=BLOCK):
@@ -191,7 +218,7 @@ def main():
     addr = "127.0.0.1:%d" % port
     a, b = Pod("a", work, addr), Pod("b", work, addr)
     print("work dir %s; master pid %d; bridges %s" % (
-        work, master.pid, {"%s/%s" % (p.name, t): p.bridge_pid(t) for p in (a, b) for t in TENANTS}),
+        work, master.pid, {"%s/%s" % (p.name, t): p.bridge_pid(t) for p in (a, b) for t in SERVED}),
         flush=True)
     try:
         run_checks(a, b, work, master_exe, port, mlog)
@@ -309,6 +336,31 @@ def run_checks(a, b, work, master_exe, port, mlog):
         return ok, "master down: B's local hits %d byte-exact %s; after restart publish %s, B found %d" % (
             local[0], local[1] == expected(1, 8), pub, n)
 
+    def seven():
+        for p in (a, b):
+            p.start_bridge("t3", publish="on-eviction")
+        a.pool.set_tenant_quota("t3", 4)
+        keys = chain("seven", "t3", 10)
+        # 8 puts under a quota of 4: the last 4 each evict the least recent, keys[0..4], which
+        # are written back. Then A's bridge is stopped (SIGSTOP: stuck) for 2 more puts: the
+        # first eviction waits out the timeout, the next one does not wait at all, and both
+        # blocks are dropped as without the tier.
+        slow, wb, slow2, wb2 = a.call("t3", PUT_WRITE_BACKS, keys=keys[:8], seed=10, size=BLOCK,
+                                      more=[str(int(k)) for k in keys[8:]],
+                                      stop=a.bridge_pid("t3"))
+        left = a.call("t3", LOOKUP, crosspod=False, keys=keys[:4])
+        n, digests = b.call("t3", LOOKUP_AND_DIGESTS, keys=keys[:4])
+        gone = b.call("t3", LOOKUP, keys=keys[4:6])
+        written = stat(a, "t3").get("written_back")
+        ok = (wb == {"published": 4} and left == 0 and n == 4 and digests == expected(10, 4)
+              and written == 4 and wb2 == {"published": 4, "timeout": 1, "quiet": 1}
+              and slow2 < 0.5 and gone == 0)
+        return ok, ("A evicted 4 of 8 under quota 4: write-backs %s (slowest put %.0f ms), A still "
+                    "holds %d of them; B found %d byte-exact %s; A's bridge wrote back %s. A's "
+                    "bridge stopped for 2 more puts: write-backs %s, slowest put %.0f ms; B finds "
+                    "%d of those 2 victims") % (
+            wb, slow * 1e3, left, n, digests == expected(10, 4), written, wb2, slow2 * 1e3, gone)
+
     def eight():
         k1 = chain("eight", "t1", 4)
         k2 = chain("eight", "t2", 4)
@@ -340,6 +392,7 @@ def run_checks(a, b, work, master_exe, port, mlog):
     check(4, "pod A's bridge SIGKILLed: B gets misses, never wrong bytes; pool check passes", four)
     check(5, "B's bridge SIGKILLed mid-import: nothing half-visible, pool check passes", five)
     check(6, "master restarted: local hits keep working, cross-pod hits return", six)
+    check(7, "eviction in pod A with write-back: the block is still found from pod B", seven)
     check(8, "tenants across pods never see each other's keys", eight)
     check(9, "(extra) bad requests are refused and the bridge keeps serving", bad_input)
 

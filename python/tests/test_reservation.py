@@ -47,6 +47,23 @@ def test_reserve_write_in_place_then_commit(me):
     assert (after["ok"] - before["ok"], after["bytes_in"] - before["bytes_in"]) == (3, 174)
 
 
+def test_commit_of_a_checked_prefix(me):
+    body = bytes(range(100))
+    r = me.reserve("p-1", 116)  # a payload and its 16-byte trailer, read in one piece
+    with memoryview(r) as m:
+        m[:100] = body
+        m[100:] = b"\xff" * 16
+    r.commit(length=100, crc=cxlkv.crc32c(body))
+    assert me.get("p-1") == body
+    r = me.reserve("p-2", 100)
+    with memoryview(r) as m:
+        m[:] = body
+    with pytest.raises(cxlkv.BadInputError):
+        r.commit(length=100, crc=cxlkv.crc32c(body) ^ 1)
+    assert me.get("p-2") is None and not r.open
+    r.abort()  # already finished: nothing to do
+
+
 def test_abort_and_refusals(me):
     with pytest.raises(RuntimeError):
         with me.reserve("r-4", 10) as r4:

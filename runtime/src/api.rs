@@ -152,9 +152,10 @@ impl From<&PoolError> for Code {
             | PoolError::SuperblockCrc { .. }
             | PoolError::Geometry(_)
             | PoolError::UnsupportedCoherence(_) => Code::BadPool,
-            PoolError::BadConfig(_) | PoolError::EmptyKeyChain | PoolError::BadKvBlock(_) => {
-                Code::InvalidArg
-            }
+            PoolError::BadConfig(_)
+            | PoolError::EmptyKeyChain
+            | PoolError::BadKvBlock(_)
+            | PoolError::PayloadCrc(..) => Code::InvalidArg,
             PoolError::PayloadTooLarge { .. } => Code::PayloadTooLarge,
             PoolError::BufferTooSmall { .. } => Code::BufferTooSmall,
             PoolError::NoFreeParticipant(_) => Code::NoParticipantSlot,

@@ -14,11 +14,23 @@
 //! hang. A fresh connection per request makes reconnecting after a bridge restart automatic. The
 //! answer is never trusted beyond the chain it was asked about, and the caller re-checks its own
 //! pool for what the bridge says it imported.
+//!
+//! Write-back (the bridge's `--publish on-eviction` policy): a participant about to evict a
+//! committed block calls [`write_back`] while the block is still indexed, under its owner lock, so
+//! its space cannot be reused yet. The request names the key; the bridge pins the block (the pin
+//! keeps it from reuse even past our timeout), publishes it from pool memory and answers. The
+//! eviction waits at most [`WRITE_BACK_TIMEOUT`], connecting included; past it, or with no bridge,
+//! the block is dropped as without the tier; the eviction counts the result in the process
+//! metrics (`cxlkv_crosspod_write_backs_total`). After a timeout evictions do not ask for
+//! [`QUIET_AFTER_TIMEOUT`], so a stuck bridge costs one wait per interval, not one per put.
 
 use crate::key::Key;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 /// The environment variable naming the bridge's Unix socket.
 pub const SOCKET_ENV: &str = "CXLKV_CROSSPOD_SOCKET";
@@ -26,6 +38,64 @@ pub const SOCKET_ENV: &str = "CXLKV_CROSSPOD_SOCKET";
 pub const TIMEOUT_ENV: &str = "CXLKV_CROSSPOD_TIMEOUT_MS";
 /// How long a lookup waits for the bridge before it counts the rest of the chain as a miss.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(2000);
+
+/// How a write-back of an evicted block ended ([`write_back`]; the `result` label of
+/// `cxlkv_crosspod_write_backs_total` in [`crate::metrics`]). Every result but `Published` and `Off`
+/// is a failure: the block was dropped as without the tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WriteBack {
+    /// The bridge published the block before its space was reused.
+    Published,
+    /// The bridge answered but did not publish it (a store error, the block gone); its own
+    /// metrics say why.
+    NotPublished,
+    /// The bridge's policy does not write back (`--publish on-put` or `never`): not a failure.
+    Off,
+    /// No bridge listens on the socket.
+    NoBridge,
+    /// The bridge did not answer within the write-back timeout.
+    Timeout,
+    /// The bridge answered something else than `ok N` or `off`.
+    BadAnswer,
+    /// Not asked: a bridge timed out shortly before, so evictions do not wait on it for a while.
+    Quiet,
+}
+
+impl WriteBack {
+    /// Every result, in label order.
+    pub const ALL: [WriteBack; 7] = [
+        WriteBack::Published,
+        WriteBack::NotPublished,
+        WriteBack::Off,
+        WriteBack::NoBridge,
+        WriteBack::Timeout,
+        WriteBack::BadAnswer,
+        WriteBack::Quiet,
+    ];
+
+    /// The `result` label's value.
+    pub fn name(self) -> &'static str {
+        match self {
+            WriteBack::Published => "published",
+            WriteBack::NotPublished => "not_published",
+            WriteBack::Off => "off",
+            WriteBack::NoBridge => "no_bridge",
+            WriteBack::Timeout => "timeout",
+            WriteBack::BadAnswer => "bad_answer",
+            WriteBack::Quiet => "quiet",
+        }
+    }
+}
+
+/// The environment variable overriding [`WRITE_BACK_TIMEOUT`] (milliseconds).
+pub const WRITE_BACK_TIMEOUT_ENV: &str = "CXLKV_CROSSPOD_WRITE_BACK_MS";
+/// How long an eviction waits for the bridge to publish its victim, connecting included. It is
+/// spent under the evicting participant's owner lock, so it is short.
+pub const WRITE_BACK_TIMEOUT: Duration = Duration::from_millis(100);
+/// After a write-back timed out, evictions of this process do not ask the bridge for this long.
+pub const QUIET_AFTER_TIMEOUT: Duration = Duration::from_secs(1);
+/// After the bridge said its policy does not write back, evictions do not ask for this long.
+const QUIET_AFTER_OFF: Duration = Duration::from_secs(10);
 
 /// The request line for `rest`: `import <count> <key>...`, keys as 32 hex digits.
 pub fn request_line(rest: &[Key]) -> String {
@@ -63,16 +133,129 @@ pub fn extend<E>(rest: &[Key], present: impl Fn(Key) -> Result<bool, E>) -> Resu
     Ok(said)
 }
 
+/// Offers the block under `key`, about to be evicted, to the bridge named by the environment for
+/// write-back (see the module documentation); `None` with no bridge configured. Whatever the
+/// result, the caller evicts the block afterwards: this only decides whether a copy survives in
+/// the store. The caller counts the result in the process metrics.
+pub fn write_back(key: Key) -> Option<WriteBack> {
+    let path = std::env::var(SOCKET_ENV).ok().filter(|p| !p.is_empty())?;
+    let now = clock_ms();
+    let result = match Quiet::get(now) {
+        Some(why) => why,
+        None => {
+            let limit = env_ms(WRITE_BACK_TIMEOUT_ENV, WRITE_BACK_TIMEOUT);
+            let r = offer(&path, key, limit);
+            match r {
+                WriteBack::Timeout => Quiet::set(now, QUIET_AFTER_TIMEOUT, WriteBack::Quiet),
+                WriteBack::Off => Quiet::set(now, QUIET_AFTER_OFF, WriteBack::Off),
+                _ => {}
+            }
+            r
+        }
+    };
+    Some(result)
+}
+
+/// The write-back request for `key` and how its answer reads: `ok 1` published, `ok 0` not, `off`
+/// the bridge's policy does not write back.
+fn offer(path: &str, key: Key, limit: Duration) -> WriteBack {
+    let deadline = Instant::now() + limit;
+    let mut stream = match connect_within(path, limit) {
+        Ok(s) => s,
+        Err(e) if is_timeout(&e) => return WriteBack::Timeout,
+        Err(_) => return WriteBack::NoBridge,
+    };
+    let line = format!("writeback 1 {:032x}\n", key.0);
+    match read_answer(&mut stream, line.as_bytes(), deadline) {
+        Err(e) if is_timeout(&e) => WriteBack::Timeout,
+        Err(_) => WriteBack::BadAnswer,
+        Ok(a) if a.trim() == "off" => WriteBack::Off,
+        Ok(a) => match parse_answer(&a, 1) {
+            Some(1) => WriteBack::Published,
+            Some(_) => WriteBack::NotPublished,
+            None => WriteBack::BadAnswer,
+        },
+    }
+}
+
+/// Sends `request` and reads one answer line of at most 64 bytes (an answer is a few bytes: a
+/// bridge that streams more is not one), all before `deadline`.
+fn read_answer(
+    stream: &mut UnixStream,
+    request: &[u8],
+    deadline: Instant,
+) -> std::io::Result<String> {
+    let left = || {
+        deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::TimedOut))
+    };
+    stream.set_write_timeout(Some(left()?))?;
+    stream.write_all(request)?;
+    let mut buf = Vec::with_capacity(64);
+    let mut part = [0u8; 64];
+    while !buf.ends_with(b"\n") {
+        stream.set_read_timeout(Some(left()?))?;
+        let n = stream.read(&mut part[..64 - buf.len()])?;
+        if n == 0 || buf.len() + n >= 64 && !part[..n].contains(&b'\n') {
+            return Err(std::io::ErrorKind::InvalidData.into());
+        }
+        buf.extend_from_slice(&part[..n]);
+    }
+    String::from_utf8(buf).map_err(|_| std::io::ErrorKind::InvalidData.into())
+}
+
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
+}
+
+/// Write-back is paused in this process until a moment (milliseconds of [`clock_ms`]), for a
+/// reason counted in place of each offer it skips.
+struct Quiet;
+
+static QUIET_UNTIL_MS: AtomicU64 = AtomicU64::new(0);
+static QUIET_WHY: AtomicU8 = AtomicU8::new(0);
+
+impl Quiet {
+    fn get(now: u64) -> Option<WriteBack> {
+        if now >= QUIET_UNTIL_MS.load(Ordering::Relaxed) {
+            return None;
+        }
+        Some(WriteBack::ALL[usize::from(QUIET_WHY.load(Ordering::Relaxed))])
+    }
+
+    fn set(now: u64, span: Duration, why: WriteBack) {
+        QUIET_WHY.store(why as u8, Ordering::Relaxed);
+        let span = u64::try_from(span.as_millis()).unwrap_or(u64::MAX);
+        QUIET_UNTIL_MS.store(now.saturating_add(span), Ordering::Relaxed);
+    }
+}
+
+/// Milliseconds since this process first asked, from a monotonic clock.
+fn clock_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    let ms = START.get_or_init(Instant::now).elapsed().as_millis();
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
 fn timeout() -> Duration {
-    std::env::var(TIMEOUT_ENV)
+    env_ms(TIMEOUT_ENV, DEFAULT_TIMEOUT)
+}
+
+fn env_ms(var: &str, default: Duration) -> Duration {
+    std::env::var(var)
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
         .filter(|&ms| ms > 0)
-        .map_or(DEFAULT_TIMEOUT, Duration::from_millis)
+        .map_or(default, Duration::from_millis)
 }
 
 fn ask(path: &str, rest: &[Key], limit: Duration) -> Option<usize> {
-    let mut stream = UnixStream::connect(path).ok()?;
+    let mut stream = connect_within(path, limit).ok()?;
     stream.set_read_timeout(Some(limit)).ok()?;
     stream.set_write_timeout(Some(limit)).ok()?;
     stream.write_all(request_line(rest).as_bytes()).ok()?;
@@ -80,6 +263,62 @@ fn ask(path: &str, rest: &[Key], limit: Duration) -> Option<usize> {
     // An answer is a few bytes: a bridge that streams more is not one.
     BufReader::new(stream.take(64)).read_line(&mut line).ok()?;
     parse_answer(&line, rest.len())
+}
+
+/// Connects to the Unix socket at `path`, waiting at most `limit` (at least 1 ms) for a bridge
+/// whose queue of unaccepted connections is full (a stopped or stuck bridge): the connect of
+/// `UnixStream` would wait without end there. The limit is the socket's send timeout, which Linux
+/// applies to a Unix stream connect; expired, the connect fails with `EAGAIN` (a timeout).
+fn connect_within(path: &str, limit: Duration) -> std::io::Result<UnixStream> {
+    // SAFETY: `sockaddr_un` is a plain C struct for which all zeroes is a valid (empty) value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let name = path.as_bytes();
+    // One byte stays zero: the path's terminator.
+    if name.is_empty() || name.len() >= addr.sun_path.len() || name.contains(&0) {
+        return Err(std::io::ErrorKind::InvalidInput.into());
+    }
+    for (d, &c) in addr.sun_path.iter_mut().zip(name) {
+        *d = c as libc::c_char;
+    }
+    // SAFETY: `socket` takes no pointers; its result is checked before use.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a descriptor just opened here and owned by nothing else; `OwnedFd` closes it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let limit = limit.max(Duration::from_millis(1));
+    let tv = libc::timeval {
+        tv_sec: libc::time_t::try_from(limit.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_usec: libc::suseconds_t::from(limit.subsec_micros() as i32),
+    };
+    use std::os::fd::AsRawFd;
+    // SAFETY: `tv` outlives the call and its exact size is passed; `fd` is an open socket.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
+            std::ptr::from_ref(&tv).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `addr` is an initialised `sockaddr_un` that outlives the call, its size passed.
+    let rc = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            std::ptr::from_ref(&addr).cast(),
+            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(UnixStream::from(fd))
 }
 
 #[cfg(test)]
@@ -157,5 +396,106 @@ mod tests {
         );
         assert_eq!(serve.join().unwrap(), request_line(&[Key(7), Key(8)]));
         let _ = std::fs::remove_file(&path);
+    }
+
+    /// A one-request bridge on a fresh socket that answers `answer` (or stays silent for
+    /// `hold`); returns the socket path and the thread, which yields the request it read.
+    fn bridge(
+        tag: &str,
+        answer: &'static [u8],
+        hold: Duration,
+    ) -> (String, std::thread::JoinHandle<String>) {
+        let path =
+            std::env::temp_dir().join(format!("cxlkv-crosspod-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).unwrap();
+        let serve = std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            let mut r = BufReader::new(s);
+            let mut line = String::new();
+            r.read_line(&mut line).unwrap();
+            std::thread::sleep(hold);
+            let _ = r.get_mut().write_all(answer);
+            line
+        });
+        (path.to_str().unwrap().to_string(), serve)
+    }
+
+    #[test]
+    fn write_back_reads_each_answer() {
+        let cases: [(&str, &'static [u8], WriteBack); 5] = [
+            ("wb-ok", b"ok 1\n", WriteBack::Published),
+            ("wb-none", b"ok 0\n", WriteBack::NotPublished),
+            ("wb-off", b"off\n", WriteBack::Off),
+            ("wb-many", b"ok 2\n", WriteBack::BadAnswer),
+            ("wb-err", b"err no\n", WriteBack::BadAnswer),
+        ];
+        for (tag, answer, want) in cases {
+            let (path, serve) = bridge(tag, answer, Duration::ZERO);
+            assert_eq!(offer(&path, Key(9), WRITE_BACK_TIMEOUT), want, "{tag}");
+            assert_eq!(serve.join().unwrap(), format!("writeback 1 {:032x}\n", 9));
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+
+    #[test]
+    fn a_slow_or_absent_bridge_does_not_hold_an_eviction() {
+        let (path, serve) = bridge("wb-slow", b"ok 1\n", Duration::from_millis(600));
+        let t = Instant::now();
+        assert_eq!(
+            offer(&path, Key(9), Duration::from_millis(100)),
+            WriteBack::Timeout
+        );
+        assert!(
+            t.elapsed() < Duration::from_millis(450),
+            "{:?}",
+            t.elapsed()
+        );
+        serve.join().unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(
+            offer(&path, Key(9), WRITE_BACK_TIMEOUT),
+            WriteBack::NoBridge
+        );
+    }
+
+    #[test]
+    fn a_bridge_that_accepts_nothing_times_out_on_connect() {
+        let path = std::env::temp_dir().join(format!("cxlkv-crosspod-full-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).unwrap();
+        use std::os::fd::AsRawFd;
+        // SAFETY: `listen` on the listener's own open socket takes no pointers; it lowers the
+        // backlog to 0, so that the queue of unaccepted connections fills after one.
+        assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+        // Fill its queue of unaccepted connections.
+        let mut held = Vec::new();
+        let t = loop {
+            let t = Instant::now();
+            match connect_within(path.to_str().unwrap(), Duration::from_millis(100)) {
+                Ok(s) => held.push(s),
+                Err(e) => break (t, e),
+            }
+            assert!(held.len() < 64, "the queue never filled");
+        };
+        assert!(is_timeout(&t.1), "{:?}", t.1);
+        assert!(
+            t.0.elapsed() < Duration::from_millis(450),
+            "{:?}",
+            t.0.elapsed()
+        );
+        drop((held, listener));
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn quiet_skips_offers_until_it_ends() {
+        Quiet::set(1_000, QUIET_AFTER_TIMEOUT, WriteBack::Quiet);
+        assert_eq!(Quiet::get(1_500), Some(WriteBack::Quiet));
+        assert_eq!(Quiet::get(2_000), None);
+        Quiet::set(1_000, QUIET_AFTER_OFF, WriteBack::Off);
+        assert_eq!(Quiet::get(10_999), Some(WriteBack::Off));
+        assert_eq!(Quiet::get(11_000), None);
+        Quiet::set(0, Duration::ZERO, WriteBack::Quiet);
     }
 }

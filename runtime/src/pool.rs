@@ -84,6 +84,10 @@ pub enum PoolError {
         /// Block capacity.
         capacity: u64,
     },
+    /// A reservation committed with an expected CRC-32C (the first value) that its bytes do not
+    /// have (their CRC-32C, the second).
+    #[error("payload CRC-32C {1:#010x} is not the expected {0:#010x}; nothing was published")]
+    PayloadCrc(u32, u32),
     /// The caller's buffer cannot hold the block.
     #[error("buffer of {capacity} bytes is too small for a block of {needed} bytes")]
     BufferTooSmall {

@@ -196,6 +196,43 @@ fn reserve_commit_and_abandon() {
 }
 
 #[test]
+fn a_prefix_commit_publishes_its_bytes_only_and_only_with_their_crc() {
+    let pool = pool(4 << 20, 8192, 1, 1000);
+    let a = pool.attach().unwrap();
+    let body = [5u8; 100];
+    let crc = cxlkv_runtime::format::crc32c(&body);
+    // A payload and a 16-byte trailer read in one piece: the block is the payload alone.
+    let k = Key::from_bytes(b"prefix");
+    let mut r = a.reserve(k, 116, cxlkv_runtime::Codec::Raw).unwrap();
+    r.write(0, &body).unwrap();
+    r.write(100, &[9u8; 16]).unwrap();
+    r.commit_prefix(100, Some(crc)).unwrap();
+    assert_eq!(a.get(k).unwrap().unwrap().0, body.to_vec());
+    // A wrong checksum publishes nothing and frees the block.
+    let before = a.live_blocks();
+    let bad = Key::from_bytes(b"bad");
+    let mut r = a.reserve(bad, 100, cxlkv_runtime::Codec::Raw).unwrap();
+    r.write(0, &body).unwrap();
+    let e = r.commit_prefix(100, Some(crc ^ 1)).unwrap_err();
+    assert!(
+        matches!(e, PoolError::PayloadCrc(x, y) if x == crc ^ 1 && y == crc),
+        "{e}"
+    );
+    assert!(a.get(bad).unwrap().is_none());
+    assert_eq!(a.live_blocks(), before);
+    // Longer than reserved: refused.
+    let r = a.reserve(bad, 10, cxlkv_runtime::Codec::Raw).unwrap();
+    assert!(matches!(
+        r.commit_prefix(11, None),
+        Err(PoolError::PayloadTooLarge {
+            len: 11,
+            capacity: 10
+        })
+    ));
+    assert!(a.get(bad).unwrap().is_none());
+}
+
+#[test]
 fn dead_participant_is_taken_over_and_its_blocks_stay() {
     let pool = pool(8 << 20, 4096, 2, 20);
     let no_hb = AttachOptions {

@@ -4,7 +4,7 @@
 //! mooncake packages). `stat` asks a running bridge for its metrics over its socket.
 
 use super::{Error, Result};
-use clap::Subcommand;
+use clap::{Subcommand, ValueEnum};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
@@ -45,6 +45,15 @@ pub enum CrosspodCommand {
         /// Where the running bridge writes its pid.
         #[arg(long, value_name = "PATH")]
         pid_file: Option<String>,
+        /// When blocks are published: writers' publish requests (on-put, the default), evictions
+        /// (on-eviction: write-back, asked by the runtime of each participant that evicts),
+        /// both, or never.
+        #[arg(long, value_name = "POLICY")]
+        publish: Option<Publish>,
+        /// Do not fault the pool's pages in at start (a pool too large to fault in; imports then
+        /// pay first-touch page faults).
+        #[arg(long)]
+        no_prefault: bool,
     },
     /// Print a running bridge's metrics: published, imported, bytes, failures by reason, import
     /// latency and where it goes.
@@ -56,6 +65,19 @@ pub enum CrosspodCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// When a bridge publishes blocks (`--publish`; docs/CROSSPOD.md).
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Publish {
+    /// When a writer asks (`publish` requests).
+    OnPut,
+    /// When a participant evicts a block (write-back).
+    OnEviction,
+    /// Both.
+    Both,
+    /// Never.
+    Never,
 }
 
 /// Runs one `crosspod` subcommand.
@@ -71,6 +93,8 @@ pub fn run(command: CrosspodCommand) -> Result<ExitCode> {
             model,
             segment_mib,
             pid_file,
+            publish,
+            no_prefault,
         } => {
             let mut args = vec![
                 "--pool".to_owned(),
@@ -87,11 +111,18 @@ pub fn run(command: CrosspodCommand) -> Result<ExitCode> {
                 ("--model", model),
                 ("--segment-mib", segment_mib.map(|n| n.to_string())),
                 ("--pid-file", pid_file),
+                (
+                    "--publish",
+                    publish.and_then(|p| Some(p.to_possible_value()?.get_name().to_owned())),
+                ),
             ];
             for (flag, value) in optional {
                 if let Some(v) = value {
                     args.extend([flag.to_owned(), v]);
                 }
+            }
+            if no_prefault {
+                args.push("--no-prefault".to_owned());
             }
             serve(&args)
         }
@@ -152,9 +183,13 @@ pub fn print_tier() {
 fn render(m: &serde_json::Value) -> String {
     let n = |k: &str| m.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
     let mut out = String::new();
+    if let Some(policy) = m.get("policy").and_then(serde_json::Value::as_str) {
+        out.push_str(&format!("{:<18} {policy}\n", "publish_policy"));
+    }
     for k in [
         "published",
         "published_bytes",
+        "written_back",
         "imported",
         "imported_bytes",
         "import_requests",
@@ -199,12 +234,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn publish_policies_are_passed_by_their_bridge_names() {
+        let names: Vec<_> = Publish::value_variants()
+            .iter()
+            .map(|p| p.to_possible_value().unwrap().get_name().to_owned())
+            .collect();
+        assert_eq!(names, ["on-put", "on-eviction", "both", "never"]);
+    }
+
+    #[test]
     fn render_shows_counts_latency_and_failures() {
-        let m = serde_json::json!({"published": 3, "imported": 2, "import_requests": 2,
+        let m = serde_json::json!({"policy": "on-eviction", "published": 3, "written_back": 1,
+            "imported": 2, "import_requests": 2,
             "import_ns_total": 4_000_000, "import_ns_max": 3_000_000,
             "import_phase_ns": {"read": 2_000_000}, "failures": {"store_error": 1}});
         let text = render(&m);
         assert!(text.contains("imported           2\n"), "{text}");
+        assert!(text.contains("publish_policy     on-eviction\n"), "{text}");
+        assert!(text.contains("written_back       1\n"), "{text}");
         assert!(text.contains("mean 2000 us, max 3000 us"), "{text}");
         assert!(text.contains("failures.store_error 1"), "{text}");
         assert!(text.contains("phase.read         mean 1000 us"), "{text}");

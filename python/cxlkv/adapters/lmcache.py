@@ -28,7 +28,9 @@ and payload in one object, a chunk larger than a block was copied out of the poo
 into the chunk. `batched_async_contains` is one `lookup_prefix` over the request's header keys
 (LMCache chains its chunk hashes, so the leading present keys are the cached prefix), pinning them
 when asked (a pool pin of the payload, or a private copy of a payload larger than a block: pins
-hold one block). Any process attached to the pool finds the chunks another process put.
+hold one block). Any process attached to the pool finds the chunks another process put; with the
+cross-pod tier configured (`CXLKV_CROSSPOD_SOCKET`), the lookup also imports the chunks other pods
+published (payload and header, each a single block: chunks larger than a block stay pod-local).
 
 Tenants (`cxlkv.adapters._tenant`): with `cxlkv.tenant`, the plugin attaches as that pool tenant
 (its quota; it reads only its tenant's and the public chunks), and its keys are salted with the
@@ -39,6 +41,7 @@ tenant's secret and a chunk's `cache_salt` tag, if LMCache's key carries one (LM
 from __future__ import annotations
 
 import asyncio
+import os
 import struct
 import threading
 from concurrent.futures import Future
@@ -301,10 +304,20 @@ class CxlkvStorageBackend(StoragePluginInterface):
                 self._unpin_locked(k)
         return out
 
+    def _found(self, keys: List[CacheEngineKey]) -> int:
+        """How many leading chunks of `keys` the pool holds: one `lookup_prefix` over their header
+        keys. With a cross-pod bridge (`CXLKV_CROSSPOD_SOCKET`, docs/CROSSPOD.md), over each
+        chunk's payload key then its header key instead: the lookup imports what the pod lacks
+        from the store, and a chain of headers alone would bring headers whose payloads stayed in
+        the other pod."""
+        if os.environ.get("CXLKV_CROSSPOD_SOCKET"):
+            return self.me.lookup_prefix([x for k in keys for x in self._keys(k)]) // 2
+        return self.me.lookup_prefix([self._head_key(k) for k in keys])
+
     async def batched_async_contains(
         self, lookup_id: str, keys: List[CacheEngineKey], pin: bool = False
     ) -> int:
-        n = self.me.lookup_prefix([self._head_key(k) for k in keys])
+        n = self._found(keys)
         if pin:
             pinned = []
             for k in keys[:n]:
@@ -319,7 +332,7 @@ class CxlkvStorageBackend(StoragePluginInterface):
     def batched_contains(self, keys: List[CacheEngineKey], pin: bool = False) -> int:
         if pin:
             return super().batched_contains(keys, pin)
-        return self.me.lookup_prefix([self._head_key(k) for k in keys])
+        return self._found(keys)
 
     def pin(self, key: CacheEngineKey) -> bool:
         """Keeps the chunk for this process until `unpin`: its header and a pool pin of its

@@ -23,7 +23,13 @@ def main(argv=None):
     )
     s.add_argument("--model", default="default", help="model name in the store keys")
     s.add_argument("--segment-mib", type=int, default=256, help="memory lent to the store")
+    s.add_argument("--publish", default="on-put",
+                   choices=("on-put", "on-eviction", "both", "never"),
+                   help="when blocks are published: writers' publish requests (on-put), "
+                   "evictions (on-eviction, write-back), both, or never")
     s.add_argument("--pid-file", help="where the running bridge writes its pid")
+    s.add_argument("--no-prefault", action="store_true",
+                   help="do not fault the pool's pages in at start (imports then pay first touches)")
     s.add_argument("--once", action="store_true", help="no supervisor")
     t = sub.add_parser("stat", help="the bridge's metrics")
     t.add_argument("--socket", required=True)
@@ -56,7 +62,8 @@ def main(argv=None):
     except ValueError:
         print("cxlkv crosspod: the salt is not hex", file=sys.stderr)
         return 2
-    b = Bridge(a.pool, a.master, a.tenant, salt, a.model, a.segment_mib << 20)
+    b = Bridge(a.pool, a.master, a.tenant, salt, a.model, a.segment_mib << 20, policy=a.publish,
+               prefault=not a.no_prefault)
     if a.pid_file:
         with open(a.pid_file + ".tmp", "w") as f:
             f.write("%d\n" % os.getpid())

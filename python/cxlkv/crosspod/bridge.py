@@ -10,12 +10,21 @@ own trailer checks it.
 
 Import of a chain: one `batch_get_replica_desc` (a question to the master, no transfer) gives the
 objects' sizes and ends the chain at the first key without a complete replica; a reservation per
-block in the pool (`Participant.reserve`); one `batch_get_into_multi_buffers` of the objects,
-payloads straight into the reserved pool memory and trailers into a registered buffer; the CRC of
-each block against its trailer; then a commit of each leading block that matches and an abort of
-the rest. Any store error, short read or mismatch ends the chain there: a miss, never wrong data.
+block in the pool (`Participant.reserve`), of the payload and its trailer when the block has room
+for both; one `batch_get_into` of the objects, each whole straight into its reserved pool memory
+(else one `batch_get_into_multi_buffers`, payloads into the pool and trailers into a registered
+buffer); then a commit of the payload's length with the trailer's CRC (`Reservation.commit(length,
+crc)`: one pass over the bytes checks them and makes the block's checksum) of each leading block,
+and an abort of the rest. Any store error, short read or mismatch ends the chain there: a miss,
+never wrong data.
 A bridge killed mid-import leaves reservations, which the pool
 reclaims like any dead participant's (`cxlkv pool check`).
+
+Publish policy (`--publish`): `on-put` serves writers' `publish` requests, `on-eviction` serves the
+runtime's `writeback` requests (a participant of the pod about to evict a committed block names it
+while it is still indexed; the bridge pins it, publishes it and answers before the space is
+reused), `both` serves both, `never` neither. A request the policy does not serve is answered
+`off` (writeback; the runtime then stops asking for a while) or with an error (publish).
 """
 
 import json
@@ -43,10 +52,14 @@ TRANSFER_FAIL = -800
 OBJECT_NOT_FOUND = -704  # the end of what the store has of a chain: a miss, not a failure
 
 
+POLICIES = ("on-put", "on-eviction", "both", "never")
+
+
 class Metrics:
     def __init__(self):
         self.lock = threading.Lock()
-        self.c = {"published": 0, "published_bytes": 0, "imported": 0, "imported_bytes": 0,
+        self.c = {"published": 0, "published_bytes": 0, "written_back": 0,
+                  "imported": 0, "imported_bytes": 0,
                   "import_requests": 0, "import_ns_total": 0, "import_ns_max": 0,
                   "import_phase_ns": {p: 0 for p in PHASES},
                   "failures": {r: 0 for r in REASONS}}
@@ -101,14 +114,23 @@ def addr_of(buf):
 
 class Bridge:
     def __init__(self, pool_spec, master, tenant=None, salt=None, model="default",
-                 segment=256 << 20, host="127.0.0.1"):
+                 segment=256 << 20, host="127.0.0.1", policy="on-put", prefault=True):
         from mooncake.store import MooncakeDistributedStore, ReplicaStatus
 
+        if policy not in POLICIES:
+            raise ValueError("publish policy %r is not one of %s" % (policy, ", ".join(POLICIES)))
+        self.policy = policy
+        # The bridge's own evictions (of blocks it imported, which the store has) are not offered
+        # to a bridge: its runtime must not ask itself while it serves a request.
+        os.environ.pop("CXLKV_CROSSPOD_SOCKET", None)
         self.complete = ReplicaStatus.COMPLETE  # a replica whose put has finished
 
-        self.pool = cxlkv.Pool.open(pool_spec)
+        # Prefaulted: a transfer into the pool never pays a first-touch page fault (an import into
+        # fresh pages took twice as long as the same read into warm memory).
+        self.pool = cxlkv.Pool.open(pool_spec, prefault=prefault)
         self.me = self.pool.attach(tenant=tenant, salt=salt) if tenant else self.pool.attach()
         self.prefix = "cxlkv/%s/%s/" % (model, tenant or "default")
+        self.block_size = self.pool.block_size
         self.metrics = Metrics()
         self.store = MooncakeDistributedStore()
         rc = self.store.setup(host, "P2PHANDSHAKE", segment, 16 << 20, "tcp", "", master,
@@ -206,12 +228,16 @@ class Bridge:
                 break
             lens.append(size - META.size)
         t = self.metrics.phase("index", t)
+        # Each object in one piece (payload, then trailer) straight into its reserved block when
+        # the block has room for the trailer, which is then not part of the block (commit of the
+        # payload's length); else scattered, payload into the block and trailer into `self.meta`.
+        whole = all(n + META.size <= self.block_size for n in lens)
         base = self.meta.ctypes.data
         held, ptrs, sizes, done = [], [], [], 0
         try:
             for i, length in enumerate(lens):
                 try:
-                    r = self.me.reserve(cxlkv.Key(keys[i]), length)
+                    r = self.me.reserve(cxlkv.Key(keys[i]), length + (META.size if whole else 0))
                 except cxlkv.FullError:
                     self.metrics.fail("pool_full")
                     break
@@ -219,38 +245,54 @@ class Bridge:
                     self.metrics.fail("pool_error")
                     break
                 view = memoryview(r)
-                held.append((r, view))
-                ptrs.append([addr_of(view), base + i * META.size])
-                sizes.append([length, META.size])
+                held.append((r, view, length))
+                if whole:
+                    ptrs.append(addr_of(view))
+                    sizes.append(length + META.size)
+                else:
+                    ptrs.append([addr_of(view), base + i * META.size])
+                    sizes.append([length, META.size])
             t = self.metrics.phase("reserve", t)
-            got = self._get(names[: len(held)], ptrs, sizes)
+            got = self._get(names[: len(held)], ptrs, sizes, whole)
             t = self.metrics.phase("read", t)
             pause_here()
-            for r, view in held[:got]:
-                trailer = META.unpack_from(self.meta, done * META.size)
-                if trailer != (len(view), cxlkv.crc32c(view)):
+            for i, (r, view, length) in enumerate(held[:got]):
+                if whole:
+                    stored_len, crc = META.unpack_from(view, length)
+                else:
+                    stored_len, crc = META.unpack_from(self.meta, i * META.size)
+                view.release()
+                if stored_len != length:
                     self.metrics.fail("crc_mismatch")
                     break
-                view.release()
-                r.commit()
+                # One pass over the bytes: the commit checksums them and refuses a mismatch
+                # (the block is then freed, nothing published).
+                try:
+                    r.commit(length=length, crc=crc)
+                except cxlkv.BadInputError:
+                    self.metrics.fail("crc_mismatch")
+                    break
                 done += 1
             self.metrics.phase("check_commit", t)
         finally:
             # Whatever was not committed is given back: nothing half-read becomes visible.
-            for r, view in held[done:]:
+            for r, view, _ in held[done:]:
                 view.release()
                 r.abort()
         self.metrics.add("imported", done)
-        self.metrics.add("imported_bytes", sum(n for n, _ in sizes[:done]))
+        self.metrics.add("imported_bytes", sum(lens[:done]))
         return done
 
-    def _get(self, names, ptrs, sizes):
-        """How many leading reads of `names`, each scattered into its `ptrs`, read exactly the
-        sum of its `sizes`."""
+    def _get(self, names, ptrs, sizes, whole):
+        """How many leading reads of `names` read exactly their `sizes`: each object into its
+        one buffer (`whole`), else scattered into its `ptrs`."""
         if not names:
             return 0
         try:
-            rcs = self.store.batch_get_into_multi_buffers(names, ptrs, sizes)
+            if whole:
+                rcs = self.store.batch_get_into(names, ptrs, sizes)
+            else:
+                rcs = self.store.batch_get_into_multi_buffers(names, ptrs, sizes)
         except Exception:
             self.metrics.fail("store_error")
             return 0
@@ -261,7 +303,7 @@ class Bridge:
             self.store.batch_remove(gone, True)
             self.metrics.fail("owner_gone", len(gone))
         for i, rc in enumerate(rcs):
-            if rc != sum(sizes[i]):
+            if rc != (sizes[i] if whole else sum(sizes[i])):
                 if rc not in (TRANSFER_FAIL, OBJECT_NOT_FOUND):
                     self.metrics.fail("store_error" if rc < 0 else "short_read")
                 return i
@@ -270,15 +312,25 @@ class Bridge:
     def answer(self, line):
         words = line.split()
         if words == ["stat"]:
-            return "ok " + json.dumps(self.metrics.snapshot())
-        if len(words) >= 2 and words[0] in ("import", "publish") and words[1].isdigit():
+            return "ok " + json.dumps(dict(self.metrics.snapshot(), policy=self.policy))
+        verbs = ("import", "publish", "writeback")
+        if len(words) >= 2 and words[0] in verbs and words[1].isdigit():
             n = int(words[1])
             if len(words) != n + 2 or not all(re.fullmatch("[0-9a-f]{32}", w) for w in words[2:]):
                 return "err expected %s N and N keys of 32 hex digits" % words[0]
             keys = [int(w, 16) for w in words[2:]]
-            op = self.import_chain if words[0] == "import" else self.publish
-            return "ok %d" % (op(keys) if keys else 0)
-        return "err unknown request (import, publish, stat)"
+            if words[0] == "import":
+                return "ok %d" % (self.import_chain(keys) if keys else 0)
+            if words[0] == "publish":
+                if self.policy not in ("on-put", "both"):
+                    return "err publishing on put is off (--publish %s)" % self.policy
+                return "ok %d" % (self.publish(keys) if keys else 0)
+            if self.policy not in ("on-eviction", "both"):
+                return "off"
+            done = self.publish(keys) if keys else 0
+            self.metrics.add("written_back", done)
+            return "ok %d" % done
+        return "err unknown request (import, publish, writeback, stat)"
 
     def serve(self, path):
         if os.path.exists(path):

@@ -36,6 +36,7 @@
 
 pub mod pool;
 
+use crate::crosspod::WriteBack;
 use crate::ndp::client::error::FallbackReason;
 use crate::ndp::client::request::{NdpPath, NdpStats};
 use prometheus_client::collector::Collector;
@@ -225,6 +226,8 @@ pub struct Metrics {
     fallbacks: [AtomicU64; FALLBACKS.len()],
     device_link_bytes: AtomicU64,
     host_link_bytes: AtomicU64,
+    /// Per [`WriteBack::ALL`] result.
+    write_backs: [AtomicU64; WriteBack::ALL.len()],
 }
 
 /// One operation's figures in a [`MetricsSnapshot`].
@@ -255,6 +258,8 @@ pub struct MetricsSnapshot {
     pub device_link_bytes: u64,
     /// Bytes a host fallback's scan pulled across the link.
     pub host_link_bytes: u64,
+    /// Cross-pod write-backs of evicted blocks, by result.
+    pub write_backs: Vec<(WriteBack, u64)>,
 }
 
 impl MetricsSnapshot {
@@ -310,6 +315,11 @@ impl Metrics {
         }
     }
 
+    /// Records how one cross-pod write-back of an evicted block ended.
+    pub fn record_write_back(&self, result: WriteBack) {
+        self.write_backs[result as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The numbers now.
     pub fn snapshot(&self) -> MetricsSnapshot {
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -339,6 +349,11 @@ impl Metrics {
                 .collect(),
             device_link_bytes: ld(&self.device_link_bytes),
             host_link_bytes: ld(&self.host_link_bytes),
+            write_backs: WriteBack::ALL
+                .iter()
+                .zip(&self.write_backs)
+                .map(|(&r, n)| (r, ld(n)))
+                .collect(),
         }
     }
 
@@ -376,7 +391,8 @@ fn counters<'a, L: EncodeLabelSet + 'a>(
 
 /// The exposition of a snapshot: `cxlkv_ops_total{op,result}`, `cxlkv_op_in_bytes_total{op}`,
 /// `cxlkv_op_out_bytes_total{op}`, `cxlkv_op_latency_seconds{op}` (histogram),
-/// `cxlkv_device_fallbacks_total{reason}` and `cxlkv_device_link_bytes_total{path}`.
+/// `cxlkv_device_fallbacks_total{reason}`, `cxlkv_device_link_bytes_total{path}` and
+/// `cxlkv_crosspod_write_backs_total{result}`.
 impl Collector for MetricsSnapshot {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
         counters(
@@ -442,6 +458,15 @@ impl Collector for MetricsSnapshot {
                 ([("path", "device")], self.device_link_bytes),
                 ([("path", "host")], self.host_link_bytes),
             ],
+        )?;
+        counters(
+            &mut enc,
+            "cxlkv_crosspod_write_backs",
+            "Evicted blocks offered to the cross-pod bridge for write-back, by result",
+            None,
+            self.write_backs
+                .iter()
+                .map(|&(r, n)| ([("result", r.name())], n)),
         )
     }
 }

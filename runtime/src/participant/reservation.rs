@@ -54,6 +54,25 @@ impl Participant {
         .commit()
     }
 
+    /// [`Reservation::commit_prefix`] of a reservation taken with [`Reservation::into_raw`].
+    pub fn commit_raw_prefix(
+        &self,
+        r: RawReservation,
+        len: u64,
+        expected_crc: Option<u32>,
+    ) -> Result<Location> {
+        Reservation {
+            participant: self,
+            partition: r.partition,
+            block: r.block,
+            key: r.key,
+            len: r.len,
+            codec: r.codec,
+            done: false,
+        }
+        .commit_prefix(len, expected_crc)
+    }
+
     /// Abandons a reservation taken with [`Reservation::into_raw`]; its block is freed.
     pub fn abort_raw(&self, r: RawReservation) {
         drop(Reservation {
@@ -117,24 +136,41 @@ impl Reservation<'_> {
 
     /// Checksums the payload in place and publishes the block under its key. Counted in the
     /// process's metrics as a `put` of the reserved length.
-    pub fn commit(mut self) -> Result<Location> {
+    pub fn commit(self) -> Result<Location> {
+        let len = self.len;
+        self.commit_prefix(len, None)
+    }
+
+    /// Publishes the first `len` bytes of the reservation (at most its length; the bytes past
+    /// them are not part of the block) under its key, and with `expected_crc`, only if their
+    /// CRC-32C is that: else [`PoolError::PayloadCrc`], the block is freed and nothing is
+    /// published. For a writer that reads a payload and its own checksum into the reservation in
+    /// one transfer (the cross-pod import): one pass over the bytes both checks them and makes the
+    /// block's checksum. Counted as a `put` of `len` bytes.
+    pub fn commit_prefix(mut self, len: u64, expected_crc: Option<u32>) -> Result<Location> {
         let t0 = Instant::now();
-        self.done = true;
-        let p = self.participant;
-        let publish = || {
-            let crc = format::crc32c_shared(
-                p.pool.mem(),
-                p.pool.payload_off(self.partition, self.block),
-                self.len,
-            )?;
-            let mut st = p.owner()?;
-            p.finish_commit(
-                &mut st, self.key, self.block, self.codec, self.len, crc, false,
-            )
-        };
-        let r = publish();
-        count_call(Op::Put, t0, &r, |_| (Outcome::Ok, self.len, 0));
+        let r = self.publish(len, expected_crc);
+        count_call(Op::Put, t0, &r, |_| (Outcome::Ok, len, 0));
         r
+    }
+
+    fn publish(&mut self, len: u64, expected_crc: Option<u32>) -> Result<Location> {
+        if len > self.len {
+            return Err(PoolError::PayloadTooLarge {
+                len,
+                capacity: self.len,
+            });
+        }
+        let p = self.participant;
+        let off = p.pool.payload_off(self.partition, self.block);
+        let crc = format::crc32c_shared(p.pool.mem(), off, len)?;
+        if let Some(expected) = expected_crc.filter(|&e| e != crc) {
+            // Not done: dropping the reservation frees the block.
+            return Err(PoolError::PayloadCrc(expected, crc));
+        }
+        self.done = true;
+        let mut st = p.owner()?;
+        p.finish_commit(&mut st, self.key, self.block, self.codec, len, crc, false)
     }
 }
 

@@ -213,7 +213,9 @@ impl Participant {
 
     /// Evicts the least recently used unpinned block of this participant's partition and returns
     /// it, free for reuse; `None` if every indexed block is pinned (or none is indexed). A victim
-    /// that a reader pins at the last moment is deferred and the next one tried.
+    /// that a reader pins at the last moment is deferred and the next one tried. With a cross-pod
+    /// bridge configured, a victim is first offered to it for write-back
+    /// ([`crate::crosspod::write_back`], bounded by its timeout).
     pub(super) fn evict_one(&self, st: &mut OwnerState) -> Result<Option<u32>> {
         let pins = self.live_pins(st.partition)?;
         let mut skipped = Vec::new();
@@ -225,6 +227,14 @@ impl Participant {
             if pins.contains(&(victim, seq)) {
                 skipped.push(victim);
                 continue;
+            }
+            // Write-back to the cross-pod tier while the block is still indexed (its bridge
+            // pins it); single blocks only, as the bridge publishes no multi-block objects.
+            if !st.objects.contains_key(&victim) {
+                let (_, key, _) = self.own_slot(st.partition, slot)?;
+                if let Some(result) = crate::crosspod::write_back(key) {
+                    crate::metrics::global().record_write_back(result);
+                }
             }
             self.unindex(st, victim, slot)?;
             // The Dekker pair with `pin`: we removed the entry, then look for pins; a reader
