@@ -25,8 +25,8 @@
 //! [`QUIET_AFTER_TIMEOUT`], so a stuck bridge costs one wait per interval, not one per put.
 
 use crate::key::Key;
+use socket2::{Domain, SockAddr, Socket, Type};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::OnceLock;
@@ -270,55 +270,12 @@ fn ask(path: &str, rest: &[Key], limit: Duration) -> Option<usize> {
 /// `UnixStream` would wait without end there. The limit is the socket's send timeout, which Linux
 /// applies to a Unix stream connect; expired, the connect fails with `EAGAIN` (a timeout).
 fn connect_within(path: &str, limit: Duration) -> std::io::Result<UnixStream> {
-    // SAFETY: `sockaddr_un` is a plain C struct for which all zeroes is a valid (empty) value.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let name = path.as_bytes();
-    // One byte stays zero: the path's terminator.
-    if name.is_empty() || name.len() >= addr.sun_path.len() || name.contains(&0) {
-        return Err(std::io::ErrorKind::InvalidInput.into());
-    }
-    for (d, &c) in addr.sun_path.iter_mut().zip(name) {
-        *d = c as libc::c_char;
-    }
-    // SAFETY: `socket` takes no pointers; its result is checked before use.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a descriptor just opened here and owned by nothing else; `OwnedFd` closes it.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let limit = limit.max(Duration::from_millis(1));
-    let tv = libc::timeval {
-        tv_sec: libc::time_t::try_from(limit.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_usec: libc::suseconds_t::from(limit.subsec_micros() as i32),
-    };
-    use std::os::fd::AsRawFd;
-    // SAFETY: `tv` outlives the call and its exact size is passed; `fd` is an open socket.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_SNDTIMEO,
-            std::ptr::from_ref(&tv).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `addr` is an initialised `sockaddr_un` that outlives the call, its size passed.
-    let rc = unsafe {
-        libc::connect(
-            fd.as_raw_fd(),
-            std::ptr::from_ref(&addr).cast(),
-            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(UnixStream::from(fd))
+    let addr = SockAddr::unix(path)?;
+    // Close-on-exec is set by `Socket::new` on Linux.
+    let socket = Socket::new(Domain::UNIX, Type::STREAM, None)?;
+    socket.set_write_timeout(Some(limit.max(Duration::from_millis(1))))?;
+    socket.connect(&addr)?;
+    Ok(UnixStream::from(std::os::fd::OwnedFd::from(socket)))
 }
 
 #[cfg(test)]
@@ -463,11 +420,11 @@ mod tests {
     fn a_bridge_that_accepts_nothing_times_out_on_connect() {
         let path = std::env::temp_dir().join(format!("cxlkv-crosspod-full-{}", std::process::id()));
         let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path).unwrap();
-        use std::os::fd::AsRawFd;
-        // SAFETY: `listen` on the listener's own open socket takes no pointers; it lowers the
-        // backlog to 0, so that the queue of unaccepted connections fills after one.
-        assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+        // A backlog of 0: the queue of unaccepted connections fills after one.
+        let socket = Socket::new(Domain::UNIX, Type::STREAM, None).unwrap();
+        socket.bind(&SockAddr::unix(&path).unwrap()).unwrap();
+        socket.listen(0).unwrap();
+        let listener = UnixListener::from(std::os::fd::OwnedFd::from(socket));
         // Fill its queue of unaccepted connections.
         let mut held = Vec::new();
         let t = loop {
