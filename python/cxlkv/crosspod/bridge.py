@@ -8,12 +8,13 @@ and tenant T (Mooncake's `tenant_id` is T too): `cxlkv/M/T/K`, the block's paylo
 keeps the first value of a duplicate put, so two pods publishing at once leave one object, whose
 own trailer checks it.
 
-Import of a chain: one `batch_get_replica_desc` (a question to the master, no transfer) gives the
-objects' sizes and ends the chain at the first key without a complete replica; a reservation per
-block in the pool (`Participant.reserve`), of the payload and its trailer when the block has room
-for both; one `batch_get_into` of the objects, each whole straight into its reserved pool memory
-(else one `batch_get_into_multi_buffers`, payloads into the pool and trailers into a registered
-buffer); then a commit of the payload's length with the trailer's CRC (`Reservation.commit(length,
+Import of a chain: one `batch_is_exist` (a question to the master, no transfer) ends the chain at
+the first key the store lacks; a reservation per block in the pool (`Participant.reserve`) at the
+block's full capacity; one `batch_get_into` of the objects, each whole straight into its reserved
+pool memory, whose answer gives each object's size. An object larger than a block's capacity (a
+payload of a whole block and its trailer) is read again the long way: its size from
+`batch_get_replica_desc`, then one `batch_get_into_multi_buffers`, the payload into the pool and
+the trailer into a registered buffer. Then a commit of the payload's length with the trailer's CRC (`Reservation.commit(length,
 crc)`: one pass over the bytes checks them and makes the block's checksum) of each leading block,
 and an abort of the rest. Any store error, short read or mismatch ends the chain there: a miss,
 never wrong data.
@@ -212,13 +213,31 @@ class Bridge:
 
     def _import(self, keys):
         t = time.perf_counter_ns()
-        # One question to the master finds the chain and its sizes.
+        # One question finds how far the chain exists (`batch_is_exist`: the cheapest the store
+        # answers; an object whose owner is gone still counts until its lease ends, and its read
+        # then fails as a miss).
         names = [self.name(k) for k in keys]
+        try:
+            found = self.store.batch_is_exist(names)
+        except Exception:
+            self.metrics.fail("store_error")
+            return 0
+        n = next((i for i, e in enumerate(found) if e != 1), len(found))
+        t = self.metrics.phase("index", t)
+        # Each object read whole into a block reserved at full capacity: the store says each
+        # object's size in the read's own answer, so no question on sizes comes first.
+        done, larger = self._fill(keys[:n], names[:n], None, t)
+        if not larger:
+            return done
+        # An object with no room for its trailer in a block (a payload of a whole block): its
+        # size first, then payload and trailer scattered.
+        t = time.perf_counter_ns()
+        names = names[done:n]
         try:
             desc = self.store.batch_get_replica_desc(names)
         except Exception:
             self.metrics.fail("store_error")
-            return 0
+            return done
         lens = []
         for name in names:
             size = next((r.get_memory_descriptor().buffer_descriptor.size
@@ -228,16 +247,26 @@ class Bridge:
                 break
             lens.append(size - META.size)
         t = self.metrics.phase("index", t)
-        # Each object in one piece (payload, then trailer) straight into its reserved block when
-        # the block has room for the trailer, which is then not part of the block (commit of the
-        # payload's length); else scattered, payload into the block and trailer into `self.meta`.
-        whole = all(n + META.size <= self.block_size for n in lens)
+        more, _ = self._fill(keys[done:n], names, lens, t)
+        return done + more
+
+    def _fill(self, keys, names, lens, t):
+        """Reserves, reads, checks and commits the leading run of `keys` (store objects `names`):
+        with `lens` None, each object whole into a block reserved at its full capacity (its size
+        from the read); else payloads of `lens` bytes, whole when the block has room for the
+        trailer too, scattered (trailer into `self.meta`) when not. (committed, whether the run
+        ended on an object larger than a block's capacity)."""
+        capacity = self.block_size
+        whole = lens is None or all(n + META.size <= capacity for n in lens)
+        sizes_known = lens is not None
+        count = len(lens) if sizes_known else len(keys)
         base = self.meta.ctypes.data
-        held, ptrs, sizes, done = [], [], [], 0
+        held, ptrs, sizes, done, larger = [], [], [], 0, False
         try:
-            for i, length in enumerate(lens):
+            for i in range(count):
+                want = capacity if not sizes_known else lens[i] + (META.size if whole else 0)
                 try:
-                    r = self.me.reserve(cxlkv.Key(keys[i]), length + (META.size if whole else 0))
+                    r = self.me.reserve(cxlkv.Key(keys[i]), want)
                 except cxlkv.FullError:
                     self.metrics.fail("pool_full")
                     break
@@ -245,18 +274,36 @@ class Bridge:
                     self.metrics.fail("pool_error")
                     break
                 view = memoryview(r)
-                held.append((r, view, length))
+                held.append((r, view))
                 if whole:
                     ptrs.append(addr_of(view))
-                    sizes.append(length + META.size)
+                    sizes.append(want)
                 else:
                     ptrs.append([addr_of(view), base + i * META.size])
-                    sizes.append([length, META.size])
+                    sizes.append([lens[i], META.size])
             t = self.metrics.phase("reserve", t)
-            got = self._get(names[: len(held)], ptrs, sizes, whole)
+            rcs = self._get(names[: len(held)], ptrs, sizes, whole)
             t = self.metrics.phase("read", t)
             pause_here()
-            for i, (r, view, length) in enumerate(held[:got]):
+            for i, (r, view) in enumerate(held):
+                rc = rcs[i] if i < len(rcs) else OBJECT_NOT_FOUND
+                if sizes_known:
+                    if rc != (sizes[i] if whole else sum(sizes[i])):
+                        self._failed(rc)
+                        break
+                    length = lens[i]
+                elif rc < 0 or rc > capacity:
+                    # A read into a block that cannot hold the object fails; the caller reads
+                    # it scattered. Any other failure is the end of the chain.
+                    larger = rc not in (TRANSFER_FAIL, OBJECT_NOT_FOUND) and rc < 0
+                    if not larger:
+                        self._failed(rc)
+                    break
+                elif rc <= META.size:
+                    self.metrics.fail("short_read")
+                    break
+                else:
+                    length = rc - META.size
                 if whole:
                     stored_len, crc = META.unpack_from(view, length)
                 else:
@@ -273,21 +320,26 @@ class Bridge:
                     self.metrics.fail("crc_mismatch")
                     break
                 done += 1
+                self.metrics.add("imported_bytes", length)
             self.metrics.phase("check_commit", t)
         finally:
             # Whatever was not committed is given back: nothing half-read becomes visible.
-            for r, view, _ in held[done:]:
+            for r, view in held[done:]:
                 view.release()
                 r.abort()
         self.metrics.add("imported", done)
-        self.metrics.add("imported_bytes", sum(lens[:done]))
-        return done
+        return done, larger
+
+    def _failed(self, rc):
+        """Counts a read's failure code `rc` (the end of what the store has is not one)."""
+        if rc not in (TRANSFER_FAIL, OBJECT_NOT_FOUND):
+            self.metrics.fail("store_error" if rc < 0 else "short_read")
 
     def _get(self, names, ptrs, sizes, whole):
-        """How many leading reads of `names` read exactly their `sizes`: each object into its
-        one buffer (`whole`), else scattered into its `ptrs`."""
+        """Each read's answer (bytes read, or the store's negative code) for `names`: each object
+        into its one buffer (`whole`), else scattered into its `ptrs`; [] when the call failed."""
         if not names:
-            return 0
+            return []
         try:
             if whole:
                 rcs = self.store.batch_get_into(names, ptrs, sizes)
@@ -295,19 +347,14 @@ class Bridge:
                 rcs = self.store.batch_get_into_multi_buffers(names, ptrs, sizes)
         except Exception:
             self.metrics.fail("store_error")
-            return 0
+            return []
         # Every object whose owner is gone is dropped from the store's listing (not only the
         # first), so that a pod that still holds those blocks can publish them again.
         gone = [n for n, rc in zip(names, rcs) if rc == TRANSFER_FAIL]
         if gone:
             self.store.batch_remove(gone, True)
             self.metrics.fail("owner_gone", len(gone))
-        for i, rc in enumerate(rcs):
-            if rc != (sizes[i] if whole else sum(sizes[i])):
-                if rc not in (TRANSFER_FAIL, OBJECT_NOT_FOUND):
-                    self.metrics.fail("store_error" if rc < 0 else "short_read")
-                return i
-        return len(names)
+        return list(rcs)
 
     def answer(self, line):
         words = line.split()
