@@ -255,7 +255,8 @@ def run_checks(a, b, work, master_exe, port, mlog):
 
     def two():
         keys = chain("two", "t1", 8)
-        a.call("t1", PUT, keys=keys, seed=2, size=BLOCK)
+        # No write-through: only what is published explicitly reaches the store.
+        a.call("t1", PUT, crosspod=False, keys=keys, seed=2, size=BLOCK)
         published = cxlkv.crosspod.publish(a.sock("t1"), keys[:5])
         n, digests = b.call("t1", LOOKUP_AND_DIGESTS, keys=keys)
         ok = published == 5 and n == 5 and digests[:5] == expected(2, 5) and digests[5:] == [None] * 3
@@ -264,8 +265,8 @@ def run_checks(a, b, work, master_exe, port, mlog):
 
     def three():
         keys = chain("three", "t1", 6)
-        a.call("t1", PUT, keys=keys, seed=3, size=BLOCK)
-        b.call("t1", PUT, keys=keys, seed=4, size=BLOCK)
+        a.call("t1", PUT, crosspod=False, keys=keys, seed=3, size=BLOCK)
+        b.call("t1", PUT, crosspod=False, keys=keys, seed=4, size=BLOCK)
         got = {}
         ts = [threading.Thread(target=lambda p: got.__setitem__(p.name, cxlkv.crosspod.publish(
             p.sock("t1"), keys)), args=(p,)) for p in (a, b)]
@@ -406,6 +407,18 @@ def run_checks(a, b, work, master_exe, port, mlog):
         return ok, "payloads of %s bytes (blocks of %d): published %s, B found %d, byte-exact %s" % (
             lens, full, published, n, digests == want)
 
+    def through():
+        # Write-through: pod A's participant only puts (its runtime queues each key for its
+        # bridge, and its detach waits for the queue); B finds the whole prefix.
+        keys = chain("through", "t1", 8)
+        before = stat(a)["published"]
+        a.call("t1", PUT, keys=keys, seed=14, size=BLOCK)
+        published = stat(a)["published"] - before
+        n, digests = b.call("t1", LOOKUP_AND_DIGESTS, keys=keys)
+        ok = published == 8 and n == 8 and digests == expected(14, 8)
+        return ok, "A put 8 with no publish call: its bridge published %d; B found %d, byte-exact %s" % (
+            published, n, digests == expected(14, 8))
+
     check(1, "a prefix put in pod A is found by pod B, byte-exact; B's second read is local", one)
     check(2, "a partial chain is found exactly as far as it exists", two)
     check(3, "both pods publishing the same keys at once leave one whole value", three)
@@ -416,6 +429,7 @@ def run_checks(a, b, work, master_exe, port, mlog):
     check(8, "tenants across pods never see each other's keys", eight)
     check(9, "(extra) bad requests are refused and the bridge keeps serving", bad_input)
     check(10, "(extra) payloads from 1 byte to a whole block, mixed in one chain", sizes)
+    check(11, "(extra) write-through: a put in pod A, with no publish call, is found from pod B", through)
 
     exe = os.environ.get("CXLKV_BIN") or os.path.join(ROOT, "target", "debug", "cxlkv")
     if os.access(exe, os.X_OK):

@@ -23,13 +23,22 @@
 //! the block is dropped as without the tier; the eviction counts the result in the process
 //! metrics (`cxlkv_crosspod_write_backs_total`). After a timeout evictions do not ask for
 //! [`QUIET_AFTER_TIMEOUT`], so a stuck bridge costs one wait per interval, not one per put.
+//!
+//! Write-through (the bridge's `--publish on-put` policy): every single-block put and commit of a
+//! process with a bridge configured hands its key to [`on_put`], which queues it and returns at
+//! once; one background thread per process sends what is queued as one `publish` request and the
+//! bridge publishes the blocks from pool memory. The put never waits for it. A full queue, a dead
+//! or slow bridge, or one whose policy does not publish on put (`off`) drops the keys, counted in
+//! `cxlkv_crosspod_publishes_total{result}`; [`flush_publishes`] (called at detach) waits a short
+//! while for what is queued, so a process that puts and exits still publishes.
 
 use crate::key::Key;
 use socket2::{Domain, SockAddr, Socket, Type};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::OnceLock;
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The environment variable naming the bridge's Unix socket.
@@ -59,11 +68,13 @@ pub enum WriteBack {
     BadAnswer,
     /// Not asked: a bridge timed out shortly before, so evictions do not wait on it for a while.
     Quiet,
+    /// Not asked: the asynchronous publish queue was full (write-through only).
+    Dropped,
 }
 
 impl WriteBack {
     /// Every result, in label order.
-    pub const ALL: [WriteBack; 7] = [
+    pub const ALL: [WriteBack; 8] = [
         WriteBack::Published,
         WriteBack::NotPublished,
         WriteBack::Off,
@@ -71,6 +82,7 @@ impl WriteBack {
         WriteBack::Timeout,
         WriteBack::BadAnswer,
         WriteBack::Quiet,
+        WriteBack::Dropped,
     ];
 
     /// The `result` label's value.
@@ -83,6 +95,7 @@ impl WriteBack {
             WriteBack::Timeout => "timeout",
             WriteBack::BadAnswer => "bad_answer",
             WriteBack::Quiet => "quiet",
+            WriteBack::Dropped => "dropped",
         }
     }
 }
@@ -213,25 +226,177 @@ fn is_timeout(e: &std::io::Error) -> bool {
     )
 }
 
-/// Write-back is paused in this process until a moment (milliseconds of [`clock_ms`]), for a
-/// reason counted in place of each offer it skips.
+/// Asking the bridge is paused in this process until a moment (milliseconds of [`clock_ms`]), for
+/// a reason counted in place of each request it skips: one for write-back ([`Quiet::get`]), one
+/// for write-through ([`PUBLISH_QUIET`]).
+struct QuietState {
+    until_ms: AtomicU64,
+    why: AtomicU8,
+}
+
+impl QuietState {
+    const fn new() -> Self {
+        QuietState {
+            until_ms: AtomicU64::new(0),
+            why: AtomicU8::new(0),
+        }
+    }
+
+    fn get(&self, now: u64) -> Option<WriteBack> {
+        if now >= self.until_ms.load(Ordering::Relaxed) {
+            return None;
+        }
+        Some(WriteBack::ALL[usize::from(self.why.load(Ordering::Relaxed))])
+    }
+
+    fn set(&self, now: u64, span: Duration, why: WriteBack) {
+        self.why.store(why as u8, Ordering::Relaxed);
+        let span = u64::try_from(span.as_millis()).unwrap_or(u64::MAX);
+        self.until_ms
+            .store(now.saturating_add(span), Ordering::Relaxed);
+    }
+}
+
+/// Write-back's pause.
 struct Quiet;
 
-static QUIET_UNTIL_MS: AtomicU64 = AtomicU64::new(0);
-static QUIET_WHY: AtomicU8 = AtomicU8::new(0);
+static WRITE_BACK_QUIET: QuietState = QuietState::new();
+/// Write-through's pause.
+static PUBLISH_QUIET: QuietState = QuietState::new();
 
 impl Quiet {
     fn get(now: u64) -> Option<WriteBack> {
-        if now >= QUIET_UNTIL_MS.load(Ordering::Relaxed) {
-            return None;
-        }
-        Some(WriteBack::ALL[usize::from(QUIET_WHY.load(Ordering::Relaxed))])
+        WRITE_BACK_QUIET.get(now)
     }
 
     fn set(now: u64, span: Duration, why: WriteBack) {
-        QUIET_WHY.store(why as u8, Ordering::Relaxed);
-        let span = u64::try_from(span.as_millis()).unwrap_or(u64::MAX);
-        QUIET_UNTIL_MS.store(now.saturating_add(span), Ordering::Relaxed);
+        WRITE_BACK_QUIET.set(now, span, why)
+    }
+}
+
+/// Keys the write-through queue holds at most; past it a put's key is dropped (counted).
+pub const PUBLISH_QUEUE: usize = 4096;
+/// Keys one `publish` request carries at most (the bridge's own limit).
+const PUBLISH_BATCH: usize = 512;
+/// How long [`flush_publishes`] waits at detach for the queue to drain.
+pub const FLUSH_LIMIT: Duration = Duration::from_secs(2);
+
+/// The process's write-through queue and its thread, made at the first put with a bridge.
+struct Publisher {
+    tx: SyncSender<Key>,
+    /// Keys queued and not yet answered for.
+    pending: Arc<(Mutex<usize>, Condvar)>,
+}
+
+fn publisher() -> Option<&'static Publisher> {
+    static PUBLISHER: OnceLock<Option<Publisher>> = OnceLock::new();
+    PUBLISHER
+        .get_or_init(|| {
+            let path = std::env::var(SOCKET_ENV).ok().filter(|p| !p.is_empty())?;
+            let (tx, rx) = std::sync::mpsc::sync_channel(PUBLISH_QUEUE);
+            let pending = Arc::new((Mutex::new(0usize), Condvar::new()));
+            let done = pending.clone();
+            std::thread::Builder::new()
+                .name("cxlkv-crosspod-publish".into())
+                .spawn(move || publish_loop(&path, &rx, &done))
+                .ok()?;
+            Some(Publisher { tx, pending })
+        })
+        .as_ref()
+}
+
+/// Hands `key`, just committed as a single block, to the bridge for publishing (write-through;
+/// see the module documentation), and returns at once. Nothing without a bridge configured. The
+/// result is counted in the process metrics when the bridge answers.
+pub fn on_put(key: Key) {
+    let Some(p) = publisher() else { return };
+    if let Some(why) = PUBLISH_QUIET.get(clock_ms()) {
+        crate::metrics::global().record_publish(why, 1);
+        return;
+    }
+    let (count, _) = &*p.pending;
+    *count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+    if p.tx.try_send(key).is_err() {
+        settle(&p.pending, 1);
+        crate::metrics::global().record_publish(WriteBack::Dropped, 1);
+    }
+}
+
+/// Waits at most `limit` for the keys [`on_put`] queued to be answered for; whether none is left.
+pub fn flush_publishes(limit: Duration) -> bool {
+    let Some(p) = publisher() else { return true };
+    let (count, cv) = &*p.pending;
+    let guard = count.lock().unwrap_or_else(|e| e.into_inner());
+    let (left, _) = cv
+        .wait_timeout_while(guard, limit, |n| *n > 0)
+        .unwrap_or_else(|e| e.into_inner());
+    *left == 0
+}
+
+fn settle(pending: &(Mutex<usize>, Condvar), n: usize) {
+    let (count, cv) = pending;
+    let mut c = count.lock().unwrap_or_else(|e| e.into_inner());
+    *c = c.saturating_sub(n);
+    cv.notify_all();
+}
+
+/// The write-through thread: each wake-up sends everything queued (at most
+/// [`PUBLISH_BATCH`] keys a request) and counts the bridge's answer.
+fn publish_loop(path: &str, rx: &Receiver<Key>, pending: &(Mutex<usize>, Condvar)) {
+    while let Ok(first) = rx.recv() {
+        let mut keys = vec![first];
+        while keys.len() < PUBLISH_BATCH {
+            match rx.try_recv() {
+                Ok(k) => keys.push(k),
+                Err(_) => break,
+            }
+        }
+        let now = clock_ms();
+        let counts = match PUBLISH_QUIET.get(now) {
+            Some(why) => vec![(why, keys.len())],
+            None => {
+                let counts = offer_publish(path, &keys, timeout());
+                match counts.iter().find(|(r, _)| *r != WriteBack::Published) {
+                    Some((WriteBack::Off, _)) => {
+                        PUBLISH_QUIET.set(now, QUIET_AFTER_OFF, WriteBack::Off)
+                    }
+                    Some((WriteBack::Timeout | WriteBack::NoBridge, _)) => {
+                        PUBLISH_QUIET.set(now, QUIET_AFTER_TIMEOUT, WriteBack::Quiet)
+                    }
+                    _ => {}
+                }
+                counts
+            }
+        };
+        for (r, n) in counts {
+            crate::metrics::global().record_publish(r, n as u64);
+        }
+        settle(pending, keys.len());
+    }
+}
+
+/// One `publish` request for `keys` and how its answer reads, as counts by result: `ok N`
+/// published the leading N (the rest not), `off` the bridge's policy does not publish on put.
+fn offer_publish(path: &str, keys: &[Key], limit: Duration) -> Vec<(WriteBack, usize)> {
+    let all = |r| vec![(r, keys.len())];
+    let deadline = Instant::now() + limit;
+    let mut stream = match connect_within(path, limit) {
+        Ok(s) => s,
+        Err(e) if is_timeout(&e) => return all(WriteBack::Timeout),
+        Err(_) => return all(WriteBack::NoBridge),
+    };
+    let line = request_line(keys).replacen("import", "publish", 1);
+    match read_answer(&mut stream, line.as_bytes(), deadline) {
+        Err(e) if is_timeout(&e) => all(WriteBack::Timeout),
+        Err(_) => all(WriteBack::BadAnswer),
+        Ok(a) if a.trim() == "off" => all(WriteBack::Off),
+        Ok(a) => match parse_answer(&a, keys.len()) {
+            Some(n) => vec![
+                (WriteBack::Published, n),
+                (WriteBack::NotPublished, keys.len() - n),
+            ],
+            None => all(WriteBack::BadAnswer),
+        },
     }
 }
 
@@ -393,6 +558,39 @@ mod tests {
             assert_eq!(serve.join().unwrap(), format!("writeback 1 {:032x}\n", 9));
             let _ = std::fs::remove_file(&path);
         }
+    }
+
+    #[test]
+    fn publish_reads_each_answer() {
+        use WriteBack::*;
+        let cases: [(&str, &'static [u8], Vec<(WriteBack, usize)>); 5] = [
+            ("pub-ok", b"ok 2\n", vec![(Published, 2), (NotPublished, 0)]),
+            (
+                "pub-part",
+                b"ok 1\n",
+                vec![(Published, 1), (NotPublished, 1)],
+            ),
+            ("pub-off", b"off\n", vec![(Off, 2)]),
+            ("pub-many", b"ok 3\n", vec![(BadAnswer, 2)]),
+            ("pub-err", b"err no\n", vec![(BadAnswer, 2)]),
+        ];
+        for (tag, answer, want) in cases {
+            let (path, serve) = bridge(tag, answer, Duration::ZERO);
+            assert_eq!(
+                offer_publish(&path, &[Key(7), Key(9)], DEFAULT_TIMEOUT),
+                want,
+                "{tag}"
+            );
+            assert_eq!(
+                serve.join().unwrap(),
+                format!("publish 2 {:032x} {:032x}\n", 7, 9)
+            );
+            let _ = std::fs::remove_file(&path);
+        }
+        assert_eq!(
+            offer_publish("/nonexistent/cxlkv-bridge", &[Key(1)], DEFAULT_TIMEOUT),
+            vec![(NoBridge, 1)]
+        );
     }
 
     #[test]

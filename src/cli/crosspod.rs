@@ -70,7 +70,8 @@ pub enum CrosspodCommand {
 /// When a bridge publishes blocks (`--publish`; docs/CROSSPOD.md).
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Publish {
-    /// When a writer asks (`publish` requests).
+    /// At every single-block put of a runtime with the bridge configured (write-through), and
+    /// when a writer asks (`publish` requests).
     OnPut,
     /// When a participant evicts a block (write-back).
     OnEviction,

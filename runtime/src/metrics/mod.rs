@@ -228,6 +228,8 @@ pub struct Metrics {
     host_link_bytes: AtomicU64,
     /// Per [`WriteBack::ALL`] result.
     write_backs: [AtomicU64; WriteBack::ALL.len()],
+    /// Write-through publishes of put keys, per [`WriteBack::ALL`] result.
+    publishes: [AtomicU64; WriteBack::ALL.len()],
 }
 
 /// One operation's figures in a [`MetricsSnapshot`].
@@ -260,6 +262,8 @@ pub struct MetricsSnapshot {
     pub host_link_bytes: u64,
     /// Cross-pod write-backs of evicted blocks, by result.
     pub write_backs: Vec<(WriteBack, u64)>,
+    /// Cross-pod write-through publishes of put keys, by result.
+    pub publishes: Vec<(WriteBack, u64)>,
 }
 
 impl MetricsSnapshot {
@@ -320,6 +324,11 @@ impl Metrics {
         self.write_backs[result as usize].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts `n` put keys whose write-through publish ended with `result`.
+    pub fn record_publish(&self, result: WriteBack, n: u64) {
+        self.publishes[result as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
     /// The numbers now.
     pub fn snapshot(&self) -> MetricsSnapshot {
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -352,6 +361,11 @@ impl Metrics {
             write_backs: WriteBack::ALL
                 .iter()
                 .zip(&self.write_backs)
+                .map(|(&r, n)| (r, ld(n)))
+                .collect(),
+            publishes: WriteBack::ALL
+                .iter()
+                .zip(&self.publishes)
                 .map(|(&r, n)| (r, ld(n)))
                 .collect(),
         }
@@ -392,7 +406,7 @@ fn counters<'a, L: EncodeLabelSet + 'a>(
 /// The exposition of a snapshot: `cxlkv_ops_total{op,result}`, `cxlkv_op_in_bytes_total{op}`,
 /// `cxlkv_op_out_bytes_total{op}`, `cxlkv_op_latency_seconds{op}` (histogram),
 /// `cxlkv_device_fallbacks_total{reason}`, `cxlkv_device_link_bytes_total{path}` and
-/// `cxlkv_crosspod_write_backs_total{result}`.
+/// `cxlkv_crosspod_write_backs_total{result}` and `cxlkv_crosspod_publishes_total{result}`.
 impl Collector for MetricsSnapshot {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
         counters(
@@ -465,6 +479,15 @@ impl Collector for MetricsSnapshot {
             "Evicted blocks offered to the cross-pod bridge for write-back, by result",
             None,
             self.write_backs
+                .iter()
+                .map(|&(r, n)| ([("result", r.name())], n)),
+        )?;
+        counters(
+            &mut enc,
+            "cxlkv_crosspod_publishes",
+            "Keys of single-block puts handed to the cross-pod bridge for write-through, by result",
+            None,
+            self.publishes
                 .iter()
                 .map(|&(r, n)| ([("result", r.name())], n)),
         )

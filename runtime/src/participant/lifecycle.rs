@@ -237,6 +237,8 @@ impl Participant {
     }
 
     fn detach_shared(&mut self) {
+        // Keys this process handed to the cross-pod bridge go out before it may exit (bounded).
+        crate::crosspod::flush_publishes(crate::crosspod::FLUSH_LIMIT);
         if let Some((tx, h)) = self.heartbeat.take() {
             drop(tx);
             let _ = h.join();

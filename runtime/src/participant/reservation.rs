@@ -150,6 +150,9 @@ impl Reservation<'_> {
     pub fn commit_prefix(mut self, len: u64, expected_crc: Option<u32>) -> Result<Location> {
         let t0 = Instant::now();
         let r = self.publish(len, expected_crc);
+        if r.is_ok() {
+            crate::crosspod::on_put(self.key);
+        }
         count_call(Op::Put, t0, &r, |_| (Outcome::Ok, len, 0));
         r
     }

@@ -49,6 +49,10 @@ impl Participant {
             };
             self.store_spread(key, blocks, store, |_| true)
         };
+        if r.is_ok() && blocks <= 1 {
+            // Write-through to the cross-pod tier (asynchronous; single blocks only).
+            crate::crosspod::on_put(key);
+        }
         count_call(Op::Put, t0, &r, |_| (Outcome::Ok, payload.len() as u64, 0));
         r
     }
