@@ -48,57 +48,7 @@ pub const TIMEOUT_ENV: &str = "CXLKV_CROSSPOD_TIMEOUT_MS";
 /// How long a lookup waits for the bridge before it counts the rest of the chain as a miss.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(2000);
 
-/// How a write-back of an evicted block ended ([`write_back`]; the `result` label of
-/// `cxlkv_crosspod_write_backs_total` in [`crate::metrics`]). Every result but `Published` and `Off`
-/// is a failure: the block was dropped as without the tier.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WriteBack {
-    /// The bridge published the block before its space was reused.
-    Published,
-    /// The bridge answered but did not publish it (a store error, the block gone); its own
-    /// metrics say why.
-    NotPublished,
-    /// The bridge's policy does not write back (`--publish on-put` or `never`): not a failure.
-    Off,
-    /// No bridge listens on the socket.
-    NoBridge,
-    /// The bridge did not answer within the write-back timeout.
-    Timeout,
-    /// The bridge answered something else than `ok N` or `off`.
-    BadAnswer,
-    /// Not asked: a bridge timed out shortly before, so evictions do not wait on it for a while.
-    Quiet,
-    /// Not asked: the asynchronous publish queue was full (write-through only).
-    Dropped,
-}
-
-impl WriteBack {
-    /// Every result, in label order.
-    pub const ALL: [WriteBack; 8] = [
-        WriteBack::Published,
-        WriteBack::NotPublished,
-        WriteBack::Off,
-        WriteBack::NoBridge,
-        WriteBack::Timeout,
-        WriteBack::BadAnswer,
-        WriteBack::Quiet,
-        WriteBack::Dropped,
-    ];
-
-    /// The `result` label's value.
-    pub fn name(self) -> &'static str {
-        match self {
-            WriteBack::Published => "published",
-            WriteBack::NotPublished => "not_published",
-            WriteBack::Off => "off",
-            WriteBack::NoBridge => "no_bridge",
-            WriteBack::Timeout => "timeout",
-            WriteBack::BadAnswer => "bad_answer",
-            WriteBack::Quiet => "quiet",
-            WriteBack::Dropped => "dropped",
-        }
-    }
-}
+pub use crate::metrics::crosspod::WriteBack;
 
 /// The environment variable overriding [`WRITE_BACK_TIMEOUT`] (milliseconds).
 pub const WRITE_BACK_TIMEOUT_ENV: &str = "CXLKV_CROSSPOD_WRITE_BACK_MS";
@@ -311,14 +261,14 @@ fn publisher() -> Option<&'static Publisher> {
 pub fn on_put(key: Key) {
     let Some(p) = publisher() else { return };
     if let Some(why) = PUBLISH_QUIET.get(clock_ms()) {
-        crate::metrics::global().record_publish(why, 1);
+        crate::metrics::crosspod::record_publish(why, 1);
         return;
     }
     let (count, _) = &*p.pending;
     *count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
     if p.tx.try_send(key).is_err() {
         settle(&p.pending, 1);
-        crate::metrics::global().record_publish(WriteBack::Dropped, 1);
+        crate::metrics::crosspod::record_publish(WriteBack::Dropped, 1);
     }
 }
 
@@ -369,7 +319,7 @@ fn publish_loop(path: &str, rx: &Receiver<Key>, pending: &(Mutex<usize>, Condvar
             }
         };
         for (r, n) in counts {
-            crate::metrics::global().record_publish(r, n as u64);
+            crate::metrics::crosspod::record_publish(r, n as u64);
         }
         settle(pending, keys.len());
     }
@@ -563,7 +513,8 @@ mod tests {
     #[test]
     fn publish_reads_each_answer() {
         use WriteBack::*;
-        let cases: [(&str, &'static [u8], Vec<(WriteBack, usize)>); 5] = [
+        type Case = (&'static str, &'static [u8], Vec<(WriteBack, usize)>);
+        let cases: [Case; 5] = [
             ("pub-ok", b"ok 2\n", vec![(Published, 2), (NotPublished, 0)]),
             (
                 "pub-part",

@@ -34,11 +34,12 @@
 //! The exposition is written with `prometheus-client`: latencies in seconds, sizes in bytes,
 //! counters end in `_total`.
 
+pub mod crosspod;
 pub mod pool;
 
-use crate::crosspod::WriteBack;
 use crate::ndp::client::error::FallbackReason;
 use crate::ndp::client::request::{NdpPath, NdpStats};
+use crosspod::WriteBack;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
@@ -226,10 +227,6 @@ pub struct Metrics {
     fallbacks: [AtomicU64; FALLBACKS.len()],
     device_link_bytes: AtomicU64,
     host_link_bytes: AtomicU64,
-    /// Per [`WriteBack::ALL`] result.
-    write_backs: [AtomicU64; WriteBack::ALL.len()],
-    /// Write-through publishes of put keys, per [`WriteBack::ALL`] result.
-    publishes: [AtomicU64; WriteBack::ALL.len()],
 }
 
 /// One operation's figures in a [`MetricsSnapshot`].
@@ -319,14 +316,10 @@ impl Metrics {
         }
     }
 
-    /// Records how one cross-pod write-back of an evicted block ended.
+    /// Records how one cross-pod write-back of an evicted block ended (a count of the process,
+    /// [`crosspod::record_write_back`], whichever `Metrics` is asked).
     pub fn record_write_back(&self, result: WriteBack) {
-        self.write_backs[result as usize].fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Counts `n` put keys whose write-through publish ended with `result`.
-    pub fn record_publish(&self, result: WriteBack, n: u64) {
-        self.publishes[result as usize].fetch_add(n, Ordering::Relaxed);
+        crosspod::record_write_back(result);
     }
 
     /// The numbers now.
@@ -358,16 +351,8 @@ impl Metrics {
                 .collect(),
             device_link_bytes: ld(&self.device_link_bytes),
             host_link_bytes: ld(&self.host_link_bytes),
-            write_backs: WriteBack::ALL
-                .iter()
-                .zip(&self.write_backs)
-                .map(|(&r, n)| (r, ld(n)))
-                .collect(),
-            publishes: WriteBack::ALL
-                .iter()
-                .zip(&self.publishes)
-                .map(|(&r, n)| (r, ld(n)))
-                .collect(),
+            write_backs: crosspod::write_backs(),
+            publishes: crosspod::publishes(),
         }
     }
 
