@@ -139,7 +139,7 @@ def run(quick=False):
     work = tempfile.mkdtemp(prefix="cxlkv-peers-lmcache-")
     spec = "shm:cxlkv-peers-lmcache-%d" % os.getpid()
     dax = "/dev/shm/cxlkv-peers-dax-%d" % os.getpid()
-    pool = cxlkv.Pool.create(spec, 512 << 20, participants=4)
+    pool = cxlkv.Pool.create(spec, 512 << 20)  # the default configuration: 8 partitions
     with open(dax, "wb") as f:  # fake DAX: a /dev/shm file of the arena's size
         f.truncate(128 << 20)
     cfg = os.path.join(work, "lmcache.yaml")
