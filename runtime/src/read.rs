@@ -23,8 +23,13 @@ impl Pool {
                 return Ok(None);
             };
             if self.prefetch_early() {
-                // The payload's first piece is fetched while the header is read and checked,
-                // so the two memory latencies overlap instead of adding up.
+                // The header's line, then the payload's head, are fetched together before the
+                // header is read and checked, so their memory latencies overlap instead of adding
+                // up (the header first: it is needed first).
+                self.mem().prefetch(
+                    self.header_off(loc.partition, loc.block),
+                    crate::format::BLOCK_HEADER_SIZE,
+                );
                 self.mem().prefetch(
                     self.payload_off(loc.partition, loc.block),
                     crate::object::PAYLOAD_HEAD.min(self.block_size()),
