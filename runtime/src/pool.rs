@@ -819,24 +819,9 @@ impl Pool {
         Ok(Probe::Absent)
     }
 
-    /// True when the pool's parties share hardware coherence: a prefetch ahead of an `acquire`
-    /// then brings current bytes (on software-coherent memory the acquire would drop them).
-    pub(crate) fn prefetch_early(&self) -> bool {
-        self.inner.sb.coherence == CoherenceMode::Hardware as u32
-    }
-
     /// Finds `key` in any partition this handle's tenant may read (tagged with it or 0).
     pub fn locate(&self, key: Key) -> Result<Option<Location>> {
-        let partitions = self.inner.sb.partitions;
-        if partitions > 1 && self.prefetch_early() {
-            // Every partition's home slot for the key starts on its way at once, so the probes
-            // below wait for about one memory latency instead of one per partition.
-            let home = self.home_slot(key);
-            for p in 0..partitions {
-                self.mem()
-                    .prefetch(self.index_slot_off(p, home), INDEX_SLOT_SIZE);
-            }
-        }
+        self.prefetch_home_slots(key);
         for _ in 0..READ_RETRIES {
             let mut busy = false;
             for p in 0..self.inner.sb.partitions {

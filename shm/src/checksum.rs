@@ -169,10 +169,16 @@ mod fused {
         let len = dst.len();
         debug_assert!(len >= MIN_LEN);
         let out = dst.as_mut_ptr();
-        // SAFETY (both closures): callers pass `i` with `i + 64 <= len`, so the 64 bytes are
-        // inside `src`'s readable range and inside `dst`; unaligned loads and stores.
-        let load = |i: usize| unsafe { _mm512_loadu_si512(src.add(i).cast()) };
-        let store = |i: usize, v: __m512i| unsafe { _mm512_storeu_si512(out.add(i).cast(), v) };
+        let load = |i: usize| {
+            // SAFETY: callers pass `i` with `i + 64 <= len`: the 64 bytes lie inside `src`'s
+            // readable range. An unaligned load.
+            unsafe { _mm512_loadu_si512(src.add(i).cast()) }
+        };
+        let store = |i: usize, v: __m512i| {
+            // SAFETY: callers pass `i` with `i + 64 <= len`: the 64 bytes lie inside `dst`. An
+            // unaligned store.
+            unsafe { _mm512_storeu_si512(out.add(i).cast(), v) }
+        };
         // The start: the CRC register (the CRC so far, inverted; all ones for none) XORed into
         // the message's first 32 bits, least significant byte first.
         let start = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, !crc as i32);
