@@ -109,7 +109,7 @@ mod fused {
 
     /// Shortest copy worth the fused path (one register).
     pub(super) const MIN_LEN: usize = 64;
-    /// How far ahead of the loads the prefetches run (measured best of 1, 2 and 4 KiB on Zen 4).
+    /// How far ahead of the loads the prefetches run (1, 2, 4 and 8 KiB measured alike on Zen 4).
     const AHEAD: usize = 2 << 10;
     /// The base page size, and how far ahead the loop touches the next page.
     const PAGE_AHEAD: usize = 4 << 10;
