@@ -6,20 +6,26 @@
 //! - `lookup_prefix` of one key, hit and miss, with 1, 4 and 16 partitions.
 //! - `get_into` and `put` of a 64 MiB multi-block object (256 KiB parts) against memcpy of 64 MiB
 //!   (target: get >= 0.9 x memcpy, as for the 4 KiB, 256 KiB and 2 MiB gets: issue #24);
-//!   `CXLKV_BENCH_OBJECT_ONLY=1` runs only this one.
+//!   `CXLKV_BENCH_OBJECT_ONLY=1` runs only this one; `CXLKV_BENCH_SIZES=4K,2M,lookup,64M` runs the
+//!   parts named.
 //!
 //! The pools live in `/dev/shm` (unlinked after). The memcpy baseline copies between private
-//! buffers of the same working-set size and rotation. After criterion's groups, a summary table
-//! from this bench's own timing loops gives each figure beside its baseline and target, plus the
-//! breakdown of a get (raw copy out of the pool, CRC-32C of the copy) that explains the gap.
+//! buffers of the same working-set size and rotation; the summary also gives memcpy out of the
+//! pool's own shm mapping (the payloads copied with no check), so both baselines are in the same
+//! run. After criterion's groups, a summary table from this bench's own timing loops gives each
+//! figure beside its baseline and target, plus the breakdown of a get: memcpy out of the pool,
+//! CRC-32C of the copy, the same get and copy from a pool on transparent huge pages (anonymous
+//! memory with `MADV_HUGEPAGE`, with the MiB that became huge pages), and the fixed cost of a get
+//! (index probe, block header) timed per call.
 //!
 //! `cargo bench --bench pool` (release, thin LTO). `CXLKV_BENCH_WORKING_SET_MIB` overrides the
-//! working set (default 1536 MiB, over the 480 MiB L3 this was written on).
+//! working set (default 1536 MiB, far over the last-level cache).
 mod common;
 use common::shuffled;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use cxlkv_runtime::{AttachOptions, Key, Participant, PoolConfig};
+use cxlkv_runtime::region::{Backend, HugePages, RegionOptions};
+use cxlkv_runtime::{AttachOptions, Key, Participant, Pool, PoolConfig};
 use cxlkv_test_support::TempPool;
 use std::hint::black_box;
 use std::sync::Mutex;
@@ -50,9 +56,9 @@ fn working_set() -> u64 {
         << 20
 }
 
-/// A pool in `/dev/shm` sized for `blocks_per_partition` blocks of `block_size` in each of
-/// `partitions` partitions, removed when dropped.
-fn shm_pool(tag: &str, block_size: u64, blocks_per_partition: u64, partitions: u32) -> TempPool {
+/// Size and configuration of a pool for `blocks_per_partition` blocks of `block_size` in each of
+/// `partitions` partitions.
+fn pool_geometry(block_size: u64, blocks_per_partition: u64, partitions: u32) -> (u64, PoolConfig) {
     // Header, device area and participant table, then per partition its index (32 B per slot,
     // 2-4 slots per block), block headers and payloads, with slack for page rounding.
     let per_partition = blocks_per_partition * (block_size + 64 + 128) + (64 << 10);
@@ -64,7 +70,51 @@ fn shm_pool(tag: &str, block_size: u64, blocks_per_partition: u64, partitions: u
         lease: Duration::from_secs(30),
         ..Default::default()
     };
+    (size, cfg)
+}
+
+/// A pool in `/dev/shm` (4 KiB pages: a tmpfs mount gives huge pages only with `huge=`), removed
+/// when dropped.
+fn shm_pool(tag: &str, block_size: u64, blocks_per_partition: u64, partitions: u32) -> TempPool {
+    let (size, cfg) = pool_geometry(block_size, blocks_per_partition, partitions);
     TempPool::create(&format!("bench-{tag}"), size, &cfg)
+}
+
+/// The same pool on private anonymous memory advised for transparent huge pages
+/// (`MADV_HUGEPAGE`): the same code path on 2 MiB pages, to show what the page size costs.
+fn huge_page_pool(block_size: u64, blocks_per_partition: u64) -> Pool {
+    let (size, cfg) = pool_geometry(block_size, blocks_per_partition, 1);
+    let opts = RegionOptions {
+        huge_pages: HugePages::Transparent,
+        ..Default::default()
+    };
+    Pool::create_on(&Backend::Anonymous, size, &cfg, &opts).expect("anonymous huge-page pool")
+}
+
+/// `AnonHugePages` of /proc/meminfo in MiB (memory in transparent huge pages, all processes).
+fn anon_huge_mib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("AnonHugePages:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(0)
+        >> 10
+}
+
+/// Median nanoseconds per call of `f` over `order` (batches of the whole order, 5 rounds).
+fn ns_per_call(order: &[usize], mut f: impl FnMut(usize)) -> f64 {
+    let mut per = (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            for &i in order {
+                f(i);
+            }
+            t.elapsed().as_nanos() as f64 / order.len() as f64
+        })
+        .collect::<Vec<_>>();
+    per.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    per[2]
 }
 
 /// Bytes per second of `f` called over `order` repeatedly for about `secs`, `bytes` per call.
@@ -196,31 +246,68 @@ fn bench_block_size(c: &mut Criterion, block: u64, label: &str) {
         .map(|&k| pool.block_ref(k).unwrap().unwrap().payload_off)
         .collect();
     let (mut d1, mut d2, mut d3) = (vec![0u8; b], vec![0u8; b], vec![0u8; b]);
-    let [get_cold, copy_cold, pool_copy_cold, get_vec_cold] = interleaved(
-        5,
-        [
-            &mut || {
-                rate(secs, &order, block, |i| {
-                    black_box(pool.get_into(keys[i], &mut d1).unwrap());
-                })
-            },
-            &mut || {
-                rate(secs, &order, block, |i| {
-                    d2.copy_from_slice(black_box(&src[i * b..(i + 1) * b]))
-                })
-            },
-            &mut || {
-                rate(secs, &order, block, |i| {
-                    mem.read(locs[i], black_box(&mut d3[..])).unwrap()
-                })
-            },
-            &mut || {
-                rate(secs, &order, block, |i| {
-                    black_box(pool.get(keys[i]).unwrap());
-                })
-            },
-        ],
-    );
+    // The same blocks in a pool on huge pages (one writer, this process).
+    let thp_before = anon_huge_mib();
+    let huge = huge_page_pool(block, n as u64 + 1);
+    let huge_owner = Participant::attach(&huge, AttachOptions::default()).expect("attach");
+    for &k in &keys {
+        huge_owner
+            .put(k, &payload)
+            .expect("fill the huge-page pool");
+    }
+    let huge_thp_mib = anon_huge_mib().saturating_sub(thp_before);
+    let huge_mem = huge.memory().clone();
+    let huge_locs: Vec<u64> = keys
+        .iter()
+        .map(|&k| huge.block_ref(k).unwrap().unwrap().payload_off)
+        .collect();
+    let (mut d4, mut d5) = (vec![0u8; b], vec![0u8; b]);
+    let [get_cold, copy_cold, pool_copy_cold, get_vec_cold, huge_get_cold, huge_copy_cold] =
+        interleaved(
+            5,
+            [
+                &mut || {
+                    rate(secs, &order, block, |i| {
+                        black_box(pool.get_into(keys[i], &mut d1).unwrap());
+                    })
+                },
+                &mut || {
+                    rate(secs, &order, block, |i| {
+                        d2.copy_from_slice(black_box(&src[i * b..(i + 1) * b]))
+                    })
+                },
+                &mut || {
+                    rate(secs, &order, block, |i| {
+                        mem.read(locs[i], black_box(&mut d3[..])).unwrap()
+                    })
+                },
+                &mut || {
+                    rate(secs, &order, block, |i| {
+                        black_box(pool.get(keys[i]).unwrap());
+                    })
+                },
+                &mut || {
+                    rate(secs, &order, block, |i| {
+                        black_box(huge.get_into(keys[i], &mut d4).unwrap());
+                    })
+                },
+                &mut || {
+                    rate(secs, &order, block, |i| {
+                        huge_mem.read(huge_locs[i], black_box(&mut d5[..])).unwrap()
+                    })
+                },
+            ],
+        );
+    // What a get pays before its copy, per call on the same cold order: finding the key (index
+    // probe), then also reading and checking its block header.
+    let probe_ns = ns_per_call(&order, |i| {
+        black_box(pool.contains(keys[i]).unwrap());
+    });
+    let header_ns = ns_per_call(&order, |i| {
+        black_box(pool.block_ref(keys[i]).unwrap());
+    });
+    drop(huge_owner);
+    drop(huge);
     let one = [0usize; 64];
     let [get_hot, copy_hot, crc_hot] = interleaved(
         5,
@@ -280,10 +367,26 @@ fn bench_block_size(c: &mut Criterion, block: u64, label: &str) {
         "  (target >= 90 %)"
     };
     summary(format!(
-        "get {label:>4} cold: {:6.2} GB/s vs memcpy {:6.2} GB/s = {:5.1} %{target}",
+        "get {label:>4} cold: {:6.2} GB/s vs memcpy {:6.2} GB/s = {:5.1} %{target}; vs memcpy out of the pool's shm mapping {:6.2} GB/s = {:5.1} %",
         gbs(get_cold),
         gbs(copy_cold),
-        pct(get_cold, copy_cold)
+        pct(get_cold, copy_cold),
+        gbs(pool_copy_cold),
+        pct(get_cold, pool_copy_cold)
+    ));
+    summary(format!(
+        "  huge pages {label}: get {:6.2} GB/s = {:5.1} % of memcpy, memcpy out of the pool {:6.2} GB/s = {:5.1} % ({huge_thp_mib} MiB in transparent huge pages)",
+        gbs(huge_get_cold),
+        pct(huge_get_cold, copy_cold),
+        gbs(huge_copy_cold),
+        pct(huge_copy_cold, copy_cold),
+    ));
+    summary(format!(
+        "  fixed cost {label}: {:.0} ns per get (cold) = index probe {probe_ns:.0} ns + block header {:.0} ns + copy and CRC {:.0} ns; memcpy {:.0} ns",
+        1e9 * block as f64 / get_cold,
+        (header_ns - probe_ns).max(0.0),
+        (1e9 * block as f64 / get_cold - header_ns).max(0.0),
+        1e9 * block as f64 / copy_cold,
     ));
     summary(format!(
         "get {label:>4} hot:  {:6.2} GB/s vs memcpy {:6.2} GB/s = {:5.1} %",
@@ -304,7 +407,7 @@ fn bench_block_size(c: &mut Criterion, block: u64, label: &str) {
         pct(put_hot, wcopy_hot)
     ));
     summary(format!(
-        "  breakdown {label}: raw copy out of the pool (cold) {:.2} GB/s, CRC-32C of an L2-resident copy {:.2} GB/s, get into a new Vec (cold) {:.2} GB/s; \
+        "  breakdown {label}: memcpy out of the pool's shm mapping (cold, no check) {:.2} GB/s, CRC-32C of an L2-resident copy {:.2} GB/s, get into a new Vec (cold) {:.2} GB/s; \
          copy then CRC predicts {:.2} GB/s",
         gbs(pool_copy_cold),
         gbs(crc_hot),
@@ -496,15 +599,27 @@ fn main() {
         .configure_from_args();
     // CXLKV_BENCH_OBJECT_ONLY=1: only the 64 MiB object bench (a quick run).
     let object_only = std::env::var("CXLKV_BENCH_OBJECT_ONLY").is_ok_and(|v| v == "1");
+    // CXLKV_BENCH_SIZES=4K,2M: only these block sizes (and no lookups or object unless named:
+    // "lookup", "64M").
+    let only: Option<Vec<String>> = std::env::var("CXLKV_BENCH_SIZES")
+        .ok()
+        .map(|v| v.split(',').map(str::to_string).collect());
+    let wanted = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == name));
     if !object_only {
         for (block, label) in SIZES {
-            bench_block_size(&mut c, block, label);
+            if wanted(label) {
+                bench_block_size(&mut c, block, label);
+            }
         }
         for parts in PARTITION_COUNTS {
-            bench_lookup(&mut c, parts);
+            if wanted("lookup") {
+                bench_lookup(&mut c, parts);
+            }
         }
     }
-    bench_object(&mut c);
+    if wanted("64M") {
+        bench_object(&mut c);
+    }
     c.final_summary();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(

@@ -240,8 +240,9 @@ def run(sizes, reps, peers):
     rows = []
     work = tempfile.mkdtemp(prefix="cxlkv-peers-")
     spec = "shm:cxlkv-peers-%d" % os.getpid()
-    # A participant owns one partition: 4 partitions of a 1 GiB pool hold a 64 MiB value.
-    pool = cxlkv.Pool.create(spec, 1 << 30, participants=4)
+    # The default configuration (8 participants, 8 partitions of 128 MiB): a participant claims
+    # further partitions as it fills, so the writer holds every value of a size at once.
+    pool = cxlkv.Pool.create(spec, 1 << 30)
     procs, cfg = [], {"spec": spec, "sizes": sizes, "mooncake_segment": 4 * max(sizes)}
     wanted = {"cxlkv": True}
     try:

@@ -145,9 +145,9 @@ def run(model, quick=False):
     llm = make_llm(model)
     work = tempfile.mkdtemp(prefix="cxlkv-peers-llama-")
     spec = "shm:cxlkv-peers-llama-%d" % os.getpid()
-    # A participant owns one partition (#24's Capacity part is not in yet): 4 partitions of a
-    # 1 GiB pool, so the ~47 MB state of 2,048 tokens fits.
-    pool = cxlkv.Pool.create(spec, 1 << 30, participants=4)
+    # The default configuration (8 participants, 8 partitions of 128 MiB); the ~47 MB state of
+    # 2,048 tokens and its index entries fit in what one participant claims.
+    pool = cxlkv.Pool.create(spec, 1 << 30)
     kinds = ["cxlkv", "ram", "disk"]
     label = {"cxlkv": "cxlkv (CxlkvLlamaCache)", "ram": "LlamaRAMCache", "disk": "LlamaDiskCache"}
     where = {"cxlkv": spec, "ram": None, "disk": os.path.join(work, "disk")}

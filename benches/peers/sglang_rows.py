@@ -57,7 +57,7 @@ def run(quick=False):
 
     work = tempfile.mkdtemp(prefix="cxlkv-peers-sglang-")
     spec = "shm:cxlkv-peers-sglang-%d" % os.getpid()
-    pool = cxlkv.Pool.create(spec, 512 << 20, participants=4)
+    pool = cxlkv.Pool.create(spec, 512 << 20)  # the default configuration: 8 partitions
     reps = 2 if quick else 12
     rows = []
 

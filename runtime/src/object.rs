@@ -19,21 +19,15 @@ use xxhash_rust::xxh3::xxh3_128;
 
 /// Bytes of a manifest's head.
 pub const MANIFEST_HEAD: u64 = std::mem::size_of::<ObjectManifest>() as u64;
-/// Bytes copied, then checksummed, at a time (fits L1 with room to spare): the CRC reads each
-/// piece while it is still in L1 instead of a second pass over a buffer larger than the caches.
-const CRC_PIECE: usize = 16 << 10;
+/// How much of a payload a reader prefetches before it has checked the block's header, so that
+/// the two memory latencies overlap (`Pool::read_validated`).
+pub(crate) const PAYLOAD_HEAD: u64 = 4 << 10;
 
-/// Copies `dst.len()` bytes of the pool from `off` into `dst` and returns their CRC, computed piece
-/// by piece right after each piece's copy (the CRC of the copy, as the read protocol requires).
+/// Copies `dst.len()` bytes of the pool from `off` into `dst` and returns the CRC of the copy (as
+/// the read protocol requires), computed in the same pass over the bytes
+/// ([`SharedMemory::read_checksummed`](cxlkv_shm::mem::SharedMemory::read_checksummed)).
 pub(crate) fn copy_checksummed(pool: &Pool, off: u64, dst: &mut [u8]) -> Result<u32> {
-    let mut crc = format::Crc32c::default();
-    let mut at = 0u64;
-    for piece in dst.chunks_mut(CRC_PIECE) {
-        pool.mem().read(off + at, piece)?;
-        crc.update(piece);
-        at += piece.len() as u64;
-    }
-    Ok(crc.finish())
+    Ok(pool.mem().read_checksummed(off, dst, 0)?)
 }
 
 /// Bytes of one part entry.
@@ -239,7 +233,7 @@ impl Pool {
             let poff = self.payload_off(ploc.partition, ploc.block);
             // Pairs with the publish of the part's payload in its commit.
             coherence::acquire(self.mem(), Site::PayloadRead, poff, p.len);
-            // Checksummed piece by piece right after each piece's copy, while it is in L1.
+            // Checksummed in the same pass as the copy.
             if copy_checksummed(self, poff, dst)? != p.crc
                 || self.slot_version(ploc.partition, ploc.slot)? != ploc.version
             {

@@ -825,6 +825,7 @@ impl Pool {
 
     /// Finds `key` in any partition this handle's tenant may read (tagged with it or 0).
     pub fn locate(&self, key: Key) -> Result<Option<Location>> {
+        self.prefetch_home_slots(key);
         for _ in 0..READ_RETRIES {
             let mut busy = false;
             for p in 0..self.inner.sb.partitions {

@@ -4,12 +4,31 @@
 //! [`crate::object`], which reads the parts the same way.
 
 use crate::coherence::{self, Site};
-use crate::format::Codec;
+use crate::format::{Codec, CoherenceMode, INDEX_SLOT_SIZE};
 use crate::key::Key;
 use crate::object::ObjectRead;
 use crate::pool::{BlockInfo, Pool, ReadBuf, Result, READ_RETRIES};
 
 impl Pool {
+    /// True when the pool's parties share hardware coherence: a prefetch ahead of an `acquire`
+    /// then brings current bytes (on software-coherent memory the acquire would drop them).
+    pub(crate) fn prefetch_early(&self) -> bool {
+        self.superblock().coherence == CoherenceMode::Hardware as u32
+    }
+
+    /// With several partitions, starts the key's home slot in every partition on its way at
+    /// once, so that `locate`'s probes wait about one memory latency instead of one per partition.
+    pub(crate) fn prefetch_home_slots(&self, key: Key) {
+        let partitions = self.superblock().partitions;
+        if partitions > 1 && self.prefetch_early() {
+            let home = self.home_slot(key);
+            for p in 0..partitions {
+                self.mem()
+                    .prefetch(self.index_slot_off(p, home), INDEX_SLOT_SIZE);
+            }
+        }
+    }
+
     /// The optimistic read loop: returns the block's info with its payload in `dst`, or `None` on
     /// a miss, also after [`READ_RETRIES`] failed validations, each counted in `retries`.
     pub(crate) fn read_validated(
@@ -22,6 +41,19 @@ impl Pool {
             let Some(loc) = self.locate(key)? else {
                 return Ok(None);
             };
+            if self.prefetch_early() {
+                // The header's line, then the payload's head, are fetched together before the
+                // header is read and checked, so their memory latencies overlap instead of adding
+                // up (the header first: it is needed first).
+                self.mem().prefetch(
+                    self.header_off(loc.partition, loc.block),
+                    crate::format::BLOCK_HEADER_SIZE,
+                );
+                self.mem().prefetch(
+                    self.payload_off(loc.partition, loc.block),
+                    crate::object::PAYLOAD_HEAD.min(self.block_size()),
+                );
+            }
             let Some(h) = self.checked_header(key, &loc)? else {
                 *retries += 1;
                 continue;

@@ -14,6 +14,9 @@
 //!   `numa:N`). A region implements [`SharedMemory`].
 //! - [`mem`]: [`SharedMemory`], the bounds-checked view: copies and 64-bit atomics by offset,
 //!   `publish`/`acquire` for coherence, `raw_range` for zero-copy users that need an address.
+//! - [`checksum`]: CRC-32C, and the copy out of shared memory that checksums what it copies in the
+//!   same pass (AVX-512 VPCLMULQDQ folding over the copy's registers where the CPU has it), behind
+//!   [`SharedMemory::read_checksummed`].
 //! - [`cacheline`]: the CPU side of coherence: [`CoherenceMode`] (recorded in a pool), CLWB /
 //!   CLFLUSHOPT / CLFLUSH write-back and invalidation chosen by CPUID, non-temporal streaming
 //!   copies.
@@ -35,6 +38,7 @@
 #![warn(unreachable_pub)]
 
 pub mod cacheline;
+pub mod checksum;
 pub mod futex;
 pub mod mem;
 pub mod region;

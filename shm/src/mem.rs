@@ -112,6 +112,25 @@ pub trait SharedMemory: Send + Sync {
         self.publish(offset, src.len() as u64);
         Ok(())
     }
+    /// Copies like [`read`](Self::read) and returns the CRC-32C of the bytes copied (of the copy,
+    /// which a concurrent writer may have torn, not of the memory now), continuing `crc`, the
+    /// CRC-32C of bytes before them (0 for none). Memory with an address reads each byte once
+    /// ([`crate::checksum`]); this default copies, then checksums the copy.
+    fn read_checksummed(&self, offset: u64, dst: &mut [u8], crc: u32) -> Result<u32> {
+        self.read(offset, dst)?;
+        let mut d = crc_fast::Digest::new_with_init_state(
+            crc_fast::CrcAlgorithm::Crc32Iscsi,
+            u64::from(!crc),
+        );
+        d.update(dst);
+        Ok(d.finalize() as u32)
+    }
+    /// Hints that `[offset, offset + len)` is about to be read: starts bringing it toward this
+    /// CPU's caches, so that a read of it later waits less. Only a hint: it never fails, never
+    /// changes the memory, and does nothing for ranges out of bounds or memory that cannot
+    /// prefetch (this default). On software-coherent memory, prefetch a range only after its
+    /// [`acquire`](Self::acquire): lines fetched before the invalidation are dropped by it.
+    fn prefetch(&self, _offset: u64, _len: u64) {}
     /// Raw address of `[offset, offset + len)` for zero-copy users (pins, reserve/commit, the C
     /// ABI, DMA registration), or `None` for memory that has no stable address (simulators).
     fn raw_range(&self, offset: u64, len: u64) -> Result<Option<*mut u8>>;
@@ -198,6 +217,15 @@ impl RawMemory {
         Ok(())
     }
 
+    /// [`SharedMemory::read_checksummed`] for a mapping: one pass over the bytes.
+    #[inline]
+    pub(crate) fn read_checksummed(&self, offset: u64, dst: &mut [u8], crc: u32) -> Result<u32> {
+        let at = check_range(offset, dst.len() as u64, self.size)?;
+        // SAFETY: [at, at + len) is inside the mapping (checked above); dst is private memory, so
+        // the ranges cannot overlap. Concurrent writers may tear the copy; the CRC is of the copy.
+        Ok(unsafe { crate::checksum::copy_crc32c(self.base.add(at), dst, crc) })
+    }
+
     #[inline]
     pub(crate) fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
         let at = check_range(offset, src.len() as u64, self.size)?;
@@ -260,6 +288,16 @@ impl RawMemory {
             .compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire))
     }
 
+    /// Prefetches every cache line of `[offset, offset + len)` into this CPU's L2 (x86_64; a
+    /// no-op elsewhere and for ranges out of bounds). A hint: it cannot fault or change memory.
+    #[inline]
+    pub(crate) fn prefetch(&self, offset: u64, len: u64) {
+        if let Ok(at) = check_range(offset, len, self.size) {
+            // SAFETY: [at, at + len) is inside the mapping (checked above).
+            unsafe { crate::checksum::prefetch(self.base.add(at), len as usize) };
+        }
+    }
+
     pub(crate) fn raw_range(&self, offset: u64, len: u64) -> Result<*mut u8> {
         let at = check_range(offset, len, self.size)?;
         // SAFETY: in bounds (checked above); only an address is computed, nothing is dereferenced.
@@ -318,6 +356,18 @@ mod tests {
             Err(MemError::Misaligned { .. })
         ));
         assert!(m.load_u64(4096, Ordering::Relaxed).is_err());
+        let mut all = vec![0u8; 4096];
+        let crc = m.read_checksummed(0, &mut all, 0).unwrap();
+        assert_eq!(crc, crate::checksum::crc32c(&all));
+        assert!(m.read_checksummed(1, &mut all, 0).is_err());
+        // Prefetch is a hint: in bounds, out of bounds or empty, it leaves the bytes as they were.
+        m.prefetch(4000, 96);
+        m.prefetch(4090, 100);
+        m.prefetch(u64::MAX, 2);
+        m.prefetch(4096, 0);
+        let mut again = vec![0u8; 4096];
+        m.read(0, &mut again).unwrap();
+        assert!(again == all);
         assert_eq!(m.raw_range(4096, 0), Ok(base.wrapping_add(4096)));
         assert!(m.raw_range(4000, 97).is_err());
     }

@@ -117,6 +117,12 @@ impl SharedMemory for Region {
         };
         self.coherence.store(code, Ordering::Relaxed);
     }
+    fn read_checksummed(&self, offset: u64, dst: &mut [u8], crc: u32) -> mem::Result<u32> {
+        self.mem.read_checksummed(offset, dst, crc)
+    }
+    fn prefetch(&self, offset: u64, len: u64) {
+        self.mem.prefetch(offset, len);
+    }
     fn raw_range(&self, offset: u64, len: u64) -> mem::Result<Option<*mut u8>> {
         self.mem.raw_range(offset, len).map(Some)
     }
