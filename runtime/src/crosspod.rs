@@ -451,21 +451,8 @@ mod tests {
 
     #[test]
     fn a_bridge_answer_is_read() {
-        let path = std::env::temp_dir().join(format!("cxlkv-crosspod-ok-{}", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path).unwrap();
-        let serve = std::thread::spawn(move || {
-            let (s, _) = listener.accept().unwrap();
-            let mut r = BufReader::new(s);
-            let mut line = String::new();
-            r.read_line(&mut line).unwrap();
-            r.get_mut().write_all(b"ok 1\n").unwrap();
-            line
-        });
-        assert_eq!(
-            ask(path.to_str().unwrap(), &[Key(7), Key(8)], DEFAULT_TIMEOUT),
-            Some(1)
-        );
+        let (path, serve) = bridge("ok", b"ok 1\n", Duration::ZERO);
+        assert_eq!(ask(&path, &[Key(7), Key(8)], DEFAULT_TIMEOUT), Some(1));
         assert_eq!(serve.join().unwrap(), request_line(&[Key(7), Key(8)]));
         let _ = std::fs::remove_file(&path);
     }

@@ -42,16 +42,8 @@ impl Participant {
 
     /// Commits a reservation taken with [`Reservation::into_raw`].
     pub fn commit_raw(&self, r: RawReservation) -> Result<Location> {
-        Reservation {
-            participant: self,
-            partition: r.partition,
-            block: r.block,
-            key: r.key,
-            len: r.len,
-            codec: r.codec,
-            done: false,
-        }
-        .commit()
+        let len = r.len;
+        self.commit_raw_prefix(r, len, None)
     }
 
     /// [`Reservation::commit_prefix`] of a reservation taken with [`Reservation::into_raw`].
