@@ -62,8 +62,13 @@ const QUIET_AFTER_OFF: Duration = Duration::from_secs(10);
 
 /// The request line for `rest`: `import <count> <key>...`, keys as 32 hex digits.
 pub fn request_line(rest: &[Key]) -> String {
-    let mut line = format!("import {}", rest.len());
-    for k in rest {
+    request("import", rest)
+}
+
+/// The request line `<verb> <count> <key>...`, keys as 32 hex digits.
+fn request(verb: &str, keys: &[Key]) -> String {
+    let mut line = format!("{verb} {}", keys.len());
+    for k in keys {
         line.push_str(&format!(" {:032x}", k.0));
     }
     line.push('\n');
@@ -103,14 +108,16 @@ pub fn extend<E>(rest: &[Key], present: impl Fn(Key) -> Result<bool, E>) -> Resu
 pub fn write_back(key: Key) -> Option<WriteBack> {
     let path = std::env::var(SOCKET_ENV).ok().filter(|p| !p.is_empty())?;
     let now = clock_ms();
-    let result = match Quiet::get(now) {
+    let result = match WRITE_BACK_QUIET.get(now) {
         Some(why) => why,
         None => {
             let limit = env_ms(WRITE_BACK_TIMEOUT_ENV, WRITE_BACK_TIMEOUT);
             let r = offer(&path, key, limit);
             match r {
-                WriteBack::Timeout => Quiet::set(now, QUIET_AFTER_TIMEOUT, WriteBack::Quiet),
-                WriteBack::Off => Quiet::set(now, QUIET_AFTER_OFF, WriteBack::Off),
+                WriteBack::Timeout => {
+                    WRITE_BACK_QUIET.set(now, QUIET_AFTER_TIMEOUT, WriteBack::Quiet)
+                }
+                WriteBack::Off => WRITE_BACK_QUIET.set(now, QUIET_AFTER_OFF, WriteBack::Off),
                 _ => {}
             }
             r
@@ -122,23 +129,10 @@ pub fn write_back(key: Key) -> Option<WriteBack> {
 /// The write-back request for `key` and how its answer reads: `ok 1` published, `ok 0` not, `off`
 /// the bridge's policy does not write back.
 fn offer(path: &str, key: Key, limit: Duration) -> WriteBack {
-    let deadline = Instant::now() + limit;
-    let mut stream = match connect_within(path, limit) {
-        Ok(s) => s,
-        Err(e) if is_timeout(&e) => return WriteBack::Timeout,
-        Err(_) => return WriteBack::NoBridge,
-    };
-    let line = format!("writeback 1 {:032x}\n", key.0);
-    match read_answer(&mut stream, line.as_bytes(), deadline) {
-        Err(e) if is_timeout(&e) => WriteBack::Timeout,
-        Err(_) => WriteBack::BadAnswer,
-        Ok(a) if a.trim() == "off" => WriteBack::Off,
-        Ok(a) => match parse_answer(&a, 1) {
-            Some(1) => WriteBack::Published,
-            Some(_) => WriteBack::NotPublished,
-            None => WriteBack::BadAnswer,
-        },
-    }
+    offer_keys(path, "writeback", &[key], limit)
+        .into_iter()
+        .find(|&(_, n)| n > 0)
+        .map_or(WriteBack::NotPublished, |(r, _)| r)
 }
 
 /// Sends `request` and reads one answer line of at most 64 bytes (an answer is a few bytes: a
@@ -177,7 +171,7 @@ fn is_timeout(e: &std::io::Error) -> bool {
 }
 
 /// Asking the bridge is paused in this process until a moment (milliseconds of [`clock_ms`]), for
-/// a reason counted in place of each request it skips: one for write-back ([`Quiet::get`]), one
+/// a reason counted in place of each request it skips: one for write-back ([`WRITE_BACK_QUIET`]), one
 /// for write-through ([`PUBLISH_QUIET`]).
 struct QuietState {
     until_ms: AtomicU64,
@@ -208,21 +202,9 @@ impl QuietState {
 }
 
 /// Write-back's pause.
-struct Quiet;
-
 static WRITE_BACK_QUIET: QuietState = QuietState::new();
 /// Write-through's pause.
 static PUBLISH_QUIET: QuietState = QuietState::new();
-
-impl Quiet {
-    fn get(now: u64) -> Option<WriteBack> {
-        WRITE_BACK_QUIET.get(now)
-    }
-
-    fn set(now: u64, span: Duration, why: WriteBack) {
-        WRITE_BACK_QUIET.set(now, span, why)
-    }
-}
 
 /// Keys the write-through queue holds at most; past it a put's key is dropped (counted).
 pub const PUBLISH_QUEUE: usize = 4096;
@@ -305,7 +287,7 @@ fn publish_loop(path: &str, rx: &Receiver<Key>, pending: &(Mutex<usize>, Condvar
         let counts = match PUBLISH_QUIET.get(now) {
             Some(why) => vec![(why, keys.len())],
             None => {
-                let counts = offer_publish(path, &keys, timeout());
+                let counts = offer_keys(path, "publish", &keys, timeout());
                 match counts.iter().find(|(r, _)| *r != WriteBack::Published) {
                     Some((WriteBack::Off, _)) => {
                         PUBLISH_QUIET.set(now, QUIET_AFTER_OFF, WriteBack::Off)
@@ -325,9 +307,10 @@ fn publish_loop(path: &str, rx: &Receiver<Key>, pending: &(Mutex<usize>, Condvar
     }
 }
 
-/// One `publish` request for `keys` and how its answer reads, as counts by result: `ok N`
-/// published the leading N (the rest not), `off` the bridge's policy does not publish on put.
-fn offer_publish(path: &str, keys: &[Key], limit: Duration) -> Vec<(WriteBack, usize)> {
+/// One `verb` request (`publish` or `writeback`) for `keys` and how its answer reads, as counts by
+/// result: `ok N` published the leading N (the rest not), `off` the bridge's policy does not serve
+/// the request.
+fn offer_keys(path: &str, verb: &str, keys: &[Key], limit: Duration) -> Vec<(WriteBack, usize)> {
     let all = |r| vec![(r, keys.len())];
     let deadline = Instant::now() + limit;
     let mut stream = match connect_within(path, limit) {
@@ -335,7 +318,7 @@ fn offer_publish(path: &str, keys: &[Key], limit: Duration) -> Vec<(WriteBack, u
         Err(e) if is_timeout(&e) => return all(WriteBack::Timeout),
         Err(_) => return all(WriteBack::NoBridge),
     };
-    let line = request_line(keys).replacen("import", "publish", 1);
+    let line = request(verb, keys);
     match read_answer(&mut stream, line.as_bytes(), deadline) {
         Err(e) if is_timeout(&e) => all(WriteBack::Timeout),
         Err(_) => all(WriteBack::BadAnswer),
@@ -515,7 +498,7 @@ mod tests {
         for (tag, answer, want) in cases {
             let (path, serve) = bridge(tag, answer, Duration::ZERO);
             assert_eq!(
-                offer_publish(&path, &[Key(7), Key(9)], DEFAULT_TIMEOUT),
+                offer_keys(&path, "publish", &[Key(7), Key(9)], DEFAULT_TIMEOUT),
                 want,
                 "{tag}"
             );
@@ -526,7 +509,12 @@ mod tests {
             let _ = std::fs::remove_file(&path);
         }
         assert_eq!(
-            offer_publish("/nonexistent/cxlkv-bridge", &[Key(1)], DEFAULT_TIMEOUT),
+            offer_keys(
+                "/nonexistent/cxlkv-bridge",
+                "publish",
+                &[Key(1)],
+                DEFAULT_TIMEOUT
+            ),
             vec![(NoBridge, 1)]
         );
     }
@@ -583,12 +571,12 @@ mod tests {
 
     #[test]
     fn quiet_skips_offers_until_it_ends() {
-        Quiet::set(1_000, QUIET_AFTER_TIMEOUT, WriteBack::Quiet);
-        assert_eq!(Quiet::get(1_500), Some(WriteBack::Quiet));
-        assert_eq!(Quiet::get(2_000), None);
-        Quiet::set(1_000, QUIET_AFTER_OFF, WriteBack::Off);
-        assert_eq!(Quiet::get(10_999), Some(WriteBack::Off));
-        assert_eq!(Quiet::get(11_000), None);
-        Quiet::set(0, Duration::ZERO, WriteBack::Quiet);
+        WRITE_BACK_QUIET.set(1_000, QUIET_AFTER_TIMEOUT, WriteBack::Quiet);
+        assert_eq!(WRITE_BACK_QUIET.get(1_500), Some(WriteBack::Quiet));
+        assert_eq!(WRITE_BACK_QUIET.get(2_000), None);
+        WRITE_BACK_QUIET.set(1_000, QUIET_AFTER_OFF, WriteBack::Off);
+        assert_eq!(WRITE_BACK_QUIET.get(10_999), Some(WriteBack::Off));
+        assert_eq!(WRITE_BACK_QUIET.get(11_000), None);
+        WRITE_BACK_QUIET.set(0, Duration::ZERO, WriteBack::Quiet);
     }
 }
