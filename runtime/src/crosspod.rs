@@ -16,16 +16,17 @@
 //! pool for what the bridge says it imported.
 //!
 //! Write-back (the bridge's `--publish on-eviction` policy): a participant about to evict a
-//! committed block calls [`write_back`] while the block is still indexed, under its owner lock, so
-//! its space cannot be reused yet. The request names the key; the bridge pins the block (the pin
-//! keeps it from reuse even past our timeout), publishes it from pool memory and answers. The
+//! committed block (or multi-block object, under its manifest's key) calls [`write_back`] while it
+//! is still indexed, under its owner lock, so its space cannot be reused yet. The request names
+//! the key; the bridge pins the block (the pin keeps it from reuse even past our timeout) and
+//! publishes it from pool memory, or reads the object whole and publishes that, and answers. The
 //! eviction waits at most [`WRITE_BACK_TIMEOUT`], connecting included; past it, or with no bridge,
 //! the block is dropped as without the tier; the eviction counts the result in the process
 //! metrics (`cxlkv_crosspod_write_backs_total`). After a timeout evictions do not ask for
 //! [`QUIET_AFTER_TIMEOUT`], so a stuck bridge costs one wait per interval, not one per put.
 //!
-//! Write-through (the bridge's `--publish on-put` policy): every single-block put and commit of a
-//! process with a bridge configured hands its key to [`on_put`], which queues it and returns at
+//! Write-through (the bridge's `--publish on-put` policy): every put and commit of a process with a
+//! bridge configured (a multi-block object under its own key) hands its key to [`on_put`], which queues it and returns at
 //! once; one background thread per process sends what is queued as one `publish` request and the
 //! bridge publishes the blocks from pool memory. The put never waits for it. A full queue, a dead
 //! or slow bridge, or one whose policy does not publish on put (`off`) drops the keys, counted in
@@ -237,8 +238,8 @@ fn publisher() -> Option<&'static Publisher> {
         .as_ref()
 }
 
-/// Hands `key`, just committed as a single block, to the bridge for publishing (write-through;
-/// see the module documentation), and returns at once. Nothing without a bridge configured. The
+/// Hands `key`, just committed (a block, or a multi-block object), to the bridge for publishing
+/// (write-through; see the module documentation), and returns at once. Nothing without a bridge configured. The
 /// result is counted in the process metrics when the bridge answers.
 pub fn on_put(key: Key) {
     let Some(p) = publisher() else { return };

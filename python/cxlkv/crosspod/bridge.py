@@ -4,7 +4,8 @@ It attaches to the pool as a participant of its tenant, registers the pool's map
 once, and serves requests on a Unix socket (client.py). Store objects, for a pool key K of model M
 and tenant T (Mooncake's `tenant_id` is T too): `cxlkv/M/T/K`, the block's payload followed by a
 16-byte trailer (its length and CRC-32C), written from the pool's memory and the trailer in one
-`batch_put_from_multi_buffers`. Mooncake makes an object visible only once its put completed, and
+`batch_put_from_multi_buffers` (a multi-block object: its whole payload, read into a registered
+staging buffer, and its trailer). Mooncake makes an object visible only once its put completed, and
 keeps the first value of a duplicate put, so two pods publishing at once leave one object, whose
 own trailer checks it.
 
@@ -14,7 +15,8 @@ block's full capacity; one `batch_get_into` of the objects, each whole straight 
 pool memory, whose answer gives each object's size. An object larger than a block's capacity (a
 payload of a whole block and its trailer) is read again the long way: its size from
 `batch_get_replica_desc`, then one `batch_get_into_multi_buffers`, the payload into the pool and
-the trailer into a registered buffer. Then a commit of the payload's length with the trailer's CRC (`Reservation.commit(length,
+the trailer into a registered buffer; a multi-block object is read into the staging buffer,
+checked, and stored by a put (visible only whole). Then a commit of the payload's length with the trailer's CRC (`Reservation.commit(length,
 crc)`: one pass over the bytes checks them and makes the block's checksum) of each leading block,
 and an abort of the rest. Any store error, short read or mismatch ends the chain there: a miss,
 never wrong data.
@@ -22,7 +24,7 @@ A bridge killed mid-import leaves reservations, which the pool
 reclaims like any dead participant's (`cxlkv pool check`).
 
 Publish policy (`--publish`): `on-put` serves `publish` requests (the runtime's write-through:
-every single-block put and commit of a process with CXLKV_CROSSPOD_SOCKET set queues its key, and
+every put and commit of a process with CXLKV_CROSSPOD_SOCKET set queues its key, and
 a background thread sends what is queued; or a writer's explicit `publish`), `on-eviction` serves
 the runtime's `writeback` requests (a participant of the pod about to evict a committed block names it
 while it is still indexed; the bridge pins it, publishes it and answers before the space is
@@ -159,18 +161,34 @@ class Bridge:
         rc = self.store.register_buffer(self.meta.ctypes.data, self.meta.nbytes)
         if rc != 0:
             raise RuntimeError("register_buffer of the trailer buffer returned %d" % rc)
+        self.stage = None  # registered on the first multi-block object (`_stage`)
 
     def name(self, key):
         return self.prefix + "%032x" % key
 
     def publish(self, keys):
-        """Puts each committed key's block into the store (payload from pool memory, then its
-        trailer); how many leading keys are published afterwards."""
+        """Puts each committed key's value into the store, in order: runs of single blocks from
+        pool memory (payload, then its trailer), a multi-block object through the staging buffer;
+        how many leading keys are published afterwards."""
         keys = keys[:MAX_CHAIN]
+        done = 0
+        while done < len(keys):
+            n = self._publish_blocks(keys[done:])
+            done += n
+            if done == len(keys) or not self._publish_object(keys[done]):
+                break
+            done += 1
+        return done
+
+    def _publish_blocks(self, keys):
+        """Publishes the leading run of `keys` that are single committed blocks; how many."""
         pins, names, ptrs, sizes = [], [], [], []
         try:
             for i, k in enumerate(keys):
-                pin = self.me.pin(cxlkv.Key(k))
+                try:
+                    pin = self.me.pin(cxlkv.Key(k))
+                except cxlkv.BadInputError:  # a multi-block object: pins hold one block
+                    break
                 if pin is None:
                     break
                 pins.append(pin)
@@ -191,6 +209,38 @@ class Bridge:
         self.metrics.add("published", done)
         self.metrics.add("published_bytes", sum(sizes[:done]))
         return done
+
+    def _publish_object(self, key):
+        """Publishes the multi-block object under `key` as one store object (its payload, read
+        with every part's CRC checked into the registered staging buffer, then its trailer);
+        False when `key` holds none (a miss, or a single block that changed meanwhile)."""
+        k = cxlkv.Key(key)
+        length = self.me.length(k)
+        if length is None or length <= self.block_size:
+            return False
+        stage = self._stage(length + META.size)
+        if self.me.get_into(k, stage[:length]) != length:
+            return False  # replaced meanwhile by a value of another size
+        META.pack_into(stage, length, length, cxlkv.crc32c(stage[:length]))
+        if self._put([self.name(key)], [[stage.ctypes.data]], [[length + META.size]]) != 1:
+            return False
+        self.metrics.add("published")
+        self.metrics.add("published_bytes", length)
+        return True
+
+    def _stage(self, size):
+        """The registered staging buffer multi-block objects pass through, grown to hold at least
+        `size` bytes (kept for the next object)."""
+        if self.stage is None or self.stage.nbytes < size:
+            if self.stage is not None:
+                self.store.unregister_buffer(self.stage.ctypes.data)
+                self.stage = None
+            stage = np.empty(-(-size // (1 << 20)) << 20, np.uint8)
+            rc = self.store.register_buffer(stage.ctypes.data, stage.nbytes)
+            if rc != 0:
+                raise RuntimeError("register_buffer of the staging buffer returned %d" % rc)
+            self.stage = stage
+        return self.stage
 
     def _put(self, names, ptrs, sizes):
         """How many leading puts left an object in the store (one already there counts: Mooncake
@@ -231,8 +281,9 @@ class Bridge:
         done, larger = self._fill(keys[:n], names[:n], None, t)
         if not larger:
             return done
-        # An object with no room for its trailer in a block (a payload of a whole block): its
-        # size first, then payload and trailer scattered.
+        # Objects with no room for their trailer in a block (a payload of a whole block, or a
+        # multi-block object): their sizes first, then each run of block payloads read
+        # scattered, each multi-block object through the staging buffer.
         t = time.perf_counter_ns()
         names = names[done:n]
         try:
@@ -249,8 +300,57 @@ class Bridge:
                 break
             lens.append(size - META.size)
         t = self.metrics.phase("index", t)
-        more, _ = self._fill(keys[done:n], names, lens, t)
-        return done + more
+        keys = keys[done:n]
+        at = 0
+        while at < len(lens):
+            run = next((i for i in range(at, len(lens)) if lens[i] > self.block_size), len(lens))
+            if run > at:
+                more, _ = self._fill(keys[at:run], names[at:run], lens[at:run], t)
+                done += more
+                if more < run - at:
+                    break
+                at = run
+            if at < len(lens):
+                if not self._import_object(keys[at], names[at], lens[at]):
+                    break
+                done += 1
+                at += 1
+            t = time.perf_counter_ns()
+        return done
+
+    def _import_object(self, key, name, length):
+        """Imports the multi-block object `name` of a `length`-byte payload: read into the
+        registered staging buffer, its trailer and CRC checked, stored by a put (parts, then the
+        manifest: visible only whole). Whether it is now in the pool."""
+        if length > self.me.max_object_len:
+            self.metrics.fail("pool_full")
+            return False
+        t = time.perf_counter_ns()
+        stage = self._stage(length + META.size)
+        rcs = self._get([name], [stage.ctypes.data], [length + META.size], True)
+        t = self.metrics.phase("read", t)
+        try:
+            if not rcs or rcs[0] != length + META.size:
+                self._failed(rcs[0] if rcs else -1)
+                return False
+            stored_len, crc = META.unpack_from(stage, length)
+            if stored_len != length or cxlkv.crc32c(stage[:length]) != crc:
+                self.metrics.fail("crc_mismatch")
+                return False
+            pause_here()
+            try:
+                self.me.put_if_absent(cxlkv.Key(key), stage[:length])
+            except cxlkv.FullError:
+                self.metrics.fail("pool_full")
+                return False
+            except cxlkv.Error:
+                self.metrics.fail("pool_error")
+                return False
+        finally:
+            self.metrics.phase("check_commit", t)
+        self.metrics.add("imported")
+        self.metrics.add("imported_bytes", length)
+        return True
 
     def _fill(self, keys, names, lens, t):
         """Reserves, reads, checks and commits the leading run of `keys` (store objects `names`):

@@ -94,10 +94,9 @@ impl Participant {
             self.put_object_locked(&mut st, key, Codec::Raw, payload)?
         } else {
             let crc = format::crc32c(payload);
-            let loc = self.store_block(&mut st, key, Codec::Raw, payload, crc)?;
-            crate::crosspod::on_put(key);
-            loc
+            self.store_block(&mut st, key, Codec::Raw, payload, crc)?
         };
+        crate::crosspod::on_put(key);
         Ok(PutOutcome::Stored(loc))
     }
 

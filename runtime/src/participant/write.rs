@@ -49,8 +49,9 @@ impl Participant {
             };
             self.store_spread(key, blocks, store, |_| true)
         };
-        if r.is_ok() && blocks <= 1 {
-            // Write-through to the cross-pod tier (asynchronous; single blocks only).
+        if r.is_ok() {
+            // Write-through to the cross-pod tier (asynchronous; a multi-block object is
+            // published whole).
             crate::crosspod::on_put(key);
         }
         count_call(Op::Put, t0, &r, |_| (Outcome::Ok, payload.len() as u64, 0));
@@ -232,13 +233,11 @@ impl Participant {
                 skipped.push(victim);
                 continue;
             }
-            // Write-back to the cross-pod tier while the block is still indexed (its bridge
-            // pins it); single blocks only, as the bridge publishes no multi-block objects.
-            if !st.objects.contains_key(&victim) {
-                let (_, key, _) = self.own_slot(st.partition, slot)?;
-                if let Some(result) = crate::crosspod::write_back(key) {
-                    crate::metrics::global().record_write_back(result);
-                }
+            // Write-back to the cross-pod tier while the block (or the object, under its
+            // manifest's key) is still indexed: its bridge pins the block, or reads the object.
+            let (_, key, _) = self.own_slot(st.partition, slot)?;
+            if let Some(result) = crate::crosspod::write_back(key) {
+                crate::metrics::global().record_write_back(result);
             }
             self.unindex(st, victim, slot)?;
             // The Dekker pair with `pin`: we removed the entry, then look for pins; a reader
