@@ -30,10 +30,11 @@
 //!   device call releases the GIL, so Python threads overlap commands the way C tickets do.
 //!
 //! Modules: [`observe`], [`errors`], [`buffer`] (the only one that makes slices of raw addresses), [`keys`],
-//! [`pool`], [`participant`], [`pin`], [`reservation`], [`kv`], [`device`]; `bench`
+//! [`pool`], [`participant`], [`pin`], [`reservation`], [`batch`], [`kv`], [`device`]; `bench`
 //! (reference loops for python/bench.py) only with the non-default `bench-loops` feature, which
 //! the wheel leaves out.
 
+pub mod batch;
 #[cfg(feature = "bench-loops")]
 pub mod bench;
 pub mod buffer;
@@ -59,6 +60,7 @@ fn _cxlkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<participant::PyParticipant>()?;
     m.add_class::<pin::PyPin>()?;
     m.add_class::<reservation::PyReservation>()?;
+    m.add_class::<batch::PyReservationBatch>()?;
     m.add_class::<kv::PyKvBlock>()?;
     m.add_class::<device::PyDevice>()?;
     m.add_function(wrap_pyfunction!(keys::key_chain, m)?)?;

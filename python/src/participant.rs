@@ -3,6 +3,7 @@
 //! a whole batch in one release. No scratch buffer is shared, so one participant may be used from
 //! many threads at once.
 
+use crate::batch::PyReservationBatch;
 use crate::buffer::{numpy, Bytes, BytesMut};
 use crate::device::PyDevice;
 use crate::errors::Fail;
@@ -316,6 +317,24 @@ impl PyParticipant {
     ) -> PyResult<PyReservation> {
         let (me, k) = (self.inner()?, key_of(key)?);
         Ok(py.detach(|| PyReservation::take(me, k, length))?)
+    }
+
+    /// Reserves `length` bytes under each of `keys`, in order, for one transfer that fills them
+    /// all: a `ReservationBatch` (its `addresses` in pool memory; `commit_trailed(sizes)` commits
+    /// them together). Stops at the first key that cannot be reserved (the batch is then shorter
+    /// and `stopped` holds the error), and with `evict=False` at the first that would evict a
+    /// block (or exceed the tenant's quota): then `stopped` is None. Longer than a block:
+    /// BadInputError.
+    #[pyo3(signature = (keys, length, evict=true))]
+    fn reserve_many(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        length: u64,
+        evict: bool,
+    ) -> PyResult<PyReservationBatch> {
+        let (me, ks) = (self.inner()?, keys_of(keys)?);
+        Ok(py.detach(|| PyReservationBatch::take(me, &ks, length, evict))?)
     }
 
     /// Stores a typed KV block: `k` and `v` are `[kv_heads, tokens, head_dim]` arrays (float16 or

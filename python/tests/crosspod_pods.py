@@ -450,6 +450,27 @@ def run_checks(a, b, work, master_exe, port, mlog):
                     "A still holds %d); B found %d, byte-exact %s") % (
             written, left, n, digests == expected(17, 1, 3 * BLOCK))
 
+    def missing_chain():
+        # Pod B's tenant t2 at its quota (any reservation would evict): a chain the store lacks
+        # costs it nothing; one the store has is imported, evicting as a put would.
+        held = chain("eight", "t2", 4)  # t2's 4 blocks in B, from check 8
+        before = b.call("t2", LOOKUP, crosspod=False, keys=held)
+        b.pool.set_tenant_quota("t2", before)
+        try:
+            n = b.call("t2", LOOKUP, keys=chain("missing", "t2", 6))
+            after = b.call("t2", LOOKUP, crosspod=False, keys=held)
+            fresh = chain("present", "t2", 2)
+            a.call("t2", PUT, keys=fresh, seed=18, size=BLOCK)
+            published = cxlkv.crosspod.publish(a.sock("t2"), fresh)
+            m, digests = b.call("t2", LOOKUP_AND_DIGESTS, keys=fresh)
+        finally:
+            b.pool.set_tenant_quota("t2", 0)
+        ok = (before == 4 and n == 0 and after == 4 and published == 2 and m == 2
+              and digests == expected(18, 2))
+        return ok, ("t2 in B at its quota of %d blocks: a chain the store lacks found %d, B still "
+                    "holds %d of 4; a published chain of 2 imported %d, byte-exact %s") % (
+            before, n, after, m, digests == expected(18, 2))
+
     check(1, "a prefix put in pod A is found by pod B, byte-exact; B's second read is local", one)
     check(2, "a partial chain is found exactly as far as it exists", two)
     check(3, "both pods publishing the same keys at once leave one whole value", three)
@@ -464,6 +485,7 @@ def run_checks(a, b, work, master_exe, port, mlog):
     check(12, "(extra) multi-block objects in a chain: written through, published, imported whole",
           objects)
     check(13, "(extra) a multi-block object evicted in pod A is written back whole", object_write_back)
+    check(14, "(extra) a chain the store lacks costs a pool at its quota nothing", missing_chain)
 
     exe = os.environ.get("CXLKV_BIN") or os.path.join(ROOT, "target", "debug", "cxlkv")
     if os.access(exe, os.X_OK):

@@ -81,3 +81,65 @@ def test_abort_and_refusals(me):
     held = [me.reserve("f-%d" % i, 16) for i in range(3)]
     for r in held:
         r.abort()
+
+
+def _land(addr, payload, crc=None):
+    """Writes `payload` and its trailer (length, CRC-32C) at `addr`, as one transfer lands them;
+    returns how many bytes landed."""
+    import ctypes
+    import struct
+
+    crc = cxlkv.crc32c(payload) if crc is None else crc
+    data = payload + struct.pack("<QQ", len(payload), crc)
+    ctypes.memmove(addr, data, len(data))
+    return len(data)
+
+
+def test_reserve_many_then_commit_trailed(me):
+    keys = ["m-%d" % i for i in range(5)]
+    batch = me.reserve_many(keys, 4096)
+    assert len(batch) == 5 and batch.length == 4096 and batch.stopped is None and batch.open
+    assert len(set(batch.addresses)) == 5
+    bodies = [bytes([i]) * (100 + i) for i in range(4)]
+    sizes = [_land(a, b) for a, b in zip(batch.addresses, bodies)]
+    _land(batch.addresses[2], bodies[2], crc=cxlkv.crc32c(bodies[2]) ^ 1)  # a torn transfer
+    assert batch.commit_trailed(sizes) == (2, "crc_mismatch")
+    assert [me.get(k) for k in keys] == bodies[:2] + [None] * 3
+    assert not batch.open
+    with pytest.raises(cxlkv.ClosedError):
+        batch.commit_trailed(sizes)
+    # A size that cannot hold a trailer, or runs past the reservation, ends the batch.
+    for bad in (15, 4097):
+        batch = me.reserve_many(["s-1", "s-2"], 4096)
+        ok = _land(batch.addresses[0], b"first")
+        assert batch.commit_trailed([ok, bad]) == (1, "short_read")
+        assert me.get("s-1") == b"first" and me.get("s-2") is None
+        me.delete("s-1")
+    # A trailer whose length does not match the landed size is a mismatch too.
+    batch = me.reserve_many(["t-1"], 4096)
+    n = _land(batch.addresses[0], b"x" * 50)
+    assert batch.commit_trailed([n + 1]) == (0, "crc_mismatch")
+    # Fewer sizes than reservations: the rest are freed, which is no failure.
+    batch = me.reserve_many(["u-1", "u-2"], 4096)
+    assert batch.commit_trailed([_land(batch.addresses[0], b"u")]) == (1, None)
+    assert me.get("u-1") == b"u" and me.get("u-2") is None
+
+
+def test_reserve_many_without_evicting(me):
+    for i in range(3):
+        me.put("held-%d" % i, b"v")
+    keys = ["e-%d" % i for i in range(10_000)]
+    free = me.reserve_many(keys, 4096, evict=False)
+    # It stops where a block would have to be evicted, and that is no error.
+    assert 0 < len(free) < len(keys) and free.stopped is None
+    free.abort()
+    assert [me.get("held-%d" % i) for i in range(3)] == [b"v"] * 3
+    # With eviction it goes on, evicting the committed blocks, until nothing is left to evict.
+    full = me.reserve_many(keys, 4096)
+    assert len(full) == len(free) + 3 and isinstance(full.stopped, cxlkv.FullError)
+    assert [me.get("held-%d" % i) for i in range(3)] == [None] * 3
+    full.abort()
+    # Aborted, every block is back.
+    again = me.reserve_many(keys, 4096, evict=False)
+    assert len(again) == len(full)
+    again.abort()

@@ -97,18 +97,12 @@ pub fn crc32c(bytes: &[u8]) -> u32 {
     crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, bytes) as u32
 }
 
-/// CRC-32C of `len` bytes of shared memory at `offset`, read through a small private buffer
-/// (shared memory is never borrowed as a slice), each piece checksummed as it is copied.
+/// CRC-32C of `len` bytes of shared memory at `offset` that no other party writes meanwhile (a
+/// reservation being committed, a block under a pin): read in place where the memory has an
+/// address ([`SharedMemory::checksum`]; never borrowed as a slice), else through a small private
+/// buffer.
 pub fn crc32c_shared(mem: &dyn SharedMemory, offset: u64, len: u64) -> mem::Result<u32> {
-    let mut buf = [0u8; 16 << 10];
-    let mut crc = 0;
-    let mut done = 0;
-    while done < len {
-        let n = (len - done).min(buf.len() as u64) as usize;
-        crc = mem.read_checksummed(offset + done, &mut buf[..n], crc)?;
-        done += n as u64;
-    }
-    Ok(crc)
+    mem.checksum(offset, len, 0)
 }
 
 /// Incremental CRC-32C over several pieces; equal to [`crc32c`] of their concatenation.

@@ -5,7 +5,9 @@
 //! twice; [`copy_crc32c`] reads it once: on x86_64 CPUs with AVX-512 and VPCLMULQDQ it folds the
 //! CRC over the very 64-byte registers the copy loads and stores, prefetching ahead of the loads.
 //! Elsewhere (other CPUs, other architectures, Miri) it copies 4 KiB pieces, checksumming each
-//! while it is still in L1 with the next one already prefetched.
+//! while it is still in L1 with the next one already prefetched. [`crc32c_at`] is the same pass
+//! without the copy, for bytes no other party writes meanwhile (a reservation being committed, a
+//! pinned block).
 //!
 //! The folding is the one of Gopal et al., "Fast CRC Computation for Generic Polynomials Using
 //! PCLMULQDQ Instruction" (Intel, 2009), in the bit-reflected order CRC-32C uses. Read the message
@@ -49,6 +51,35 @@ pub(crate) unsafe fn copy_crc32c(src: *const u8, dst: &mut [u8], crc: u32) -> u3
     }
     // SAFETY: this function's contract.
     unsafe { copy_crc32c_in_pieces(src, dst, crc) }
+}
+
+/// The CRC-32C of `len` bytes at `src`, continuing `crc` (as [`copy_crc32c`]), read in place:
+/// on the fused path the loads feed the CRC alone; elsewhere 4 KiB pieces are copied to the stack
+/// and checksummed there (no Rust reference into memory another party may write).
+///
+/// # Safety
+/// `src` must be valid for reads of `len` bytes. Another party may write them meanwhile; the
+/// CRC is then of some mix of old and new bytes (a caller that must check what it uses copies
+/// with [`copy_crc32c`] instead).
+pub(crate) unsafe fn crc32c_at(src: *const u8, len: usize, crc: u32) -> u32 {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        if len >= fused::MIN_LEN && fused::available() {
+            // SAFETY: the CPU has AVX-512F and VPCLMULQDQ (checked just above); `src` is valid
+            // for `len` bytes (this function's contract).
+            return unsafe { fused::crc32c_at(src, len, crc) };
+        }
+    }
+    let mut piece = [0u8; PIECE];
+    let (mut crc, mut at) = (crc, 0);
+    while at < len {
+        let n = PIECE.min(len - at);
+        // SAFETY: `[at, at + n)` is inside the `len` readable bytes at `src` (this function's
+        // contract); `piece` is this function's own.
+        crc = unsafe { copy_crc32c_in_pieces(src.add(at), &mut piece[..n], crc) };
+        at += n;
+    }
+    crc
 }
 
 /// The portable path of [`copy_crc32c`]: 4 KiB pieces, each checksummed while in L1 as the next
@@ -166,18 +197,47 @@ mod fused {
     /// bytes and must not overlap `dst`.
     #[target_feature(enable = "avx512f,vpclmulqdq")]
     pub(super) unsafe fn copy_crc32c(src: *const u8, dst: &mut [u8], crc: u32) -> u32 {
-        let len = dst.len();
+        // SAFETY: this function's contract; `dst` is valid for writes of its length.
+        unsafe { fold_crc32c::<true>(src, dst.as_mut_ptr(), dst.len(), crc) }
+    }
+
+    /// [`super::crc32c_at`] on AVX-512 with VPCLMULQDQ, for `len >= MIN_LEN`: the same loop
+    /// without the stores.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F and VPCLMULQDQ; `src` must be valid for reads of `len` bytes.
+    #[target_feature(enable = "avx512f,vpclmulqdq")]
+    pub(super) unsafe fn crc32c_at(src: *const u8, len: usize, crc: u32) -> u32 {
+        // SAFETY: this function's contract; with `COPY` false nothing is written to `out`.
+        unsafe { fold_crc32c::<false>(src, std::ptr::null_mut(), len, crc) }
+    }
+
+    /// The CRC-32C of `len` bytes at `src`, continuing `crc`, copying them to `out` as it reads
+    /// them when `COPY`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F and VPCLMULQDQ; `len >= MIN_LEN`; `src` must be valid for
+    /// reads of `len` bytes; with `COPY`, `out` must be valid for writes of `len` bytes and must
+    /// not overlap them.
+    #[target_feature(enable = "avx512f,vpclmulqdq")]
+    unsafe fn fold_crc32c<const COPY: bool>(
+        src: *const u8,
+        out: *mut u8,
+        len: usize,
+        crc: u32,
+    ) -> u32 {
         debug_assert!(len >= MIN_LEN);
-        let out = dst.as_mut_ptr();
         let load = |i: usize| {
             // SAFETY: callers pass `i` with `i + 64 <= len`: the 64 bytes lie inside `src`'s
             // readable range. An unaligned load.
             unsafe { _mm512_loadu_si512(src.add(i).cast()) }
         };
         let store = |i: usize, v: __m512i| {
-            // SAFETY: callers pass `i` with `i + 64 <= len`: the 64 bytes lie inside `dst`. An
-            // unaligned store.
-            unsafe { _mm512_storeu_si512(out.add(i).cast(), v) }
+            if COPY {
+                // SAFETY: callers pass `i` with `i + 64 <= len`: the 64 bytes lie inside `out`'s
+                // writable range (with `COPY`). An unaligned store.
+                unsafe { _mm512_storeu_si512(out.add(i).cast(), v) }
+            }
         };
         // The start: the CRC register (the CRC so far, inverted; all ones for none) XORed into
         // the message's first 32 bits, least significant byte first.
@@ -233,15 +293,19 @@ mod fused {
             acc = fold(acc, by_512, d);
             at += 64;
         }
-        // The short message: the accumulator's 64 bytes, then the tail copied last.
+        // The short message: the accumulator's 64 bytes, then the tail (copied last).
         let tail = len - at;
-        // SAFETY: `[at, len)` is inside `src`'s readable range and inside `dst`, which do not
-        // overlap.
-        unsafe { std::ptr::copy_nonoverlapping(src.add(at), out.add(at), tail) };
         let mut short = [0u8; 128];
         // SAFETY: `short` has room for the 64 bytes stored.
         unsafe { _mm512_storeu_si512(short.as_mut_ptr().cast(), acc) };
-        short[64..64 + tail].copy_from_slice(&dst[at..]);
+        // SAFETY: `[at, len)` is inside `src`'s readable range, `tail < 64` fits `short` after
+        // the accumulator, and `short` is this function's own.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(at), short.as_mut_ptr().add(64), tail) };
+        if COPY {
+            // SAFETY: `[at, len)` is inside `out`'s writable range (with `COPY`); `short` is
+            // this function's own.
+            unsafe { std::ptr::copy_nonoverlapping(short.as_ptr().add(64), out.add(at), tail) };
+        }
         // crc-fast starts from 0xFFFF_FFFF itself: undo the inversion made at the start.
         for b in &mut short[..4] {
             *b ^= 0xff;
@@ -296,6 +360,19 @@ mod tests {
                 // SAFETY: as above.
                 let whole = unsafe { copy_crc32c(src[cut..].as_ptr(), &mut dst[cut..], first) };
                 assert_eq!(whole, crc32c(src), "len {len} offset {off} cut {cut}");
+                // In place, whole and in two parts.
+                // SAFETY: `src` is valid for reads of `len` bytes.
+                let crc = unsafe { crc32c_at(src.as_ptr(), len, 0) };
+                assert_eq!(crc, crc32c(src), "in place: len {len} offset {off}");
+                // SAFETY: both parts lie inside `src`.
+                let first = unsafe { crc32c_at(src.as_ptr(), cut, 0) };
+                // SAFETY: as above.
+                let whole = unsafe { crc32c_at(src[cut..].as_ptr(), len - cut, first) };
+                assert_eq!(
+                    whole,
+                    crc32c(src),
+                    "in place: len {len} offset {off} cut {cut}"
+                );
             }
         }
         assert_eq!(crc32c(b"123456789"), 0xE306_9283, "the CRC-32C check value");

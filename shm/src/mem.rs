@@ -125,6 +125,20 @@ pub trait SharedMemory: Send + Sync {
         d.update(dst);
         Ok(d.finalize() as u32)
     }
+    /// The CRC-32C of `[offset, offset + len)`, continuing `crc` (as
+    /// [`read_checksummed`](Self::read_checksummed)), for bytes no other party writes meanwhile:
+    /// a reservation being committed, a block validated under a pin. Memory with an address reads
+    /// them in place ([`crate::checksum`]); this default copies 16 KiB pieces and checksums them.
+    fn checksum(&self, offset: u64, len: u64, crc: u32) -> Result<u32> {
+        let mut buf = [0u8; 16 << 10];
+        let (mut crc, mut done) = (crc, 0);
+        while done < len {
+            let n = (len - done).min(buf.len() as u64) as usize;
+            crc = self.read_checksummed(offset + done, &mut buf[..n], crc)?;
+            done += n as u64;
+        }
+        Ok(crc)
+    }
     /// Hints that `[offset, offset + len)` is about to be read: starts bringing it toward this
     /// CPU's caches, so that a read of it later waits less. Only a hint: it never fails, never
     /// changes the memory, and does nothing for ranges out of bounds or memory that cannot
@@ -224,6 +238,13 @@ impl RawMemory {
         // SAFETY: [at, at + len) is inside the mapping (checked above); dst is private memory, so
         // the ranges cannot overlap. Concurrent writers may tear the copy; the CRC is of the copy.
         Ok(unsafe { crate::checksum::copy_crc32c(self.base.add(at), dst, crc) })
+    }
+
+    pub(crate) fn checksum(&self, offset: u64, len: u64, crc: u32) -> Result<u32> {
+        let at = check_range(offset, len, self.size)?;
+        // SAFETY: [at, at + len) is inside the mapping (checked above); the bytes are read
+        // through a raw pointer, never a reference.
+        Ok(unsafe { crate::checksum::crc32c_at(self.base.add(at), len as usize, crc) })
     }
 
     #[inline]

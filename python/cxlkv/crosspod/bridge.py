@@ -58,6 +58,7 @@ OBJECT_NOT_FOUND = -704  # the end of what the store has of a chain: a miss, not
 
 
 POLICIES = ("on-put", "on-eviction", "both", "never")
+KEYS = re.compile(r"(?:[0-9a-f]{32}(?: |$))*")  # a request's keys, space-separated
 
 
 class Metrics:
@@ -265,20 +266,27 @@ class Bridge:
 
     def _import(self, keys):
         t = time.perf_counter_ns()
-        # One question finds how far the chain exists (`batch_is_exist`: the cheapest the store
-        # answers; an object whose owner is gone still counts until its lease ends, and its read
-        # then fails as a miss).
         names = [self.name(k) for k in keys]
-        try:
-            found = self.store.batch_is_exist(names)
-        except Exception:
-            self.metrics.fail("store_error")
-            return 0
-        n = next((i for i, e in enumerate(found) if e != 1), len(found))
+        # Blocks the pool has free cost nothing to reserve: then the read itself says how far
+        # the chain exists. Where the chain would make the pool evict, one question first finds
+        # how far it exists (`batch_is_exist`: the cheapest the store answers; an object whose
+        # owner is gone still counts until its lease ends, and its read then fails as a miss),
+        # so that a chain the store lacks never costs the pool a block.
+        batch = self.me.reserve_many(keys, self.block_size, evict=False)
+        n = len(batch)
+        if n < len(keys):
+            batch.abort()
+            batch = None
+            try:
+                found = self.store.batch_is_exist(names)
+            except Exception:
+                self.metrics.fail("store_error")
+                return 0
+            n = next((i for i, e in enumerate(found) if e != 1), len(found))
         t = self.metrics.phase("index", t)
         # Each object read whole into a block reserved at full capacity: the store says each
         # object's size in the read's own answer, so no question on sizes comes first.
-        done, larger = self._fill(keys[:n], names[:n], None, t)
+        done, larger = self._fill_whole(keys[:n], names[:n], t, batch)
         if not larger:
             return done
         # Objects with no room for their trailer in a block (a payload of a whole block, or a
@@ -352,21 +360,55 @@ class Bridge:
         self.metrics.add("imported_bytes", length)
         return True
 
-    def _fill(self, keys, names, lens, t):
-        """Reserves, reads, checks and commits the leading run of `keys` (store objects `names`):
-        with `lens` None, each object whole into a block reserved at its full capacity (its size
-        from the read); else payloads of `lens` bytes, whole when the block has room for the
-        trailer too, scattered (trailer into `self.meta`) when not. (committed, whether the run
-        ended on an object larger than a block's capacity)."""
+    def _fill_whole(self, keys, names, t, batch=None):
+        """Reserves a block of full capacity per key in one call (unless `batch` holds them
+        already), reads each object whole into its block in one `batch_get_into` (whose answer
+        gives each object's size) and commits the leading blocks in one call that checks each
+        trailer and checksums each payload in place (`ReservationBatch.commit_trailed`).
+        (committed, whether the run ended on an object larger than a block's capacity)."""
         capacity = self.block_size
-        whole = lens is None or all(n + META.size <= capacity for n in lens)
-        sizes_known = lens is not None
-        count = len(lens) if sizes_known else len(keys)
-        base = self.meta.ctypes.data
-        held, ptrs, sizes, done, larger = [], [], [], 0, False
+        if batch is None:
+            batch = self.me.reserve_many(keys, capacity)
+            if batch.stopped is not None:
+                self.metrics.fail("pool_full" if isinstance(batch.stopped, cxlkv.FullError)
+                                  else "pool_error")
+        t = self.metrics.phase("reserve", t)
+        done, larger = 0, False
         try:
-            for i in range(count):
-                want = capacity if not sizes_known else lens[i] + (META.size if whole else 0)
+            rcs = self._get(names[: len(batch)], batch.addresses, [capacity] * len(batch), True)
+            t = self.metrics.phase("read", t)
+            pause_here()
+            n = next((i for i, rc in enumerate(rcs) if not META.size < rc <= capacity), len(rcs))
+            if n < len(rcs):
+                rc = rcs[n]
+                # A read into a block that cannot hold the object fails; the caller reads it
+                # scattered. Any other failure is the end of the chain.
+                larger = rc < 0 and rc not in (TRANSFER_FAIL, OBJECT_NOT_FOUND)
+                if rc > 0:
+                    self.metrics.fail("short_read")
+                elif not larger:
+                    self._failed(rc)
+            done, why = batch.commit_trailed(rcs[:n])
+            if why is not None:
+                self.metrics.fail(why if why in ("short_read", "crc_mismatch") else "pool_error")
+            self.metrics.add("imported_bytes", sum(rcs[:done]) - done * META.size)
+            self.metrics.phase("check_commit", t)
+        finally:
+            batch.abort()  # whatever was not committed is freed: nothing half-read is visible
+        self.metrics.add("imported", done)
+        return done, larger
+
+    def _fill(self, keys, names, lens, t):
+        """Reserves, reads, checks and commits the leading run of `keys` (store objects `names`)
+        whose payloads of `lens` bytes fit a block: whole when every block has room for the
+        trailer too, scattered (trailer into `self.meta`) when not. (committed, False)."""
+        capacity = self.block_size
+        whole = all(n + META.size <= capacity for n in lens)
+        base = self.meta.ctypes.data
+        held, ptrs, sizes, done = [], [], [], 0
+        try:
+            for i, length in enumerate(lens):
+                want = length + (META.size if whole else 0)
                 try:
                     r = self.me.reserve(cxlkv.Key(keys[i]), want)
                 except cxlkv.FullError:
@@ -382,30 +424,17 @@ class Bridge:
                     sizes.append(want)
                 else:
                     ptrs.append([addr_of(view), base + i * META.size])
-                    sizes.append([lens[i], META.size])
+                    sizes.append([length, META.size])
             t = self.metrics.phase("reserve", t)
             rcs = self._get(names[: len(held)], ptrs, sizes, whole)
             t = self.metrics.phase("read", t)
             pause_here()
             for i, (r, view) in enumerate(held):
                 rc = rcs[i] if i < len(rcs) else OBJECT_NOT_FOUND
-                if sizes_known:
-                    if rc != (sizes[i] if whole else sum(sizes[i])):
-                        self._failed(rc)
-                        break
-                    length = lens[i]
-                elif rc < 0 or rc > capacity:
-                    # A read into a block that cannot hold the object fails; the caller reads
-                    # it scattered. Any other failure is the end of the chain.
-                    larger = rc not in (TRANSFER_FAIL, OBJECT_NOT_FOUND) and rc < 0
-                    if not larger:
-                        self._failed(rc)
+                if rc != (sizes[i] if whole else sum(sizes[i])):
+                    self._failed(rc)
                     break
-                elif rc <= META.size:
-                    self.metrics.fail("short_read")
-                    break
-                else:
-                    length = rc - META.size
+                length = lens[i]
                 if whole:
                     stored_len, crc = META.unpack_from(view, length)
                 else:
@@ -430,7 +459,7 @@ class Bridge:
                 view.release()
                 r.abort()
         self.metrics.add("imported", done)
-        return done, larger
+        return done, False
 
     def _failed(self, rc):
         """Counts a read's failure code `rc` (the end of what the store has is not one)."""
@@ -465,7 +494,7 @@ class Bridge:
         verbs = ("import", "publish", "writeback")
         if len(words) >= 2 and words[0] in verbs and words[1].isdigit():
             n = int(words[1])
-            if len(words) != n + 2 or not all(re.fullmatch("[0-9a-f]{32}", w) for w in words[2:]):
+            if len(words) != n + 2 or not KEYS.fullmatch(" ".join(words[2:])):
                 return "err expected %s N and N keys of 32 hex digits" % words[0]
             keys = [int(w, 16) for w in words[2:]]
             if words[0] == "import":

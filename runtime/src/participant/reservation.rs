@@ -32,6 +32,42 @@ impl Participant {
         })
     }
 
+    /// [`reserve`](Self::reserve) only if a block is free without evicting anything (and the
+    /// participant's tenant is under its quota): `None` where a reservation would evict. For a
+    /// writer that reserves before it knows whether it has data to fill the block with (the
+    /// cross-pod import reads a chain the store may not hold), so that a miss costs the pool
+    /// nothing.
+    pub fn reserve_free(
+        &self,
+        key: Key,
+        len: u64,
+        codec: Codec,
+    ) -> Result<Option<Reservation<'_>>> {
+        let cap = self.pool.block_size();
+        if len > cap {
+            return Err(PoolError::PayloadTooLarge { len, capacity: cap });
+        }
+        let mut st = self.owner()?;
+        if self.at_quota()? {
+            return Ok(None);
+        }
+        while let Some(block) = st.free.pop() {
+            if self.claim_block(st.partition, block)? {
+                crash_point("put:allocated");
+                return Ok(Some(Reservation {
+                    participant: self,
+                    partition: st.partition,
+                    block,
+                    key,
+                    len,
+                    codec,
+                    done: false,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
     /// Address of a raw reservation's payload, for in-place writes.
     pub fn raw_reservation_ptr(&self, r: &RawReservation) -> Result<Option<*mut u8>> {
         Ok(self

@@ -151,7 +151,7 @@ impl Participant {
     /// partition. Whoever swaps first owns the block: a former owner's late swap fails once the
     /// successor claimed the block, and a block it claims late is one the successor has not
     /// claimed, which the successor then finds quarantined here.
-    fn claim_block(&self, p: u32, block: u32) -> Result<bool> {
+    pub(super) fn claim_block(&self, p: u32, block: u32) -> Result<bool> {
         let mem = self.pool.mem();
         let off = self.pool.header_off(p, block) + BlockHeader::CLAIM_OFF as u64;
         let g = self.owner_word >> 32;
@@ -265,6 +265,16 @@ impl Participant {
     /// least recently used block; with nothing left to evict, [`PoolError::QuotaExceeded`] and
     /// nothing changes. Tenant 0 and a quota of 0 are unlimited. Writers of one tenant in other
     /// processes read the use at the same time, so each may overshoot it by one block.
+    /// Whether this participant's tenant holds its quota's worth of blocks (a put would evict).
+    pub(super) fn at_quota(&self) -> Result<bool> {
+        let tenant = self.pool.tenant;
+        if tenant == 0 {
+            return Ok(false);
+        }
+        let quota = crate::tenant::quota_of(&self.pool, tenant)?;
+        Ok(quota != 0 && crate::tenant::use_of(&self.pool, tenant)? >= quota)
+    }
+
     pub(super) fn within_quota(&self, st: &mut OwnerState) -> Result<()> {
         let tenant = self.pool.tenant;
         if tenant == 0 {

@@ -120,6 +120,9 @@ impl SharedMemory for Region {
     fn read_checksummed(&self, offset: u64, dst: &mut [u8], crc: u32) -> mem::Result<u32> {
         self.mem.read_checksummed(offset, dst, crc)
     }
+    fn checksum(&self, offset: u64, len: u64, crc: u32) -> mem::Result<u32> {
+        self.mem.checksum(offset, len, crc)
+    }
     fn prefetch(&self, offset: u64, len: u64) {
         self.mem.prefetch(offset, len);
     }
