@@ -1,9 +1,10 @@
 """The cross-pod import benchmark (scripts/crosspod.sh bench; docs/RESULTS.md): a prefix of
 64 x 256 KiB blocks published by pod A, imported into pod B's pool by `lookup_prefix` through B's
-bridge (store -> reserved pool blocks, CRC, commit), against Mooncake's own `batch_get_into` of the
-same 64 objects into a registered buffer, in the same run, alternating, with each side's bytes
-checked against what A wrote; the overhead as the ratio of the medians and as the median of each
-round's own ratio. Prints one JSON line per figure. Run inside the private network
+bridge (store -> reserved pool blocks, CRC, commit), against Mooncake's own `batch_get_into` of
+another such prefix into a registered buffer, in the same rounds, each the first read of what A
+just published and after the last-level cache is evicted, alternating which goes first, with each
+side's bytes checked against what A wrote; the overhead as the ratio of the medians and as the
+median of each round's own ratio. Prints one JSON line per figure. Run inside the private network
 namespace scripts/crosspod.sh makes."""
 
 import hashlib
@@ -22,9 +23,6 @@ import cxlkv  # noqa: E402
 import cxlkv.crosspod  # noqa: E402
 
 BLOCKS, REPS = 64, int(os.environ.get("CXLKV_CROSSPOD_REPS", "7"))
-# Destination buffers the cold baseline rotates over: 6 x 16 MiB, three times this machine's
-# 32 MiB L3 (the import's pool blocks rotate over the pod's 1 GiB pool).
-ROTATE = int(os.environ.get("CXLKV_CROSSPOD_ROTATE", "6"))
 
 
 def main():
@@ -50,68 +48,61 @@ def main():
         obj = cp.BLOCK + 16  # each store object: the payload and its 16-byte trailer
         buf = np.zeros(BLOCKS * obj, np.uint8)
         assert raw.register_buffer(buf.ctypes.data, buf.nbytes) == 0
-        # The same read into destinations not in the cache, as the import's fresh pool blocks
-        # are: ROTATE buffers of the prefix's size in turn, together larger than the last-level
-        # cache (registered, touched once before timing).
-        cold = [np.ones(BLOCKS * obj, np.uint8) for _ in range(ROTATE)]
-        for c in cold:
-            assert raw.register_buffer(c.ctypes.data, c.nbytes) == 0
         # Written before each timed read: three times this machine's 32 MiB last-level cache.
         scratch = np.zeros(96 << 20, np.uint8)
         pool = cxlkv.Pool.open(b.spec)
         me = pool.attach(tenant="t1", salt=cp.TENANTS["t1"])
         os.environ["CXLKV_CROSSPOD_SOCKET"] = b.sock("t1")
-        t_import, t_raw, t_cold, first = [], [], [], []
-        for rep in range(REPS):
-            # A fresh prefix each round, put and published by pod A (not timed).
-            keys = cp.chain("bench-%d" % rep, "t1", BLOCKS)
-            a.call("t1", cp.PUT, keys=keys, seed=11 + rep, size=cp.BLOCK)
-            want = cp.expected(11 + rep, BLOCKS)
+        t_import, t_raw, first = [], [], []
+
+        def fresh(tag, seed):
+            """A fresh prefix, put and published by pod A (not timed): keys, digests, names."""
+            keys = cp.chain(tag, "t1", BLOCKS)
+            a.call("t1", cp.PUT, keys=keys, seed=seed, size=cp.BLOCK)
             published = cxlkv.crosspod.publish(a.sock("t1"), keys, timeout=30)
             assert published == BLOCKS, "published %s of %d" % (published, BLOCKS)
-            names = ["cxlkv/smollm2/t1/%032x" % int(k) for k in keys]
+            return (keys, cp.expected(seed, BLOCKS),
+                    ["cxlkv/smollm2/t1/%032x" % int(k) for k in keys])
 
-            def imp():
-                t = time.perf_counter()
-                n = me.lookup_prefix(keys)
-                t_import.append(time.perf_counter() - t)
-                ok = n == BLOCKS and all(
-                    hashlib.sha256(bytes(me.get(k))).hexdigest() == w for k, w in zip(keys, want))
-                assert ok, "import rep %d: %d blocks, bytes %s" % (rep, n, ok)
+        def imp(rep, keys, want, names):
+            t = time.perf_counter()
+            n = me.lookup_prefix(keys)
+            t_import.append(time.perf_counter() - t)
+            ok = n == BLOCKS and all(
+                hashlib.sha256(bytes(me.get(k))).hexdigest() == w for k, w in zip(keys, want))
+            assert ok, "import rep %d: %d blocks, bytes %s" % (rep, n, ok)
 
-            def read(dst, times, what):
-                if dst is buf:
-                    buf[:] = 0
-                t = time.perf_counter()
-                rcs = raw.batch_get_into(names, [dst.ctypes.data + i * obj for i in range(BLOCKS)],
-                                         [obj] * BLOCKS)
-                times.append(time.perf_counter() - t)
-                assert rcs == [obj] * BLOCKS, rcs[:4]
-                assert all(hashlib.sha256(dst[i * obj:i * obj + cp.BLOCK].tobytes()).hexdigest()
-                           == w for i, w in enumerate(want)), "%s rep %d bytes" % (what, rep)
+        def read(rep, keys, want, names):
+            t = time.perf_counter()
+            rcs = raw.batch_get_into(names, [buf.ctypes.data + i * obj for i in range(BLOCKS)],
+                                     [obj] * BLOCKS)
+            t_raw.append(time.perf_counter() - t)
+            assert rcs == [obj] * BLOCKS, rcs[:4]
+            assert all(hashlib.sha256(buf[i * obj:i * obj + cp.BLOCK].tobytes()).hexdigest()
+                       == w for i, w in enumerate(want)), "read rep %d bytes" % rep
 
-            # Each timed read starts with the last-level cache evicted, as for an object
-            # published a while ago: otherwise whichever read comes first after A's put finds
-            # the objects' bytes in the cache and the later ones do not (measured: +5 ms for the
-            # side that went last). The order alternates too.
-            steps = [imp, lambda: read(buf, t_raw, "raw"),
-                     lambda: read(cold[rep % ROTATE], t_cold, "cold")]
+        for rep in range(REPS):
+            # Each side reads its own fresh prefix, right after pod A published it and with the
+            # last-level cache evicted (as for an object published a while ago), so that both
+            # start from the same state: reading the same objects one after the other favoured
+            # whichever went first by up to 5 ms, and Mooncake's reads made the bridge's next
+            # one slower. The order alternates.
             first.append("import" if rep % 2 == 0 else "read")
-            for step in (steps if rep % 2 == 0 else steps[1:] + steps[:1]):
+            sides = (imp, read) if rep % 2 == 0 else (read, imp)
+            for i, side in enumerate(sides):
+                prefix = fresh("bench-%d-%d" % (rep, i), 11 + 2 * rep + i)
                 scratch += 1
-                step()
+                side(rep, *prefix)
         del os.environ["CXLKV_CROSSPOD_SOCKET"]
         mi, mr = statistics.median(t_import), statistics.median(t_raw)
-        mc = statistics.median(t_cold)
         mb = BLOCKS * cp.BLOCK / (1 << 20)
         for name, v in (("crosspod import (lookup_prefix via bridge)", mi),
-                        ("mooncake batch_get_into (same bytes)", mr),
-                        ("mooncake batch_get_into, destination not in cache", mc)):
+                        ("mooncake batch_get_into (as many bytes)", mr)):
             print(json.dumps({"row": name, "blocks": BLOCKS, "block_kib": cp.BLOCK >> 10,
                               "median_ms": round(v * 1e3, 2), "mib_per_s": round(mb / v, 1),
                               "reps": REPS, "bytes_checked": True}), flush=True)
-        # Each round's import against the read right after it: the machine's load drifts less
-        # within a round than across the run.
+        # Each round's import against the read beside it: the machine's load drifts less within
+        # a round than across the run.
         paired = sorted(i / r for i, r in zip(t_import, t_raw))
         q = statistics.quantiles(paired, n=4)
         print(json.dumps({"row": "overhead of the tier", "ratio": round(mi / mr, 3),
@@ -131,13 +122,6 @@ def main():
                                   t_import[i] for i in pick) * 1e3, 2),
                               "read_median_ms": round(statistics.median(
                                   t_raw[i] for i in pick) * 1e3, 2)}), flush=True)
-        paired = sorted(i / c for i, c in zip(t_import, t_cold))
-        q = statistics.quantiles(paired, n=4)
-        print(json.dumps({"row": "overhead against the read into a destination not in cache",
-                          "ratio": round(mi / mc, 3), "overhead_pct": round((mi / mc - 1) * 100, 1),
-                          "paired_ratio_median": round(statistics.median(paired), 3),
-                          "paired_ratio_quartiles": [round(q[0], 3), round(q[2], 3)]}),
-              flush=True)
         m = cxlkv.crosspod.stat(b.sock("t1"))
         print(json.dumps({"row": "bridge metrics (pod B)", **m}), flush=True)
         # Where an import's time goes, means per import: the bridge's phases, and what lies

@@ -337,6 +337,15 @@ impl PyParticipant {
         Ok(py.detach(|| PyReservationBatch::take(me, &ks, length, evict))?)
     }
 
+    /// Evicts least recently used unpinned blocks of this participant's partition until
+    /// `blocks` are free (at most half the partition), or nothing is left to evict;
+    /// returns how many it evicted. Keeps room ahead of reservations that must not wait on
+    /// eviction (`reserve_many(..., evict=False)`).
+    fn keep_free(&self, py: Python<'_>, blocks: u64) -> PyResult<u64> {
+        let me = self.inner()?;
+        Ok(py.detach(|| me.keep_free(blocks).map_err(Fail::from))?)
+    }
+
     /// Stores a typed KV block: `k` and `v` are `[kv_heads, tokens, head_dim]` arrays (float16 or
     /// float32, or 2-byte items with `dtype='bf16'`; any buffer with `shape=(h, t, d)`). Per-head
     /// key bounds for the near-data device are computed here.

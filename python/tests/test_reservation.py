@@ -143,3 +143,21 @@ def test_reserve_many_without_evicting(me):
     again = me.reserve_many(keys, 4096, evict=False)
     assert len(again) == len(full)
     again.abort()
+
+
+def test_keep_free_evicts_ahead(me):
+    free = me.reserve_many(["probe-%d" % i for i in range(10_000)], 4096, evict=False)
+    blocks = len(free)  # every block of the partition is free
+    free.abort()
+    for i in range(blocks):
+        me.put("k-%d" % i, b"v")
+    assert len(me.reserve_many(["x"], 16, evict=False)) == 0  # full: a reservation would evict
+    # Room for 3, evicting the 3 least recently used; asking again evicts nothing more.
+    assert me.keep_free(3) == 3
+    assert [me.get("k-%d" % i) for i in range(4)] == [None, None, None, b"v"]
+    assert me.keep_free(3) == 0
+    room = me.reserve_many(["y-%d" % i for i in range(5)], 16, evict=False)
+    assert len(room) == 3
+    room.abort()
+    # Never more than half the partition.
+    assert me.keep_free(10_000) == blocks // 2 - 3

@@ -42,6 +42,11 @@ pub enum CrosspodCommand {
         /// Memory the bridge lends to the store, in MiB.
         #[arg(long, value_name = "N")]
         segment_mib: Option<u64>,
+        /// Blocks the bridge keeps free in its partition between requests (evicting ahead), so
+        /// that an import of up to that many blocks neither waits on eviction nor asks the store
+        /// first (default 64; 0: evict on demand).
+        #[arg(long, value_name = "N")]
+        keep_free: Option<u64>,
         /// Where the running bridge writes its pid.
         #[arg(long, value_name = "PATH")]
         pid_file: Option<String>,
@@ -70,7 +75,7 @@ pub enum CrosspodCommand {
 /// When a bridge publishes blocks (`--publish`; docs/CROSSPOD.md).
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Publish {
-    /// At every single-block put of a runtime with the bridge configured (write-through), and
+    /// At every put of a runtime with the bridge configured (write-through), and
     /// when a writer asks (`publish` requests).
     OnPut,
     /// When a participant evicts a block (write-back).
@@ -93,6 +98,7 @@ pub fn run(command: CrosspodCommand) -> Result<ExitCode> {
             salt,
             model,
             segment_mib,
+            keep_free,
             pid_file,
             publish,
             no_prefault,
@@ -111,6 +117,7 @@ pub fn run(command: CrosspodCommand) -> Result<ExitCode> {
                 ("--salt", salt),
                 ("--model", model),
                 ("--segment-mib", segment_mib.map(|n| n.to_string())),
+                ("--keep-free", keep_free.map(|n| n.to_string())),
                 ("--pid-file", pid_file),
                 (
                     "--publish",

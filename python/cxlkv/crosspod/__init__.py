@@ -9,3 +9,7 @@ metrics.
 """
 
 from .client import import_chain, publish, stat  # noqa: F401
+
+# Blocks a bridge keeps free in its partition between requests by default (`--keep-free`): room
+# for a chain of 64 blocks (16 MiB of 256 KiB blocks) without eviction or a question to the store.
+KEEP_FREE = 64

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+from . import KEEP_FREE
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="cxlkv crosspod")
@@ -23,6 +25,10 @@ def main(argv=None):
     )
     s.add_argument("--model", default="default", help="model name in the store keys")
     s.add_argument("--segment-mib", type=int, default=256, help="memory lent to the store")
+    s.add_argument("--keep-free", type=int, default=KEEP_FREE, metavar="N",
+                   help="blocks kept free in the bridge's partition between requests (evicting "
+                   "ahead), so that an import of up to that many neither waits on eviction nor "
+                   "asks the store first; 0: evict on demand")
     s.add_argument("--publish", default="on-put",
                    choices=("on-put", "on-eviction", "both", "never"),
                    help="when blocks are published: writers' publish requests (on-put), "
@@ -63,7 +69,7 @@ def main(argv=None):
         print("cxlkv crosspod: the salt is not hex", file=sys.stderr)
         return 2
     b = Bridge(a.pool, a.master, a.tenant, salt, a.model, a.segment_mib << 20, policy=a.publish,
-               prefault=not a.no_prefault)
+               prefault=not a.no_prefault, keep_free=a.keep_free)
     if a.pid_file:
         with open(a.pid_file + ".tmp", "w") as f:
             f.write("%d\n" % os.getpid())

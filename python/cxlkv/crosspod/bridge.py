@@ -9,17 +9,18 @@ staging buffer, and its trailer). Mooncake makes an object visible only once its
 keeps the first value of a duplicate put, so two pods publishing at once leave one object, whose
 own trailer checks it.
 
-Import of a chain: one `batch_is_exist` (a question to the master, no transfer) ends the chain at
-the first key the store lacks; a reservation per block in the pool (`Participant.reserve`) at the
-block's full capacity; one `batch_get_into` of the objects, each whole straight into its reserved
-pool memory, whose answer gives each object's size. An object larger than a block's capacity (a
-payload of a whole block and its trailer) is read again the long way: its size from
+Import of a chain: blocks reserved at full capacity in one call (`Participant.reserve_many`), first
+only from free blocks (`evict=False`); where that falls short, one `batch_is_exist` (a question to
+the master, no transfer) first ends the chain at the first key the store lacks, so that a missing
+chain never makes the pool evict. One `batch_get_into` reads the objects, each whole straight into
+its reserved pool memory; its answer gives each object's size. One call commits the leading
+blocks (`ReservationBatch.commit_trailed`: each trailer checked, each payload checksummed in place
+and committed with the trailer's CRC) and frees the rest. An object larger than a block's capacity
+(a payload of a whole block and its trailer) is read again the long way: its size from
 `batch_get_replica_desc`, then one `batch_get_into_multi_buffers`, the payload into the pool and
 the trailer into a registered buffer; a multi-block object is read into the staging buffer,
-checked, and stored by a put (visible only whole). Then a commit of the payload's length with the trailer's CRC (`Reservation.commit(length,
-crc)`: one pass over the bytes checks them and makes the block's checksum) of each leading block,
-and an abort of the rest. Any store error, short read or mismatch ends the chain there: a miss,
-never wrong data.
+checked, and stored by a put (visible only whole). Any store error, short read or mismatch ends
+the chain there: a miss, never wrong data.
 A bridge killed mid-import leaves reservations, which the pool
 reclaims like any dead participant's (`cxlkv pool check`).
 
@@ -44,6 +45,8 @@ import time
 import numpy as np
 
 import cxlkv
+
+from . import KEEP_FREE
 
 META = struct.Struct("<QQ")  # payload length, CRC-32C of it (`cxlkv.crc32c`, the pool's own)
 MAX_CHAIN = 512  # keys per request: as many trailer slots in the registered buffer
@@ -120,12 +123,16 @@ def addr_of(buf):
 
 class Bridge:
     def __init__(self, pool_spec, master, tenant=None, salt=None, model="default",
-                 segment=256 << 20, host="127.0.0.1", policy="on-put", prefault=True):
+                 segment=256 << 20, host="127.0.0.1", policy="on-put", prefault=True,
+                 keep_free=KEEP_FREE):
         from mooncake.store import MooncakeDistributedStore, ReplicaStatus
 
         if policy not in POLICIES:
             raise ValueError("publish policy %r is not one of %s" % (policy, ", ".join(POLICIES)))
         self.policy = policy
+        if keep_free < 0:
+            raise ValueError("keep_free must be 0 or more blocks, not %d" % keep_free)
+        self.keep_free = min(keep_free, MAX_CHAIN)
         # The bridge's own evictions (of blocks it imported, which the store has) are not offered
         # to a bridge: its runtime must not ask itself while it serves a request.
         os.environ.pop("CXLKV_CROSSPOD_SOCKET", None)
@@ -510,6 +517,17 @@ class Bridge:
             return "ok %d" % done
         return "err unknown request (import, publish, writeback, stat)"
 
+    def keep_room(self):
+        """After an import is answered, off its path: evicts ahead until `keep_free` blocks are
+        free, so that the next import of up to that many blocks reserves them without evicting
+        and without asking the store first (`_import`). The blocks evicted are imported ones,
+        which the store holds."""
+        if self.keep_free:
+            try:
+                self.me.keep_free(self.keep_free)
+            except cxlkv.Error as e:
+                print("crosspod bridge: keeping room: %s" % e, file=sys.stderr, flush=True)
+
     def serve(self, path):
         if os.path.exists(path):
             os.unlink(path)
@@ -529,5 +547,7 @@ class Bridge:
                         answer = "err %s: %s" % (type(e).__name__, e)
                         print("crosspod bridge: %s" % answer, file=sys.stderr, flush=True)
                     conn.sendall((answer.replace("\n", " ") + "\n").encode())
+                    if answer.startswith("ok ") and line.startswith("import "):
+                        self.keep_room()
                 except OSError as e:
                     print("crosspod bridge: request dropped: %s" % e, file=sys.stderr, flush=True)

@@ -48,7 +48,7 @@ impl Participant {
             return Err(PoolError::PayloadTooLarge { len, capacity: cap });
         }
         let mut st = self.owner()?;
-        if self.at_quota()? {
+        if self.over_quota_with(1)? {
             return Ok(None);
         }
         while let Some(block) = st.free.pop() {

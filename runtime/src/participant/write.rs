@@ -260,21 +260,43 @@ impl Participant {
         result
     }
 
-    /// Makes room under this participant's tenant's quota before a put (format 3.2): while the
-    /// tenant's use (every partition tagged with it) is at its quota, evicts this partition's
-    /// least recently used block; with nothing left to evict, [`PoolError::QuotaExceeded`] and
-    /// nothing changes. Tenant 0 and a quota of 0 are unlimited. Writers of one tenant in other
-    /// processes read the use at the same time, so each may overshoot it by one block.
-    /// Whether this participant's tenant holds its quota's worth of blocks (a put would evict).
-    pub(super) fn at_quota(&self) -> Result<bool> {
+    /// Whether this participant's tenant would exceed its quota with `n` more blocks (tenant 0
+    /// and a quota of 0 are unlimited).
+    pub(super) fn over_quota_with(&self, n: u64) -> Result<bool> {
         let tenant = self.pool.tenant;
         if tenant == 0 {
             return Ok(false);
         }
         let quota = crate::tenant::quota_of(&self.pool, tenant)?;
-        Ok(quota != 0 && crate::tenant::use_of(&self.pool, tenant)? >= quota)
+        Ok(quota != 0 && crate::tenant::use_of(&self.pool, tenant)? + n > quota)
     }
 
+    /// Evicts least recently used unpinned blocks of this participant's partition until `n`
+    /// blocks are free, or nothing is left to evict; returns how many it evicted. `n` is capped
+    /// at half the partition's blocks, so that room kept ahead never empties the cache.
+    /// A writer whose next reservations must not wait on eviction (the cross-pod bridge, between
+    /// two requests) keeps room ahead this way.
+    pub fn keep_free(&self, n: u64) -> Result<u64> {
+        let n = n.min(u64::from(self.pool.superblock().blocks_per_partition) / 2);
+        let mut st = self.owner()?;
+        let mut evicted = 0;
+        while (st.free.len() as u64) < n {
+            match self.evict_one(&mut st)? {
+                Some(b) => {
+                    st.free.push(b);
+                    evicted += 1;
+                }
+                None => break,
+            }
+        }
+        Ok(evicted)
+    }
+
+    /// Makes room under this participant's tenant's quota before a put (format 3.2): while the
+    /// tenant's use (every partition tagged with it) is at its quota, evicts this partition's
+    /// least recently used block; with nothing left to evict, [`PoolError::QuotaExceeded`] and
+    /// nothing changes. Tenant 0 and a quota of 0 are unlimited. Writers of one tenant in other
+    /// processes read the use at the same time, so each may overshoot it by one block.
     pub(super) fn within_quota(&self, st: &mut OwnerState) -> Result<()> {
         let tenant = self.pool.tenant;
         if tenant == 0 {
