@@ -4,7 +4,7 @@
 //! mooncake packages). `stat` asks a running bridge for its metrics over its socket.
 
 use super::{Error, Result};
-use clap::{Subcommand, ValueEnum};
+use clap::{Args, Subcommand, ValueEnum};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
@@ -16,50 +16,7 @@ pub enum CrosspodCommand {
     /// Run the bridge (supervised: restarted when it dies), which is Python:
     /// `$CXLKV_PYTHON -m cxlkv.crosspod serve` with these options (default `python3`, which must
     /// have the cxlkv and mooncake packages).
-    Serve {
-        /// The pool's spec (shm:NAME, file:PATH, ...).
-        #[arg(long)]
-        pool: String,
-        /// The mooncake_master's address.
-        #[arg(long, value_name = "HOST:PORT")]
-        master: String,
-        /// The Unix socket the runtimes ask (what CXLKV_CROSSPOD_SOCKET names for them).
-        #[arg(long, value_name = "PATH")]
-        socket: String,
-        /// The pool tenant the bridge attaches as (and Mooncake's tenant_id); with --salt-env or
-        /// --salt.
-        #[arg(long, value_name = "NAME")]
-        tenant: Option<String>,
-        /// The name of an environment variable holding the tenant's salt, in hex.
-        #[arg(long, value_name = "VAR")]
-        salt_env: Option<String>,
-        /// The tenant's salt, in hex (visible in the process list: prefer --salt-env).
-        #[arg(long, value_name = "HEX")]
-        salt: Option<String>,
-        /// The model's name in the store keys.
-        #[arg(long, value_name = "NAME")]
-        model: Option<String>,
-        /// Memory the bridge lends to the store, in MiB.
-        #[arg(long, value_name = "N")]
-        segment_mib: Option<u64>,
-        /// Blocks the bridge keeps free in its partition between requests (evicting ahead), so
-        /// that an import of up to that many blocks neither waits on eviction nor asks the store
-        /// first (default 64; 0: evict on demand).
-        #[arg(long, value_name = "N")]
-        keep_free: Option<u64>,
-        /// Where the running bridge writes its pid.
-        #[arg(long, value_name = "PATH")]
-        pid_file: Option<String>,
-        /// When blocks are published: writers' publish requests (on-put, the default), evictions
-        /// (on-eviction: write-back, asked by the runtime of each participant that evicts),
-        /// both, or never.
-        #[arg(long, value_name = "POLICY")]
-        publish: Option<Publish>,
-        /// Do not fault the pool's pages in at start (a pool too large to fault in; imports then
-        /// pay first-touch page faults).
-        #[arg(long)]
-        no_prefault: bool,
-    },
+    Serve(Box<ServeArgs>),
     /// Print a running bridge's metrics: published, imported, bytes, failures by reason, import
     /// latency and where it goes.
     Stat {
@@ -70,6 +27,53 @@ pub enum CrosspodCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// The options of `cxlkv crosspod serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    /// The pool's spec (shm:NAME, file:PATH, ...).
+    #[arg(long)]
+    pool: String,
+    /// The mooncake_master's address.
+    #[arg(long, value_name = "HOST:PORT")]
+    master: String,
+    /// The Unix socket the runtimes ask (what CXLKV_CROSSPOD_SOCKET names for them).
+    #[arg(long, value_name = "PATH")]
+    socket: String,
+    /// The pool tenant the bridge attaches as (and Mooncake's tenant_id); with --salt-env or
+    /// --salt.
+    #[arg(long, value_name = "NAME")]
+    tenant: Option<String>,
+    /// The name of an environment variable holding the tenant's salt, in hex.
+    #[arg(long, value_name = "VAR")]
+    salt_env: Option<String>,
+    /// The tenant's salt, in hex (visible in the process list: prefer --salt-env).
+    #[arg(long, value_name = "HEX")]
+    salt: Option<String>,
+    /// The model's name in the store keys.
+    #[arg(long, value_name = "NAME")]
+    model: Option<String>,
+    /// Memory the bridge lends to the store, in MiB.
+    #[arg(long, value_name = "N")]
+    segment_mib: Option<u64>,
+    /// Blocks the bridge keeps free in its partition between requests (evicting ahead), so
+    /// that an import of up to that many blocks neither waits on eviction nor asks the store
+    /// first (default 64; 0: evict on demand).
+    #[arg(long, value_name = "N")]
+    keep_free: Option<u64>,
+    /// Where the running bridge writes its pid.
+    #[arg(long, value_name = "PATH")]
+    pid_file: Option<String>,
+    /// When blocks are published: writers' publish requests (on-put, the default), evictions
+    /// (on-eviction: write-back, asked by the runtime of each participant that evicts),
+    /// both, or never.
+    #[arg(long, value_name = "POLICY")]
+    publish: Option<Publish>,
+    /// Do not fault the pool's pages in at start (a pool too large to fault in; imports then
+    /// pay first-touch page faults).
+    #[arg(long)]
+    no_prefault: bool,
 }
 
 /// When a bridge publishes blocks (`--publish`; docs/CROSSPOD.md).
@@ -89,20 +93,21 @@ pub enum Publish {
 /// Runs one `crosspod` subcommand.
 pub fn run(command: CrosspodCommand) -> Result<ExitCode> {
     match command {
-        CrosspodCommand::Serve {
-            pool,
-            master,
-            socket,
-            tenant,
-            salt_env,
-            salt,
-            model,
-            segment_mib,
-            keep_free,
-            pid_file,
-            publish,
-            no_prefault,
-        } => {
+        CrosspodCommand::Serve(serve_args) => {
+            let ServeArgs {
+                pool,
+                master,
+                socket,
+                tenant,
+                salt_env,
+                salt,
+                model,
+                segment_mib,
+                keep_free,
+                pid_file,
+                publish,
+                no_prefault,
+            } = *serve_args;
             let mut args = vec![
                 "--pool".to_owned(),
                 pool,
