@@ -338,12 +338,13 @@ impl PyParticipant {
     }
 
     /// Evicts least recently used unpinned blocks of this participant's partition until
-    /// `blocks` are free (at most half the partition), or nothing is left to evict;
-    /// returns how many it evicted. Keeps room ahead of reservations that must not wait on
-    /// eviction (`reserve_many(..., evict=False)`).
-    fn keep_free(&self, py: Python<'_>, blocks: u64) -> PyResult<u64> {
+    /// `blocks` are free (at most half the partition), or only the `keep_newest` most recently
+    /// used are left, or nothing is left to evict; returns how many it evicted. Keeps room ahead
+    /// of reservations that must not wait on eviction (`reserve_many(..., evict=False)`).
+    #[pyo3(signature = (blocks, keep_newest=0))]
+    fn keep_free(&self, py: Python<'_>, blocks: u64, keep_newest: u64) -> PyResult<u64> {
         let me = self.inner()?;
-        Ok(py.detach(|| me.keep_free(blocks).map_err(Fail::from))?)
+        Ok(py.detach(|| me.keep_free(blocks, keep_newest).map_err(Fail::from))?)
     }
 
     /// Stores a typed KV block: `k` and `v` are `[kv_heads, tokens, head_dim]` arrays (float16 or

@@ -159,5 +159,7 @@ def test_keep_free_evicts_ahead(me):
     room = me.reserve_many(["y-%d" % i for i in range(5)], 16, evict=False)
     assert len(room) == 3
     room.abort()
-    # Never more than half the partition.
-    assert me.keep_free(10_000) == blocks // 2 - 3
+    # Never below the newest blocks asked to stay, nor more than half the partition.
+    assert me.keep_free(10_000, keep_newest=blocks - 4) == 1
+    assert me.get("k-%d" % 4) is None and me.get("k-%d" % 5) == b"v"
+    assert me.keep_free(10_000) == blocks // 2 - 4

@@ -517,14 +517,15 @@ class Bridge:
             return "ok %d" % done
         return "err unknown request (import, publish, writeback, stat)"
 
-    def keep_room(self):
-        """After an import is answered, off its path: evicts ahead until `keep_free` blocks are
-        free, so that the next import of up to that many blocks reserves them without evicting
-        and without asking the store first (`_import`). The blocks evicted are imported ones,
-        which the store holds."""
+    def keep_room(self, imported):
+        """After an import of `imported` blocks is answered, off its path: evicts ahead until
+        `keep_free` blocks are free, so that the next import of up to that many blocks reserves
+        them without evicting and without asking the store first (`_import`). The blocks evicted
+        are older imports, which the store holds; the ones just imported stay for their
+        reader."""
         if self.keep_free:
             try:
-                self.me.keep_free(self.keep_free)
+                self.me.keep_free(self.keep_free, imported)
             except cxlkv.Error as e:
                 print("crosspod bridge: keeping room: %s" % e, file=sys.stderr, flush=True)
 
@@ -548,6 +549,6 @@ class Bridge:
                         print("crosspod bridge: %s" % answer, file=sys.stderr, flush=True)
                     conn.sendall((answer.replace("\n", " ") + "\n").encode())
                     if answer.startswith("ok ") and line.startswith("import "):
-                        self.keep_room()
+                        self.keep_room(int(answer[3:]))
                 except OSError as e:
                     print("crosspod bridge: request dropped: %s" % e, file=sys.stderr, flush=True)

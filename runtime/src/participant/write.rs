@@ -272,15 +272,16 @@ impl Participant {
     }
 
     /// Evicts least recently used unpinned blocks of this participant's partition until `n`
-    /// blocks are free, or nothing is left to evict; returns how many it evicted. `n` is capped
-    /// at half the partition's blocks, so that room kept ahead never empties the cache.
-    /// A writer whose next reservations must not wait on eviction (the cross-pod bridge, between
-    /// two requests) keeps room ahead this way.
-    pub fn keep_free(&self, n: u64) -> Result<u64> {
+    /// blocks are free, or until only `keep_newest` blocks are left (the most recently used
+    /// ones), or nothing is left to evict; returns how many it evicted. `n` is capped at half the
+    /// partition's blocks, so that room kept ahead never empties the cache. A writer whose next
+    /// reservations must not wait on eviction (the cross-pod bridge, between two requests, keeping
+    /// the blocks it just imported) keeps room ahead this way.
+    pub fn keep_free(&self, n: u64, keep_newest: u64) -> Result<u64> {
         let n = n.min(u64::from(self.pool.superblock().blocks_per_partition) / 2);
         let mut st = self.owner()?;
         let mut evicted = 0;
-        while (st.free.len() as u64) < n {
+        while (st.free.len() as u64) < n && st.live > keep_newest {
             match self.evict_one(&mut st)? {
                 Some(b) => {
                     st.free.push(b);
