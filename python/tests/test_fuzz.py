@@ -1,7 +1,8 @@
 """Malformed calls through the Python package, by the thousand: a seeded loop draws a method and
 its arguments (keys of every accepted type and of wrong ones, buffers of random sizes, read-only
 and non-contiguous buffers, offsets and counts past the end, released pins and reservations,
-detached participants, bad specs, modes and sizes) and calls it.
+batches of reservations landed with wrong trailers and committed with wrong sizes, detached
+participants, bad specs, modes and sizes) and calls it.
 
 - **Crashes**: every call returns or raises a documented exception (`cxlkv.Error`, `TypeError`,
   `ValueError`, `OverflowError`, `BufferError`); anything else (a Rust panic surfaces as
@@ -132,7 +133,7 @@ class Fuzz:
     # One call.
     def step(self):
         r = self.r
-        op = r.randrange(20)
+        op = r.randrange(21)
         p = self.who()
         key = self.key()
         if op in (0, 1):
@@ -268,6 +269,8 @@ class Fuzz:
                         self.pool.tenants,
                     ]
                 )()
+        elif op == 19:
+            self.batch(p, key)
         else:
             salt = r.choice([None, None, b"s1", b"", "s1", 5])
             if r.random() < 0.3:
@@ -282,6 +285,47 @@ class Fuzz:
                 r.choice([0, 1, 16, -1]),
                 salt=salt,
             )
+
+    def batch(self, p, key):
+        """Reservations of many keys (`reserve_many`), landed with trailers whose length or CRC
+        may be wrong, committed together with sizes valid and not (`commit_trailed`), or aborted;
+        and room kept ahead (`keep_free`)."""
+        import ctypes
+        import struct
+
+        r = self.r
+        if r.random() < 0.2:
+            p.keep_free(r.choice([0, 1, 10, 2**64, -1]), r.choice([0, 5, 2**64, -1]))
+            return
+        keys = r.choice([[self.key() for _ in range(r.randrange(5))], [key, key], None, 5])
+        n = r.choice([16, 100, BLOCK, BLOCK + 1, 15, -1, 2**64])
+        batch = p.reserve_many(keys, n, evict=r.random() < 0.5)
+        part = self.partition(p)
+        landed = []
+        for addr in batch.addresses:
+            body = r.randbytes(r.randrange(n - 15))
+            crc = cxlkv.crc32c(body) ^ (1 if r.random() < 0.1 else 0)
+            length = len(body) + (1 if r.random() < 0.05 else 0)
+            data = body + struct.pack("<QQ", length, crc)
+            ctypes.memmove(addr, data, len(data))
+            landed.append((len(data), body, length == len(body) and crc == cxlkv.crc32c(body)))
+        if r.random() < 0.1:
+            batch.abort()
+            r.choice([batch.abort, lambda: batch.commit_trailed([20])])()
+            return
+        sizes = [size for size, _, _ in landed][: r.randrange(len(landed) + 1)]
+        if sizes and r.random() < 0.1:
+            sizes[r.randrange(len(sizes))] = r.choice([0, 15, n + 1, 2**64, -1])
+        done, why = batch.commit_trailed(sizes)
+        good = 0
+        for size, (landed_size, body, ok) in zip(sizes, landed):
+            if size != landed_size or not ok:
+                break
+            good += 1
+        assert done == good, (done, good, why)
+        for k, (_, body, _) in zip(keys[:done], landed):
+            if part is not None and self.norm(k) is not None:
+                self.model[(part, self.norm(k))] = body
 
     def call(self):
         self.calls += 1
