@@ -20,16 +20,7 @@ impl Participant {
         let mut st = self.owner()?;
         self.within_quota(&mut st)?;
         let block = self.allocate(&mut st)?;
-        crash_point("put:allocated");
-        Ok(Reservation {
-            participant: self,
-            partition: st.partition,
-            block,
-            key,
-            len,
-            codec,
-            done: false,
-        })
+        Ok(self.reserved(st.partition, block, key, len, codec))
     }
 
     /// [`reserve`](Self::reserve) only if a block is free without evicting anything (and the
@@ -53,19 +44,31 @@ impl Participant {
         }
         while let Some(block) = st.free.pop() {
             if self.claim_block(st.partition, block)? {
-                crash_point("put:allocated");
-                return Ok(Some(Reservation {
-                    participant: self,
-                    partition: st.partition,
-                    block,
-                    key,
-                    len,
-                    codec,
-                    done: false,
-                }));
+                return Ok(Some(self.reserved(st.partition, block, key, len, codec)));
             }
         }
         Ok(None)
+    }
+
+    /// The reservation of `block`, just claimed in `partition`.
+    fn reserved(
+        &self,
+        partition: u32,
+        block: u32,
+        key: Key,
+        len: u64,
+        codec: Codec,
+    ) -> Reservation<'_> {
+        crash_point("put:allocated");
+        Reservation {
+            participant: self,
+            partition,
+            block,
+            key,
+            len,
+            codec,
+            done: false,
+        }
     }
 
     /// Address of a raw reservation's payload, for in-place writes.
