@@ -407,17 +407,18 @@ class Bridge:
 
     def _fill(self, keys, names, lens, t):
         """Reserves, reads, checks and commits the leading run of `keys` (store objects `names`)
-        whose payloads of `lens` bytes fit a block: whole when every block has room for the
-        trailer too, scattered (trailer into `self.meta`) when not. (committed, False)."""
-        capacity = self.block_size
-        whole = all(n + META.size <= capacity for n in lens)
+        whose payloads of `lens` bytes fit a block: as `_fill_whole` when every block has room
+        for the trailer too, else each payload read into its block and its trailer into
+        `self.meta` (scattered). (committed, whether the run ended on an object larger than a
+        block's capacity)."""
+        if all(n + META.size <= self.block_size for n in lens):
+            return self._fill_whole(keys, names, t)
         base = self.meta.ctypes.data
         held, ptrs, sizes, done = [], [], [], 0
         try:
             for i, length in enumerate(lens):
-                want = length + (META.size if whole else 0)
                 try:
-                    r = self.me.reserve(cxlkv.Key(keys[i]), want)
+                    r = self.me.reserve(cxlkv.Key(keys[i]), length)
                 except cxlkv.FullError:
                     self.metrics.fail("pool_full")
                     break
@@ -426,26 +427,19 @@ class Bridge:
                     break
                 view = memoryview(r)
                 held.append((r, view))
-                if whole:
-                    ptrs.append(addr_of(view))
-                    sizes.append(want)
-                else:
-                    ptrs.append([addr_of(view), base + i * META.size])
-                    sizes.append([length, META.size])
+                ptrs.append([addr_of(view), base + i * META.size])
+                sizes.append([length, META.size])
             t = self.metrics.phase("reserve", t)
-            rcs = self._get(names[: len(held)], ptrs, sizes, whole)
+            rcs = self._get(names[: len(held)], ptrs, sizes, False)
             t = self.metrics.phase("read", t)
             pause_here()
             for i, (r, view) in enumerate(held):
                 rc = rcs[i] if i < len(rcs) else OBJECT_NOT_FOUND
-                if rc != (sizes[i] if whole else sum(sizes[i])):
+                if rc != sum(sizes[i]):
                     self._failed(rc)
                     break
                 length = lens[i]
-                if whole:
-                    stored_len, crc = META.unpack_from(view, length)
-                else:
-                    stored_len, crc = META.unpack_from(self.meta, i * META.size)
+                stored_len, crc = META.unpack_from(self.meta, i * META.size)
                 view.release()
                 if stored_len != length:
                     self.metrics.fail("crc_mismatch")

@@ -39,7 +39,7 @@ impl Participant {
             return Err(PoolError::PayloadTooLarge { len, capacity: cap });
         }
         let mut st = self.owner()?;
-        if self.over_quota_with(1)? {
+        if self.at_quota()? {
             return Ok(None);
         }
         while let Some(block) = st.free.pop() {

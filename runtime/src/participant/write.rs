@@ -260,15 +260,23 @@ impl Participant {
         result
     }
 
-    /// Whether this participant's tenant would exceed its quota with `n` more blocks (tenant 0
-    /// and a quota of 0 are unlimited).
-    pub(super) fn over_quota_with(&self, n: u64) -> Result<bool> {
+    /// This participant's tenant and its quota, or `None` where puts are unlimited (tenant 0, or
+    /// a quota of 0).
+    fn quota(&self) -> Result<Option<(u32, u64)>> {
         let tenant = self.pool.tenant;
         if tenant == 0 {
-            return Ok(false);
+            return Ok(None);
         }
         let quota = crate::tenant::quota_of(&self.pool, tenant)?;
-        Ok(quota != 0 && crate::tenant::use_of(&self.pool, tenant)? + n > quota)
+        Ok((quota != 0).then_some((tenant, quota)))
+    }
+
+    /// Whether this participant's tenant holds its quota's worth of blocks (a put would evict).
+    pub(super) fn at_quota(&self) -> Result<bool> {
+        Ok(match self.quota()? {
+            Some((tenant, quota)) => crate::tenant::use_of(&self.pool, tenant)? >= quota,
+            None => false,
+        })
     }
 
     /// Evicts least recently used unpinned blocks of this participant's partition until `n`
@@ -299,14 +307,9 @@ impl Participant {
     /// nothing changes. Tenant 0 and a quota of 0 are unlimited. Writers of one tenant in other
     /// processes read the use at the same time, so each may overshoot it by one block.
     pub(super) fn within_quota(&self, st: &mut OwnerState) -> Result<()> {
-        let tenant = self.pool.tenant;
-        if tenant == 0 {
+        let Some((tenant, quota)) = self.quota()? else {
             return Ok(());
-        }
-        let quota = crate::tenant::quota_of(&self.pool, tenant)?;
-        if quota == 0 {
-            return Ok(());
-        }
+        };
         while crate::tenant::use_of(&self.pool, tenant)? >= quota {
             match self.evict_one(st)? {
                 Some(b) => st.free.push(b),
